@@ -1,0 +1,149 @@
+"""The task-environment protocol: tasks, an episode over fresh domain state, and an expert's plan.
+
+A `DecisionEnv` is a domain (a shop, a fulfilment back office, a clinic). It names its skill contracts, hands
+out tasks by split, opens an `Episode` per task and can write an expert demonstration of a task as an
+`ExpertPlan`. An episode owns its own copy of the domain state: the skills it returns act on that copy only,
+and it judges at the end whether the task was solved.
+
+The shapes follow Gymnasium's core: keyword-only options, one frozen result type (`Outcome`), and
+`terminated` (the domain ended the task) kept apart from anything the caller decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from sessionrl.envs.faults import Faults
+from sessionrl.skills import Skill, SkillContract
+
+
+class Split(StrEnum):
+    """Which part of a domain's tasks: fitted on, tuned on, or reported on."""
+
+    TRAIN = "train"
+    DEV = "dev"
+    TEST = "test"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One request a user brings to the domain.
+
+    `payload` holds what the environment needs to judge and demonstrate the task (for retail: the user id,
+    the gold actions and the expected output strings). Treat it as read-only.
+    """
+
+    task_id: str
+    split: Split
+    instruction: str
+    payload: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertStep:
+    """One sub-goal of an expert plan, solved by one tool call."""
+
+    id: str
+    description: str
+    tool: str
+    params: Mapping[str, Any]
+    depends_on: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertPlan:
+    """An expert's demonstration of a task: a plan of tool steps, then the final message to the user.
+
+    A caller replays it by sending the plan, one tool call per step in order, then `final_message`.
+    """
+
+    goal: str
+    steps: tuple[ExpertStep, ...]
+    final_message: str
+
+    @property
+    def step_ids(self) -> tuple[str, ...]:
+        """The ids of the steps, in order."""
+        return tuple(step.id for step in self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an episode ended, criterion by criterion.
+
+    `checks` names each criterion of success (for retail: `state` and `outputs`); the task is solved when
+    there is at least one and all of them hold. `detail` says in words what failed.
+    """
+
+    checks: Mapping[str, bool]
+    detail: str = ""
+
+    @property
+    def success(self) -> bool:
+        """True when every criterion holds."""
+        return bool(self.checks) and all(self.checks.values())
+
+
+class Episode(Protocol):
+    """One attempt at one task, over a fresh copy of the domain state.
+
+    Implementations subclass this protocol explicitly to inherit `success`.
+    """
+
+    @property
+    def task(self) -> Task:
+        """The task this episode attempts."""
+        ...
+
+    @property
+    def terminated(self) -> bool:
+        """True once the domain itself ended the task (for example, a hand-off to a human)."""
+        ...
+
+    def skills(self) -> Sequence[Skill]:
+        """The domain's skills, bound to this episode's state (one per contract of the environment)."""
+        ...
+
+    def state_hash(self) -> str:
+        """A canonical digest of this episode's domain state; equal states give equal digests."""
+        ...
+
+    def outcome(self, messages_to_user: Sequence[str]) -> Outcome:
+        """Judge the episode from its current state and the messages sent to the user."""
+        ...
+
+    def success(self, messages_to_user: Sequence[str]) -> bool:
+        """True when the task is solved (see `outcome`)."""
+        return self.outcome(messages_to_user).success
+
+
+class DecisionEnv(Protocol):
+    """A task domain: its policy text, skill contracts, tasks, episodes and expert."""
+
+    @property
+    def name(self) -> str:
+        """A short identifier of the domain, such as `retail`."""
+        ...
+
+    def system_prompt(self) -> str:
+        """The domain policy the agent is given."""
+        ...
+
+    def contracts(self) -> Sequence[SkillContract]:
+        """The contracts of every skill the domain offers."""
+        ...
+
+    def tasks(self, split: Split) -> Sequence[Task]:
+        """The tasks of one split, in a stable order."""
+        ...
+
+    def episode(self, task: Task, *, seed: int = 0, faults: Faults | None = None) -> Episode:
+        """Open an episode on a fresh copy of the state; `faults` (seeded by `seed`) wraps its skills."""
+        ...
+
+    def expert(self, task: Task) -> ExpertPlan:
+        """A plan that solves `task` when replayed on a fresh episode."""
+        ...
