@@ -1,0 +1,43 @@
+# One task runner for people and CI. Every target sets up .venv first when it is missing or stale.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+DEV    := $(VENV)/.installed-dev
+BENCH  := $(VENV)/.installed-bench
+
+.PHONY: demo test check bench fmt clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# torch is pinned first so the CPU build on this machine is used, not a multi-GB CUDA download.
+$(DEV): pyproject.toml | $(PY)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(BENCH): pyproject.toml $(DEV)
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+demo: $(DEV)
+	$(VENV)/bin/sessionrl demo
+
+test: $(DEV)
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+check: $(DEV)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+bench: $(BENCH)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+fmt: $(DEV)
+	$(VENV)/bin/ruff format src tests bench
+	$(VENV)/bin/ruff check --fix src tests bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,61 @@
+"""Named exceptions shared by every part of sessionrl.
+
+Each error carries enough context to be turned into a useful message (and an HTTP problem) without
+parsing its text.
+"""
+
+from __future__ import annotations
+
+
+class SessionRLError(Exception):
+    """Base class of every error sessionrl raises on purpose."""
+
+
+class NotFound(SessionRLError):
+    """A session (or another record) does not exist."""
+
+    def __init__(self, what: str, key: str) -> None:
+        super().__init__(f"{what} {key!r} not found")
+        self.what = what
+        self.key = key
+
+
+class StaleState(SessionRLError):
+    """The caller's view of a session is not the stored one (optimistic concurrency)."""
+
+    def __init__(self, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"session {session_id!r}: expected state_version {expected}, but the store holds {actual}"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+
+
+class InvalidTransition(SessionRLError):
+    """An event is not allowed in the session's current state."""
+
+    def __init__(self, session_id: str, state: str, event: str, allowed: str = "") -> None:
+        hint = f" (allowed in: {allowed})" if allowed else ""
+        super().__init__(f"session {session_id!r}: {event!r} is not allowed in state {state!r}{hint}")
+        self.session_id = session_id
+        self.state = state
+        self.event = event
+
+
+class InvalidEvent(SessionRLError):
+    """An event or input failed validation. `field` names where, `rule` names what was broken."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+class EventTooLarge(InvalidEvent):
+    """An encoded event is larger than the store accepts."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("event", f"encoded size {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
