@@ -1,0 +1,1 @@
+"""Training: losses, data preparation and trainers for sessionrl policies."""
