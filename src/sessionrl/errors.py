@@ -36,10 +36,10 @@ class InvalidTransition(SessionRLError):
     """An event is not allowed in the session's current state."""
 
     def __init__(self, session_id: str, state: str, event: str, allowed: str = "") -> None:
-        hint = f" (allowed in: {allowed})" if allowed else ""
-        super().__init__(f"session {session_id!r}: {event!r} is not allowed in state {state!r}{hint}")
+        hint = f" (allowed: {allowed})" if allowed else ""
+        super().__init__(f"session {session_id!r}: {event!r} is not allowed in state '{state}'{hint}")
         self.session_id = session_id
-        self.state = state
+        self.state = str(state)
         self.event = event
 
 
