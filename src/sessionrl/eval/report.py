@@ -1,0 +1,45 @@
+"""Agent metrics as rich tables: one column per policy (or epoch), one row per metric."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.table import Table
+
+from sessionrl.eval.metrics import AgentMetrics
+
+ROWS: tuple[tuple[str, str], ...] = (
+    ("n_sessions", "sessions"),
+    ("n_tasks", "tasks"),
+    ("success", "task success"),
+    ("pass^1", "pass^1"),
+    ("pass^2", "pass^2"),
+    ("tcsr", "tool-call success (TCSR)"),
+    ("dvr", "plan DAG validity (DVR)"),
+    ("er5", "entity recall@5 (ER@5)"),
+    ("spt", "steps per task (SPT)"),
+)
+
+
+def metrics_table(columns: Mapping[str, AgentMetrics], title: str = "Agent metrics") -> Table:
+    """A table comparing metrics side by side, failure attribution counts at the bottom."""
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    views = [m.as_dict() for m in columns.values()]
+    for key, label in ROWS:
+        if any(key in v for v in views):
+            table.add_row(label, *(_fmt(v.get(key)) for v in views))
+    kinds = sorted({k for m in columns.values() for k in m.failures})
+    for kind in kinds:
+        table.add_row(f"failures: {kind}", *(str(m.failures.get(kind, 0)) for m in columns.values()))
+    return table
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
