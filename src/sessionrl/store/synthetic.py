@@ -114,8 +114,8 @@ PARAMS: dict[str, Choices] = {
 """Each tool's parameters and the values a caller draws them from."""
 
 OUTPUTS: dict[str, Choices] = {
-    "lab_result_parser": {"wbc": (6.1, 9.8, 11.4, 13.2, 15.7), "flags": (("H",), ("H", "L"), ())},
-    "patient_history_lookup": {"conditions": (("none",), ("type 2 diabetes",), ("COPD", "hypertension"))},
+    "lab_result_parser": {"wbc": (6.1, 9.8, 11.4, 13.2, 15.7), "flags": ("H", "H,L", "")},
+    "patient_history_lookup": {"conditions": ("none", "type 2 diabetes", "COPD,hypertension")},
     "guideline_retriever": {"guideline": ("NICE NG138", "IDSA CAP 2019", "WHO IMCI"), "score": (0.71, 0.92)},
     "drug_interaction_check": {"interactions": (0, 1, 2), "severity": ("none", "moderate", "major")},
     "crp_test_request": {"order_id": ("LAB-2231", "LAB-5817", "LAB-9044"), "eta_min": (30, 45, 90)},
@@ -130,7 +130,7 @@ OUTPUTS: dict[str, Choices] = {
     "news_search": {"hits": (3, 8, 20)},
     "ratio_calculator": {"value": (0.31, 0.42, 0.58, 1.7)},
 }
-"""Each tool's output fields and the values a successful call draws them from."""
+"""Each tool's output fields and the values a successful call draws them from (all JSON scalars)."""
 
 
 @dataclass(frozen=True)
