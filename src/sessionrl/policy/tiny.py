@@ -57,7 +57,7 @@ _BYTE_ALPHABET_SIZE: Final = 256
 
 @dataclass(frozen=True, slots=True)
 class TinyModelConfig:
-    """Shape of the tiny policy and of its tokenizer. The defaults give about 1.4M parameters."""
+    """Shape of the tiny policy and its tokenizer. Defaults: 1.1–1.5M parameters, by vocabulary size."""
 
     vocab_size: int = field(
         default=3072, metadata={"help": "BPE vocabulary ceiling, 256 bytes and specials included"}
