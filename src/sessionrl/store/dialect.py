@@ -1,0 +1,290 @@
+"""Everything SQLite-specific about the store: the URL form, the DDL, connection settings and transactions.
+
+The rest of the store speaks plain SQL with `?` parameters and `INSERT ... ON CONFLICT`, which PostgreSQL
+understands too; what differs between engines (types, pragmas, locking, the read-only guard, how text
+search is spelled) lives here so that a second backend is one more module of the same shape.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sessionrl.errors import InvalidEvent
+
+STORE_SCHEMA = 1
+"""Layout version of the store's own tables, kept in `PRAGMA user_version`."""
+
+HOT_DDL = """
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL UNIQUE,
+    type TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS session_head (
+    session_id TEXT PRIMARY KEY,
+    schema_version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    state_version INTEGER NOT NULL,
+    plan_version INTEGER NOT NULL,
+    execution_version INTEGER NOT NULL,
+    feedback_version INTEGER NOT NULL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS session_shard (
+    session_id TEXT NOT NULL,
+    shard TEXT NOT NULL CHECK (shard IN ('plan', 'execution', 'feedback')),
+    doc TEXT NOT NULL,
+    PRIMARY KEY (session_id, shard)
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    cursor INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cursors (
+    name TEXT PRIMARY KEY,
+    position INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rewards (
+    session_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    ruleset_version TEXT NOT NULL,
+    session_version INTEGER NOT NULL,
+    vector TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, version)
+);
+"""
+"""Tables written by appends: the event log, the materialised head and shards, the outbox, rewards."""
+
+QUERY_DDL = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    trace_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    scenario TEXT,
+    tags TEXT NOT NULL,
+    user_id TEXT,
+    user_query TEXT NOT NULL,
+    root_goal TEXT,
+    n_subgoals INTEGER NOT NULL,
+    n_tool_calls INTEGER NOT NULL,
+    n_llm_calls INTEGER NOT NULL,
+    n_feedback INTEGER NOT NULL,
+    final_output TEXT,
+    state_version INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_state ON sessions (state);
+CREATE INDEX IF NOT EXISTS sessions_scenario ON sessions (scenario);
+CREATE INDEX IF NOT EXISTS sessions_user ON sessions (user_id);
+CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created_at);
+CREATE TABLE IF NOT EXISTS session_tags (
+    session_id TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    PRIMARY KEY (session_id, tag)
+);
+CREATE INDEX IF NOT EXISTS session_tags_tag ON session_tags (tag, session_id);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    session_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    subgoal_id TEXT,
+    tool TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error_code TEXT,
+    retryable INTEGER NOT NULL,
+    latency_ms REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, call_id)
+);
+CREATE INDEX IF NOT EXISTS tool_calls_tool ON tool_calls (tool, status, session_id);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    session_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    policy_version INTEGER,
+    tokens_used INTEGER NOT NULL,
+    n_tokens INTEGER,
+    started_at TEXT NOT NULL,
+    finished_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    session_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    feedback_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    score REAL,
+    comment TEXT,
+    annotator TEXT,
+    anchor_call_id TEXT,
+    anchor_subgoal_id TEXT,
+    anchor_at TEXT,
+    occurred_at TEXT NOT NULL,
+    received_at TEXT NOT NULL,
+    PRIMARY KEY (session_id, position)
+);
+CREATE INDEX IF NOT EXISTS feedback_type ON feedback (type, session_id);
+"""
+"""Query tables, filled from the outbox by the projector (rewards are written directly, see `rewards`)."""
+
+PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA busy_timeout=10000")
+"""WAL so readers never block the writer; FULL so an acknowledged commit survives a power cut."""
+
+CONTAINS = "{column} LIKE ? ESCAPE '\\'"
+"""Case-insensitive (ASCII) substring test; PostgreSQL spells it ILIKE. Use with `contains_pattern`."""
+
+
+def contains_pattern(needle: str) -> str:
+    r"""The LIKE pattern matching any text that contains `needle` literally.
+
+    >>> contains_pattern("50%_off")
+    '%50\\%\\_off%'
+    """
+    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the database lives: a file path, or None for a private in-memory database."""
+
+    path: str | None
+
+
+def parse_url(url: str) -> Location:
+    """Parse `sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://:memory:` or `sqlite://`.
+
+    >>> parse_url("sqlite:////tmp/s.db").path
+    '/tmp/s.db'
+    >>> parse_url("sqlite://").path is None
+    True
+    """
+    if url in ("sqlite://", "sqlite://:memory:", "sqlite:///:memory:"):
+        return Location(None)
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return Location(url[len("sqlite:///") :])
+    raise InvalidEvent("url", f"expected sqlite:///<path> or sqlite://:memory:, got {url!r}")
+
+
+_READ_ONLY_ACTIONS = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+)
+"""Authorizer actions a read-only statement needs; everything else (writes, DDL, PRAGMA, ATTACH) is denied."""
+
+_LEADING = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(\w+)", re.DOTALL)
+
+
+def check_read_only_text(sql: str) -> None:
+    """Reject statements that do not start with SELECT or WITH (comments allowed before them)."""
+    match = _LEADING.match(sql)
+    word = match.group(1).upper() if match else ""
+    if word not in ("SELECT", "WITH"):
+        raise InvalidEvent("sql", f"only SELECT or WITH statements are allowed, got {word or 'nothing'!r}")
+
+
+def _read_only(action: int, _a: str | None, _b: str | None, _db: str | None, _src: str | None) -> int:
+    return sqlite3.SQLITE_OK if action in _READ_ONLY_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+class Database:
+    """A writer connection and a reader connection, each behind its own lock.
+
+    The writer runs every transaction (`atomic`). File databases get a separate read-only connection so
+    long analytic reads do not hold up appends (WAL lets them run side by side); an in-memory database
+    has one connection, so reader and writer are the same one under the same lock.
+    """
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self.lock = threading.RLock()
+        self.writer = _connect(location.path or ":memory:", uri=False)
+        for pragma in PRAGMAS:
+            self.writer.execute(pragma)
+        self._create_tables()
+        if location.path is None:
+            self.reader, self.reader_lock = self.writer, self.lock
+        else:
+            self.reader = _connect(f"file:{location.path}?mode=ro", uri=True)
+            self.reader_lock = threading.RLock()
+
+    def _create_tables(self) -> None:
+        found = self.writer.execute("PRAGMA user_version").fetchone()[0]
+        if found > STORE_SCHEMA:
+            raise InvalidEvent("url", f"store layout {found} is newer than this version ({STORE_SCHEMA})")
+        with self.atomic() as conn:
+            for statement in (HOT_DDL + QUERY_DDL).split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")
+
+    @contextmanager
+    def atomic(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        with self.lock:
+            conn = self.writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction on the reader: every statement inside sees the same committed state."""
+        with self.reader_lock:
+            conn = self.reader
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def read_only_sql(
+        self, sql: str, params: tuple[object, ...] | dict[str, object]
+    ) -> list[dict[str, object]]:
+        """Run one user statement that may only read; anything else is refused by an authorizer."""
+        check_read_only_text(sql)
+        with self.reader_lock:
+            conn = self.reader
+            conn.set_authorizer(_read_only)
+            try:
+                cursor = conn.execute(sql, params)
+                names = [d[0] for d in cursor.description or ()]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            except sqlite3.Error as exc:
+                rule = "statement is not read-only" if "not authorized" in str(exc) else str(exc)
+                raise InvalidEvent("sql", rule) from exc
+            finally:
+                conn.set_authorizer(None)
+
+    def close(self) -> None:
+        """Close both connections (the WAL is checkpointed by SQLite when the last one closes)."""
+        with self.lock, self.reader_lock:
+            if self.reader is not self.writer:
+                self.reader.close()
+            self.writer.close()

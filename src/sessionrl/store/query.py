@@ -1,0 +1,158 @@
+"""Typed session queries over the query tables.
+
+A `SessionQuery` compiles to one WHERE clause on `sessions s` whose side conditions are `EXISTS`
+sub-queries on the flat tables (`tool_calls`, `feedback`, `session_tags`), which their indexes answer
+quickly. The same question written by hand against `store.sql` gives the same answer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sessionrl.session.model import FeedbackType, SessionState
+from sessionrl.store.dialect import CONTAINS, contains_pattern
+from sessionrl.store.documents import iso
+from sessionrl.store.projector import COLUMNS
+from sessionrl.store.records import SessionRow
+
+
+class SessionQuery(BaseModel):
+    """Which sessions to return. Unset filters match everything; set ones must all hold.
+
+    The feedback filters (`feedback_type`, `comment_contains`, `min_score`, `max_score`) must all hold
+    for the same piece of feedback.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: SessionState | None = None
+    scenario: str | None = None
+    tags: tuple[str, ...] = Field(default=(), description="Sessions carrying every one of these tags.")
+    user_id: str | None = None
+    tool_called: str | None = Field(default=None, description="Sessions with a call to this tool.")
+    tool_failed: str | None = Field(default=None, description="Sessions where a call to this tool failed.")
+    feedback_type: FeedbackType | None = None
+    comment_contains: str | None = Field(
+        default=None, min_length=1, description="Feedback comment contains this text (ASCII case ignored)."
+    )
+    min_score: float | None = Field(default=None, description="Feedback score at least this.")
+    max_score: float | None = Field(default=None, description="Feedback score at most this.")
+    created_after: datetime | None = Field(default=None, description="Created at or after this time.")
+    created_before: datetime | None = Field(default=None, description="Created strictly before this time.")
+    order_by: Literal["created_at", "updated_at", "session_id"] = "created_at"
+    descending: bool = False
+    limit: int = Field(default=100, ge=1, le=100_000)
+    offset: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SessionQuery:
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise ValueError("min_score is greater than max_score")
+        return self
+
+
+Where = tuple[list[str], list[Any]]
+
+
+def where(q: SessionQuery) -> Where:
+    """The conditions (on `sessions s`) and parameters of a query, ignoring order, limit and offset."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for column, value in (("state", q.state), ("scenario", q.scenario), ("user_id", q.user_id)):
+        if value is not None:
+            conds.append(f"s.{column} = ?")
+            params.append(value)
+    for tag in dict.fromkeys(q.tags):
+        conds.append("EXISTS (SELECT 1 FROM session_tags t WHERE t.session_id = s.session_id AND t.tag = ?)")
+        params.append(tag)
+    if q.tool_called is not None:
+        conds.append("EXISTS (SELECT 1 FROM tool_calls c WHERE c.session_id = s.session_id AND c.tool = ?)")
+        params.append(q.tool_called)
+    if q.tool_failed is not None:
+        conds.append(
+            "EXISTS (SELECT 1 FROM tool_calls c WHERE c.session_id = s.session_id AND c.tool = ?"
+            " AND c.status <> 'success')"
+        )
+        params.append(q.tool_failed)
+    _feedback(q, conds, params)
+    if q.created_after is not None:
+        conds.append("s.created_at >= ?")
+        params.append(iso(q.created_after))
+    if q.created_before is not None:
+        conds.append("s.created_at < ?")
+        params.append(iso(q.created_before))
+    return conds, params
+
+
+def _feedback(q: SessionQuery, conds: list[str], params: list[Any]) -> None:
+    inner: list[str] = []
+    if q.feedback_type is not None:
+        inner.append("f.type = ?")
+        params.append(q.feedback_type.value)
+    if q.comment_contains is not None:
+        inner.append(CONTAINS.format(column="f.comment"))
+        params.append(contains_pattern(q.comment_contains))
+    if q.min_score is not None:
+        inner.append("f.score >= ?")
+        params.append(q.min_score)
+    if q.max_score is not None:
+        inner.append("f.score <= ?")
+        params.append(q.max_score)
+    if inner:
+        conds.append(
+            f"EXISTS (SELECT 1 FROM feedback f WHERE f.session_id = s.session_id AND {' AND '.join(inner)})"
+        )
+
+
+def _clause(conds: list[str]) -> str:
+    return f" WHERE {' AND '.join(conds)}" if conds else ""
+
+
+def select_rows(conn: sqlite3.Connection, q: SessionQuery) -> list[SessionRow]:
+    """The sessions a query matches, ordered (ties broken by id) and paged."""
+    conds, params = where(q)
+    direction = "DESC" if q.descending else "ASC"
+    cols = ", ".join(f"s.{c}" for c in COLUMNS["sessions"])
+    sql = (
+        f"SELECT {cols} FROM sessions s{_clause(conds)}"
+        f" ORDER BY s.{q.order_by} {direction}, s.session_id {direction} LIMIT ? OFFSET ?"
+    )
+    return [_row(r) for r in conn.execute(sql, [*params, q.limit, q.offset])]
+
+
+def count(conn: sqlite3.Connection, *queries: SessionQuery) -> int:
+    """How many sessions match every one of the queries (order, limit and offset are ignored)."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for q in queries:
+        c, p = where(q)
+        conds += c
+        params += p
+    return int(conn.execute(f"SELECT COUNT(*) FROM sessions s{_clause(conds)}", params).fetchone()[0])
+
+
+def _row(r: tuple[Any, ...]) -> SessionRow:
+    (sid, trace, state, scenario, tags, user, query, root, n_sub, n_tool, n_llm, n_fb, out, sv, ca, ua) = r
+    return SessionRow(
+        session_id=sid,
+        trace_id=trace,
+        state=SessionState(state),
+        scenario=scenario,
+        tags=tuple(orjson.loads(tags)),
+        user_id=user,
+        user_query=query,
+        root_goal=root,
+        n_subgoals=n_sub,
+        n_tool_calls=n_tool,
+        n_llm_calls=n_llm,
+        n_feedback=n_fb,
+        final_output=out,
+        state_version=sv,
+        created_at=datetime.fromisoformat(ca),
+        updated_at=datetime.fromisoformat(ua),
+    )

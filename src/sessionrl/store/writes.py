@@ -1,0 +1,173 @@
+"""The write path: validate an event, fold it into the current session, store log + view + outbox.
+
+Checks that need no database (parsing, size, canonical form) run in `prepare`, outside the write lock.
+`BatchWriter` then handles any number of prepared events inside one transaction; each either succeeds
+or raises its own error, having written nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, StaleState
+from sessionrl.session.events import Event, SessionCreated, apply, parse_event
+from sessionrl.session.model import SCHEMA_VERSION, Session
+from sessionrl.store.documents import (
+    canonical_event,
+    changed_shards,
+    encode_event,
+    iso,
+    read_session,
+    write_session,
+)
+
+EventInput = Event | bytes | str | Mapping[str, Any]
+"""An event as a model, or as raw JSON (text, bytes or a decoded mapping) to be validated."""
+
+
+class SessionCache:
+    """A bounded, thread-safe LRU of current sessions; the database stays the authority.
+
+    Every use compares the cached `state_version` with the stored one, so a stale entry is never served.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str, state_version: int) -> Session | None:
+        """The cached session if it is at exactly this version."""
+        with self._lock:
+            session = self._items.get(session_id)
+            if session is None or session.state_version != state_version:
+                return None
+            self._items.move_to_end(session_id)
+            return session
+
+    def put(self, session: Session) -> None:
+        """Remember a session unless a newer version of it is already cached."""
+        if self.capacity == 0:
+            return
+        with self._lock:
+            old = self._items.get(session.session_id)
+            if old is not None and old.state_version > session.state_version:
+                return
+            self._items[session.session_id] = session
+            self._items.move_to_end(session.session_id)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session (after it was rebuilt behind the cache's back)."""
+        with self._lock:
+            self._items.pop(session_id, None)
+
+
+def current(conn: sqlite3.Connection, cache: SessionCache, session_id: str) -> tuple[Session, bool] | None:
+    """The stored session (from the cache when it is current) and whether its document is of an older schema.
+
+    Call inside a transaction so that the version check and the read see the same state.
+    """
+    row = conn.execute(
+        "SELECT state_version FROM session_head WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    cached = cache.get(session_id, row[0])
+    if cached is not None:
+        return cached, False
+    loaded = read_session(conn, session_id)
+    if loaded is not None and not loaded[1]:
+        cache.put(loaded[0])
+    return loaded
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """An event that passed every check that needs no database."""
+
+    session_id: str
+    event: Event
+    payload: str
+    expected: int | None
+
+
+def prepare(session_id: str, raw: EventInput, expected: int | None, max_bytes: int) -> Prepared:
+    """Validate, encode and size-check an event; the event kept is the one that will read back."""
+    if isinstance(raw, bytes | str):
+        raw = parse_event(raw)
+    elif isinstance(raw, Mapping):
+        raw = parse_event(dict(raw))
+    payload = encode_event(raw)
+    if len(payload) > max_bytes:
+        raise EventTooLarge(len(payload), max_bytes)
+    event = canonical_event(payload)
+    if isinstance(event, SessionCreated) and event.session_id != session_id:
+        raise InvalidEvent("session_id", f"the event creates {event.session_id!r}, not {session_id!r}")
+    return Prepared(session_id, event, payload.decode(), expected)
+
+
+class BatchWriter:
+    """Writes prepared events inside one open transaction; `touched` holds the resulting sessions."""
+
+    def __init__(self, conn: sqlite3.Connection, cache: SessionCache) -> None:
+        self.conn = conn
+        self.cache = cache
+        self.touched: dict[str, Session] = {}
+        self._legacy: set[str] = set()
+
+    def write(self, item: Prepared) -> Session:
+        """Append one event; raise (having written nothing) if it is a duplicate, stale or not allowed."""
+        event, sid = item.event, item.session_id
+        owner = self.conn.execute("SELECT session_id FROM events WHERE event_id = ?", (event.event_id,))
+        found = owner.fetchone()
+        if found is not None:
+            return self._duplicate(item, found[0])
+        old = self._session(sid)
+        if old is None and not isinstance(event, SessionCreated):
+            raise NotFound("session", sid)
+        actual = 0 if old is None else old.state_version
+        if item.expected is not None and item.expected != actual:
+            raise StaleState(sid, item.expected, actual)
+        new = apply(old, event)
+        at = iso(event.at)
+        self.conn.execute(
+            "INSERT INTO events (session_id, seq, event_id, type, schema_version, at, payload)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (sid, new.state_version, event.event_id, event.type, SCHEMA_VERSION, at, item.payload),
+        )
+        write_session(self.conn, new, changed_shards(old, new, legacy=sid in self._legacy))
+        self.conn.execute(
+            "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)",
+            (sid, new.state_version, event.type, at),
+        )
+        self._legacy.discard(sid)
+        self.touched[sid] = new
+        return new
+
+    def _session(self, session_id: str) -> Session | None:
+        if session_id in self.touched:
+            return self.touched[session_id]
+        found = current(self.conn, self.cache, session_id)
+        if found is None:
+            return None
+        if found[1]:
+            self._legacy.add(session_id)
+        return found[0]
+
+    def _duplicate(self, item: Prepared, owner: str) -> Session:
+        """An event id already logged: the same event again returns the session as it is now."""
+        event = item.event
+        generated = isinstance(event, SessionCreated) and event.create.session_id is None
+        if owner != item.session_id and not generated:
+            raise InvalidEvent("event_id", f"{event.event_id!r} was already used by session {owner!r}")
+        session = self._session(owner)
+        if session is None:
+            raise NotFound("session", owner)
+        return session
