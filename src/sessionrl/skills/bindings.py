@@ -1,0 +1,98 @@
+"""In-process skills: a Python callable, and a simulated stand-in driven by the contract's profile."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sessionrl.skills.clock import Clock
+from sessionrl.skills.contract import SimulationProfile, SkillContract
+from sessionrl.skills.errors import ContractError, ErrorCode, SkillError
+from sessionrl.skills.schema import sample_instance
+from sessionrl.skills.skill import Skill
+
+Json = dict[str, Any]
+SkillFunction = Callable[[Json], Json | Awaitable[Json]]
+
+
+class CallableSkill(Skill):
+    """A skill served by `fn(params)`, sync or async. See `callable_skill`."""
+
+    def __init__(self, contract: SkillContract, fn: SkillFunction, *, blocking: bool = False) -> None:
+        super().__init__(contract)
+        self._fn = fn
+        self._blocking = blocking
+
+    async def invoke(self, params: Json, clock: Clock) -> Json:
+        """Call the function; await what it returns when that is awaitable."""
+        result = await asyncio.to_thread(self._fn, params) if self._blocking else self._fn(params)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+def callable_skill(contract: SkillContract, fn: SkillFunction, *, blocking: bool = False) -> CallableSkill:
+    """Bind `fn(params) -> dict` (or an async function) to `contract`; raise `SkillError` in it to fail.
+
+    A sync function runs on the event loop, so it must be quick. Pass `blocking=True` for one that waits
+    on I/O: it then runs in a worker thread and the executor's timeout can fire while it waits.
+    """
+    return CallableSkill(contract, fn, blocking=blocking)
+
+
+class SimulatedSkill(Skill):
+    """A stand-in that follows the contract's `simulation` profile. See `simulated_skill`."""
+
+    def __init__(self, contract: SkillContract, *, seed: int, output: Callable[[Json], Json] | None) -> None:
+        super().__init__(contract)
+        if contract.simulation is None:
+            raise ContractError(
+                f"{contract.name}: a simulated skill needs a `simulation` section in its contract"
+            )
+        self._profile: SimulationProfile = contract.simulation
+        sample = sample_instance(contract.output_schema) if output is None else {}
+        if not isinstance(sample, dict):
+            raise ContractError(
+                f"{contract.name}: cannot build a sample output from output_schema; pass output=fn"
+            )
+        self._output = output
+        self._sample: Json = sample
+        self._rng = random.Random(seed)
+
+    def draw_latency_ms(self) -> float:
+        """One latency draw: log-normal with the profile's mean and standard deviation."""
+        mean, std = self._profile.mean_ms, self._profile.std_ms
+        if mean == 0 or std == 0:
+            return mean
+        sigma2 = math.log1p((std / mean) ** 2)
+        return self._rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+
+    async def invoke(self, params: Json, clock: Clock) -> Json:
+        """Sleep a drawn latency on `clock`, then fail with the profile's probability or answer."""
+        latency_ms = self.draw_latency_ms()
+        fails = self._rng.random() < self._profile.fail_rate
+        code = self._rng.choice(self._profile.fail_codes) if fails and self._profile.fail_codes else None
+        await clock.sleep(latency_ms / 1000.0)
+        if fails:
+            raise SkillError(
+                code or ErrorCode.INTERNAL, f"simulated failure (fail rate {self._profile.fail_rate})"
+            )
+        return self._output(params) if self._output is not None else copy.deepcopy(self._sample)
+
+
+def simulated_skill(
+    contract: SkillContract, *, seed: int = 0, output: Callable[[Json], Json] | None = None
+) -> SimulatedSkill:
+    """A seeded stand-in for `contract`: the same seed and call sequence give the same latencies and failures.
+
+    Latency is log-normal with `simulation.mean_ms`/`std_ms` (slept on the executor's clock, so the
+    executor's `time_factor` speeds it up); a call fails with probability `fail_rate`, with a code drawn
+    from `fail_codes` (`INTERNAL` when none). The answer is `output(params)`, or else the smallest payload
+    that satisfies `output_schema`.
+    """
+    return SimulatedSkill(contract, seed=seed, output=output)
