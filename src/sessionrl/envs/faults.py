@@ -1,12 +1,15 @@
 """Fault injection whose rate follows a schedule, so training can start noisy and end clean.
 
 Three kinds of fault, each drawn independently with its own probability (`Faults`):
-- `tool_error`: a tool call fails before it runs (nothing changes) with a garbled error payload;
-- `garbled_output`: a tool call runs, but its output reaches the caller as mangled JSON text;
+- `tool_error`: a tool call fails before it runs (nothing changes) with `UNAVAILABLE` (retryable) and a
+  garbled error payload as its message;
+- `garbled_output`: a tool call runs (its effects stay), but its answer arrives as mangled JSON text, so the
+  call fails with `INVALID_OUTPUT` (not retryable: running it again would repeat the effects);
 - `plan_order`: an expert plan arrives with its steps reversed.
 
 `FaultSchedule` turns a training step into a rate, and `Faults.scheduled` turns that rate into per-kind
-probabilities. Every draw takes an explicit `random.Random`, so a seed reproduces the same faults.
+probabilities. `with_faults` wraps any skills; every draw comes from a seeded `random.Random`, so a seed
+reproduces the same faults.
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+
+from sessionrl.skills import Clock, ErrorCode, Skill, SkillError
 
 if TYPE_CHECKING:
     from sessionrl.envs.base import ExpertPlan
@@ -110,3 +118,38 @@ def inject_plan_faults(plan: ExpertPlan, faults: Faults, rng: random.Random) -> 
     if faults.plan_order > 0.0 and rng.random() < faults.plan_order:
         return dataclasses.replace(plan, steps=tuple(reversed(plan.steps)))
     return plan
+
+
+class FaultySkill(Skill):
+    """A skill whose calls fail or come back garbled at the rates of `faults`, drawn from `rng`."""
+
+    def __init__(self, inner: Skill, faults: Faults, rng: random.Random) -> None:
+        super().__init__(inner.contract)
+        self.inner = inner
+        self._faults = faults
+        self._rng = rng
+
+    async def invoke(self, params: dict[str, Any], clock: Clock) -> dict[str, Any]:
+        """Maybe fail before running; else run the inner skill and maybe garble its answer."""
+        if self._rng.random() < self._faults.tool_error:
+            payload = orjson.dumps({"error": "service unavailable", "tool": self.name}).decode()
+            raise SkillError(ErrorCode.UNAVAILABLE, garble_json(payload, self._rng))
+        output = await self.inner.invoke(params, clock)
+        if self._rng.random() < self._faults.garbled_output:
+            raise SkillError(ErrorCode.INVALID_OUTPUT, garble_json(orjson.dumps(output).decode(), self._rng))
+        return output
+
+    async def aclose(self) -> None:
+        """Close the inner skill."""
+        await self.inner.aclose()
+
+
+def with_faults(skills: Sequence[Skill], faults: Faults | None, seed: int) -> list[Skill]:
+    """`skills` wrapped to inject tool faults (unchanged when `faults` has none).
+
+    Each skill draws from its own generator seeded by `seed` and its name, so adding or reordering skills
+    never changes another skill's faults.
+    """
+    if faults is None or not faults.tool_faults:
+        return list(skills)
+    return [FaultySkill(skill, faults, random.Random(f"{seed}:{skill.name}")) for skill in skills]

@@ -14,21 +14,10 @@ from typing import Any, Final
 
 from sessionrl.envs.base import ExpertPlan, ExpertStep, Task
 from sessionrl.envs.retail.data import RetailDb
-from sessionrl.envs.retail.tools import find_user_id_by_email, find_user_id_by_name_zip
+from sessionrl.envs.retail.tools import READ_ONLY_TOOLS, find_user_id_by_email, find_user_id_by_name_zip
 from sessionrl.skills import SkillError
 
-READ_ONLY_TOOLS: Final = frozenset(
-    {
-        "calculate",
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
-        "get_order_details",
-        "get_product_details",
-        "get_user_details",
-        "list_all_product_types",
-        "think",
-    }
-)
+_LOOKUPS: Final = READ_ONLY_TOOLS - {"transfer_to_human_agents"}
 _ITEM_TOOLS: Final = frozenset({"modify_pending_order_items", "exchange_delivered_order_items"})
 
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
@@ -113,7 +102,7 @@ def _describe(action: Mapping[str, Any]) -> str:
 
 def expert_plan(task: Task, db: RetailDb) -> ExpertPlan:
     """A plan solving `task` when replayed on a fresh copy of the data that `db` shows."""
-    actions = [a for a in task.payload["actions"] if a["name"] not in READ_ONLY_TOOLS]
+    actions = [a for a in task.payload["actions"] if a["name"] not in _LOOKUPS]
     lookup = identify_user(task.instruction, db) or _fallback_lookup(db, task.payload["user_id"])
     user_id = lookup.user_id
     plan = _PlanBuilder()

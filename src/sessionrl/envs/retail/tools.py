@@ -22,7 +22,12 @@ NOT_FOUND: Final = "NOT_FOUND"
 INVALID_STATE: Final = "INVALID_STATE"
 INVALID_ARGUMENT: Final = "INVALID_ARGUMENT"
 INSUFFICIENT_BALANCE: Final = "INSUFFICIENT_BALANCE"
-ERROR_CODES: Final = (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT, INSUFFICIENT_BALANCE)
+ERROR_MEANINGS: Final = {
+    NOT_FOUND: "A user, order, product, item or payment method does not exist.",
+    INVALID_STATE: "The order's status does not allow the action.",
+    INVALID_ARGUMENT: "A parameter breaks a rule of the domain policy.",
+    INSUFFICIENT_BALANCE: "The gift card does not cover the amount.",
+}
 
 CANCEL_REASONS: Final = ("no longer needed", "ordered by mistake")
 _CALC_CHARS: Final = frozenset("0123456789+-*/(). ")
@@ -125,7 +130,8 @@ def _swap_targets(
 
 
 def _price_difference(order: Record, targets: Sequence[tuple[int, Record]]) -> float:
-    return round(sum(variant["price"] - order["items"][i]["price"] for i, variant in targets), 2)
+    difference: float = sum(variant["price"] - order["items"][i]["price"] for i, variant in targets)
+    return round(difference, 2)
 
 
 def find_user_id_by_email(db: RetailDb, email: str) -> Json:
@@ -175,7 +181,7 @@ def _evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
+        return float(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
         value = _evaluate(node.operand)
         return -value if isinstance(node.op, ast.USub) else value
@@ -351,3 +357,39 @@ TOOLS: Final[dict[str, Callable[..., Json]]] = {
     )
 }
 """Every tool by its name in `tools.json`."""
+
+READ_ONLY_TOOLS: Final = frozenset(
+    {
+        "calculate",
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_order_details",
+        "get_product_details",
+        "get_user_details",
+        "list_all_product_types",
+        "think",
+        "transfer_to_human_agents",
+    }
+)
+"""Tools that never change the database."""
+
+_SWAP_ERRORS: Final = (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT, INSUFFICIENT_BALANCE)
+TOOL_ERRORS: Final[dict[str, tuple[str, ...]]] = {
+    "calculate": (INVALID_ARGUMENT,),
+    "cancel_pending_order": (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT),
+    "exchange_delivered_order_items": _SWAP_ERRORS,
+    "find_user_id_by_email": (NOT_FOUND,),
+    "find_user_id_by_name_zip": (NOT_FOUND,),
+    "get_order_details": (NOT_FOUND,),
+    "get_product_details": (NOT_FOUND,),
+    "get_user_details": (NOT_FOUND,),
+    "list_all_product_types": (),
+    "modify_pending_order_address": (NOT_FOUND, INVALID_STATE),
+    "modify_pending_order_items": _SWAP_ERRORS,
+    "modify_pending_order_payment": _SWAP_ERRORS,
+    "modify_user_address": (NOT_FOUND,),
+    "return_delivered_order_items": (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT),
+    "think": (),
+    "transfer_to_human_agents": (),
+}
+"""The codes each tool may fail with; every one is final (not retryable)."""
