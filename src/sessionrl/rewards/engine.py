@@ -1,0 +1,154 @@
+"""The reward engine: rules → discount → judge refinement → layers → a stored, versioned reward vector.
+
+Each `score` call looks at the rule file first (hot reload), runs every term of the rule-set in force,
+assembles the vector with the layer statistics of that rule-set, and then (unless told not to) folds the
+session into those statistics and into the best known step counts.
+
+Storing is idempotent per (rule-set version, session version): scoring an unchanged session again under
+the same rules returns the stored version instead of writing a new one. New feedback raises the session's
+version, so it gets a new reward version; older versions stay readable in the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sessionrl.rewards.judge.base import Judge
+from sessionrl.rewards.judge.runner import JudgeConfig, JudgeRunner
+from sessionrl.rewards.rules import RuleSet
+from sessionrl.rewards.source import RuleSource
+from sessionrl.rewards.stats import StatsBook
+from sessionrl.rewards.terms import (
+    RatingPredictor,
+    ScoringContext,
+    Term,
+    TermResult,
+    scenario_key,
+    succeeded,
+)
+from sessionrl.rewards.vector import RewardVector, assemble
+from sessionrl.session.model import Session, utcnow
+from sessionrl.store import SessionStore
+from sessionrl.store.documents import iso
+
+
+class RewardConfig(BaseModel):
+    """How sessions are rewarded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rules: Path | None = Field(default=None, description="Rule file (YAML); the shipped rules when unset.")
+    stats_path: Path | None = Field(default=None, description="JSON file of layer stats; memory when unset.")
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="How comments are judged.")
+    learn: bool = Field(default=True, description="Update layer stats and best step counts when scoring.")
+
+
+class RewardEngine:
+    """Scores sessions into reward vectors and stores them as new reward versions."""
+
+    def __init__(
+        self,
+        config: RewardConfig | None = None,
+        *,
+        judge: Judge | None = None,
+        rating_model: RatingPredictor | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.config = config or RewardConfig()
+        self.source = RuleSource(self.config.rules)
+        self.judge = (
+            JudgeRunner(judge, cache_size=self.config.judge.cache_size)
+            if judge is not None
+            else JudgeRunner.from_config(self.config.judge)
+        )
+        self.rating_model = rating_model
+        self.clock = clock
+        self.stats = StatsBook(self.config.stats_path)
+
+    @property
+    def ruleset(self) -> RuleSet:
+        """The rule-set in force now (the file is checked for edits)."""
+        return self.source.current()
+
+    def context(self, ruleset: RuleSet) -> ScoringContext:
+        """A fresh scoring context under `ruleset`."""
+        return ScoringContext(
+            now=self.clock(),
+            params=ruleset.file,
+            best_steps=dict(self.stats.get(ruleset.version).best_steps),
+            penalties=ruleset.penalties,
+            judge=self.judge,
+            rating_model=self.rating_model,
+        )
+
+    def score(self, session: Session) -> RewardVector:
+        """The reward vector of a session under the rules in force; learns from it when `config.learn`."""
+        ruleset = self.source.current()
+        ctx = self.context(ruleset)
+        results: list[tuple[Term, TermResult]] = [(t, t.fn(session, ctx)) for t in ruleset.terms]
+        learned = self.stats.get(ruleset.version)
+        vector = assemble(session, ruleset, results, learned.layers, ctx.now)
+        if self.config.learn:
+            for name, layer in vector.layers.items():
+                learned.observe_layer(name, layer.raw)
+            if succeeded(session):
+                learned.observe_steps(scenario_key(session), len(session.tool_calls))
+        return vector
+
+    def score_and_store(self, store: SessionStore, session_id: str) -> int:
+        """Score a stored session and save the vector as a new reward version; return the version.
+
+        When the latest stored version was made under the same rules from the same session version, it is
+        returned as it is and nothing is written.
+        """
+        session = store.get(session_id)
+        history = store.rewards(session_id)
+        version = self.ruleset.version
+        if history and (history[-1].ruleset_version, history[-1].session_version) == (
+            version,
+            session.state_version,
+        ):
+            return history[-1].version
+        vector = self.score(session)
+        return store.save_reward(session_id, vector.model_dump(mode="json"), vector.ruleset_version)
+
+    def rescore(self, store: SessionStore, since: datetime) -> dict[str, int]:
+        """Re-score every session that received feedback at or after `since`; return id → reward version."""
+        rows = store.sql(
+            "SELECT DISTINCT session_id FROM feedback WHERE received_at >= ? ORDER BY session_id",
+            (iso(since),),
+        )
+        return self.store_all(store, (str(r["session_id"]) for r in rows))
+
+    def follow(self, store: SessionStore, after: int = 0) -> tuple[int, dict[str, int]]:
+        """Re-score the sessions that got feedback in the change feed after `after`.
+
+        Returns the cursor to pass next time and id → reward version. Delivery is at-least-once, which
+        storing tolerates: an unchanged session keeps its reward version.
+        """
+        cursor, touched = after, dict[str, None]()
+        while True:
+            batch = store.changes(after=cursor, limit=1000)
+            touched.update((c.session_id, None) for c in batch.changes if c.type == FEEDBACK_EVENT)
+            if batch.cursor == cursor:
+                break
+            cursor = batch.cursor
+        return cursor, self.store_all(store, touched)
+
+    def store_all(self, store: SessionStore, session_ids: Iterable[str]) -> dict[str, int]:
+        """`score_and_store` each session, then save the learned statistics."""
+        versions = {sid: self.score_and_store(store, sid) for sid in session_ids}
+        self.save_stats()
+        return versions
+
+    def save_stats(self) -> None:
+        """Persist layer statistics and best step counts (when a stats file is configured)."""
+        self.stats.save()
+
+
+FEEDBACK_EVENT = "feedback"
+"""Change-feed type of an appended feedback event."""

@@ -1,0 +1,388 @@
+"""The rule file: YAML rules with CEL conditions and values, compiled once per rule-set into reward terms.
+
+A rule is evaluated in one scope (`for_each`: every tool call, LLM call or feedback item, or the session
+once). When its `when` expression is true, its `value` expression is the reward, attributed to the call
+(or, for feedback, to what the feedback is anchored to) and, with `discount: true`, multiplied by
+exp(-λ·Δt).
+
+Loading checks everything it can before any session is scored: the YAML shape (unknown fields, missing
+values), that every expression compiles, that it only names variables of its scope, and that on a typical
+sample it yields a boolean (`when`) or a number (`value`). Each problem is a `RuleFileError` naming the
+rule. The rule-set's version is its name and the hash of its file and penalty table: `default@3f9c...`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import cel
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sessionrl.errors import SessionRLError
+from sessionrl.rewards.judge.table import (
+    PenaltyTable,
+    PenaltyTableError,
+    default_table_path,
+    load_penalty_table,
+)
+from sessionrl.rewards.layers import DEFAULT_WEIGHTS, FIVE_LAYERS, LAYERS, Scheme, TermKind
+from sessionrl.rewards.terms import (
+    BUILTIN_TERMS,
+    Params,
+    ScoringContext,
+    Term,
+    TermResult,
+    add_steps,
+    anchor_steps,
+    discount,
+    scenario_key,
+)
+from sessionrl.rewards.views import (
+    SCOPE_VARIABLES,
+    Scope,
+    feedback_view,
+    llm_call_view,
+    sample_variables,
+    session_view,
+    tool_call_view,
+)
+from sessionrl.session.model import Session
+
+
+class RuleFileError(SessionRLError):
+    """A rule file was rejected; `rule` names the rule at fault (None when the problem is file-wide)."""
+
+    def __init__(self, source: str, problem: str, rule: str | None = None) -> None:
+        where = f"rule {rule!r}: " if rule is not None else ""
+        super().__init__(f"{source}: {where}{problem}")
+        self.source = source
+        self.rule = rule
+        self.problem = problem
+
+
+class RuleEvalError(SessionRLError):
+    """A rule failed on a real session (the sample check at load time could not foresee it)."""
+
+
+def _known_layer(v: str) -> str:
+    if v not in FIVE_LAYERS:
+        raise ValueError(f"unknown layer {v!r}; use one of {', '.join(FIVE_LAYERS)}")
+    return v
+
+
+Layer = Annotated[str, AfterValidator(_known_layer)]
+
+
+class RuleSpec(BaseModel):
+    """One rule as written in the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Unique snake_case name.")
+    description: str = ""
+    for_each: Scope = Field(description="tool_call, llm_call, feedback or session.")
+    when: str = Field(default="true", description="CEL condition; the rule fires where it is true.")
+    value: str = Field(description="CEL expression (or a number): the reward when the rule fires.")
+    layer: Layer = Field(description="Five-layer layer: completion, efficiency, risk, experience, long_term.")
+    discount: bool = Field(default=False, description="Multiply by exp(-λ·Δt) (feedback rules only).")
+
+    @field_validator("when", "value", mode="before")
+    @classmethod
+    def _number_as_expression(cls, v: Any) -> Any:
+        return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int | float) else v
+
+    @model_validator(mode="after")
+    def _discount_needs_feedback(self) -> RuleSpec:
+        if self.discount and self.for_each is not Scope.FEEDBACK:
+            raise ValueError("discount applies to feedback rules only (for_each: feedback)")
+        return self
+
+
+class TermSpec(BaseModel):
+    """A built-in Python term switched on in the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layer: Layer
+
+
+class RuleFile(Params):
+    """The whole rule file."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str = ""
+    scheme: Scheme = Scheme.FIVE_LAYER
+    layer_weights: dict[str, float] = Field(default_factory=dict, description="Overrides of the defaults.")
+    normalise: bool = Field(default=True, description="Standardise each layer with its running stats.")
+    clip: float = Field(default=5.0, gt=0, description="Bound of a standardised layer value.")
+    penalties: str | None = Field(default=None, description="Penalty table, relative to this file.")
+    terms: dict[str, TermSpec] = Field(default_factory=dict, description="Built-in terms to switch on.")
+    rules: tuple[RuleSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RuleFile:
+        unknown = set(self.terms) - set(BUILTIN_TERMS)
+        if unknown:
+            raise ValueError(f"unknown terms {sorted(unknown)}; built-ins are {sorted(BUILTIN_TERMS)}")
+        bad = set(self.layer_weights) - set(LAYERS[self.scheme])
+        if bad:
+            raise ValueError(f"layer_weights names {sorted(bad)}, not layers of {self.scheme}")
+        names = [r.name for r in self.rules] + list(self.terms)
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"names used twice: {dupes}")
+        return self
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Weight of every layer of the scheme: defaults overridden by `layer_weights`."""
+        return DEFAULT_WEIGHTS[self.scheme] | self.layer_weights
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """A compiled rule file: its settings, its terms in order, its penalty table and its version."""
+
+    file: RuleFile
+    version: str
+    terms: tuple[Term, ...]
+    penalties: PenaltyTable
+    penalties_path: Path
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+
+_BOUND = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+
+
+@dataclass(frozen=True)
+class RuleTerm:
+    """A compiled rule, callable as a term. `needs` are the variables its scope's rules read."""
+
+    spec: RuleSpec
+    when: cel.Program
+    value: cel.Program
+    needs: frozenset[str]
+
+    def __call__(self, session: Session, ctx: ScoringContext) -> TermResult:
+        total, steps, hits, seen = 0.0, dict[str, float](), list[str](), 0
+        for key, item in _items(self.spec.for_each, session):
+            seen += 1
+            variables = _variables(self.spec.for_each, self.needs, session, item, key, ctx)
+            if not self._fires(variables, session, key):
+                continue
+            value = self._value(variables, session, key)
+            if self.spec.discount:
+                value *= discount(item, ctx.params.discount_per_s)
+            total += value
+            hits.append(f"{key} {value:+.3g}")
+            if self.spec.for_each is Scope.FEEDBACK:
+                add_steps(steps, anchor_steps(session, item, value))
+            elif self.spec.for_each is not Scope.SESSION:
+                add_steps(steps, {key: value})
+        shown = ", ".join(hits[:4]) + (f", +{len(hits) - 4} more" if len(hits) > 4 else "")
+        return TermResult(
+            total, steps, f"fired on {len(hits)}/{seen} {self.spec.for_each}" + (f": {shown}" * bool(hits))
+        )
+
+    def _fires(self, variables: cel.Context, session: Session, key: str) -> bool:
+        result = self._run(self.when, variables, session, key, "when")
+        if not isinstance(result, bool):
+            raise RuleEvalError(f"rule {self.spec.name!r}: when gave {result!r}, not a boolean")
+        return result
+
+    def _value(self, variables: cel.Context, session: Session, key: str) -> float:
+        result = self._run(self.value, variables, session, key, "value")
+        if isinstance(result, bool) or not isinstance(result, int | float) or not math.isfinite(result):
+            raise RuleEvalError(
+                f"rule {self.spec.name!r} on {key!r}: value gave {result!r}, not a finite number"
+            )
+        return float(result)
+
+    def _run(
+        self, program: cel.Program, variables: cel.Context, session: Session, key: str, part: str
+    ) -> Any:
+        try:
+            return program.execute(variables)
+        except Exception as exc:  # the CEL runtime raises plain Python errors of several types
+            raise RuleEvalError(
+                f"rule {self.spec.name!r}: {part} failed on {key!r} of session {session.session_id!r}: {exc}"
+            ) from exc
+
+
+def _items(scope: Scope, session: Session) -> Iterator[tuple[str, Any]]:
+    """The (key, item) pairs a rule of `scope` runs over."""
+    if scope is Scope.TOOL_CALL:
+        yield from ((c.call_id, c) for c in session.tool_calls)
+    elif scope is Scope.LLM_CALL:
+        yield from ((c.call_id, c) for c in session.llm_calls)
+    elif scope is Scope.FEEDBACK:
+        yield from ((f.feedback_id, f) for f in session.feedback)
+    else:
+        yield session.session_id, session
+
+
+def _variables(
+    scope: Scope, needs: frozenset[str], session: Session, item: Any, key: str, ctx: ScoringContext
+) -> cel.Context:
+    """The CEL variables of one item, built once per scoring and shared by every rule of the scope."""
+    memo_key = ("cel", scope, key)
+    cached = ctx.memo.get(memo_key)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    values: dict[str, Any] = {}
+    if "session" in needs:
+        values["session"] = ctx.memo.get("session_view") or ctx.memo.setdefault(
+            "session_view", session_view(session)
+        )
+    if "call" in needs:
+        values["call"] = tool_call_view(item) if scope is Scope.TOOL_CALL else llm_call_view(item)
+    if "feedback" in needs:
+        values["feedback"] = feedback_view(item)
+    if "weight" in needs:
+        values["weight"] = ctx.params.tool_weight(item.tool)
+    if "budget_ms" in needs:
+        values["budget_ms"] = ctx.params.latency_budget(item.tool)
+    if "best_steps" in needs:
+        values["best_steps"] = ctx.best_steps.get(scenario_key(session), 0)
+    context = cel.Context(values)
+    ctx.memo[memo_key] = context
+    return context
+
+
+DEFAULT_RULES = "default_rules.yaml"
+
+
+def default_rules_path() -> Path:
+    """The rule file shipped with sessionrl."""
+    return Path(str(resources.files("sessionrl.rewards").joinpath(DEFAULT_RULES)))
+
+
+def load_rules(path: Path | None = None) -> RuleSet:
+    """Read and compile a rule file (the shipped one when `path` is None)."""
+    path = path or default_rules_path()
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise RuleFileError(str(path), f"cannot read the file: {exc}") from exc
+    return compile_rules(text, str(path), path.parent)
+
+
+def compile_rules(text: bytes, source: str, base: Path) -> RuleSet:
+    """Validate and compile a rule file's text; `base` is the folder a relative `penalties` path starts in."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleFileError(source, f"not valid YAML: {exc}") from exc
+    file = _validate(raw, source)
+    penalties_path = base / file.penalties if file.penalties else default_table_path()
+    try:
+        penalties = load_penalty_table(penalties_path)
+    except (OSError, PenaltyTableError) as exc:
+        raise RuleFileError(source, f"penalties: {exc}") from exc
+    terms = _compile_terms(file, source)
+    digest = hashlib.sha256(text + b"\0" + penalties.digest.encode()).hexdigest()[:12]
+    return RuleSet(file, f"{file.name}@{digest}", terms, penalties, penalties_path)
+
+
+def _validate(raw: Any, source: str) -> RuleFile:
+    """The file as a `RuleFile`; the first problem is reported with the rule it belongs to."""
+    if not isinstance(raw, dict):
+        raise RuleFileError(source, "the file must be a mapping with at least `name` and `rules`")
+    try:
+        return RuleFile.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc, rule = list(error["loc"]), None
+        if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+            entry = raw["rules"][loc[1]]
+            named = isinstance(entry, dict) and isinstance(entry.get("name"), str)
+            rule, loc = (entry["name"] if named else f"#{loc[1] + 1}"), loc[2:]
+        field = ".".join(str(p) for p in loc) or ("rule" if rule else "file")
+        raise RuleFileError(source, f"{field}: {_describe(error)}", rule) from exc
+
+
+def _describe(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    if error["type"] == "missing":
+        return "missing (it is required)"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _compile_terms(file: RuleFile, source: str) -> tuple[Term, ...]:
+    """Every rule compiled and checked, then the switched-on built-in terms, in file order."""
+    compiled = []
+    for spec in file.rules:
+        when, value = _compile(spec, "when", source), _compile(spec, "value", source)
+        used = _free_variables(when) | _free_variables(value)
+        unknown = used - SCOPE_VARIABLES[spec.for_each]
+        if unknown:
+            known = ", ".join(sorted(SCOPE_VARIABLES[spec.for_each]))
+            problem = (
+                f"unknown variable(s) {', '.join(sorted(unknown))}; scope {spec.for_each} defines {known}"
+            )
+            raise RuleFileError(source, problem, spec.name)
+        _check_on_sample(spec, when, value, source)
+        compiled.append((spec, when, value, used))
+    needs: dict[Scope, frozenset[str]] = {}
+    for spec, _, _, used in compiled:
+        needs[spec.for_each] = needs.get(spec.for_each, frozenset()) | used
+    rules = [
+        Term(spec.name, RuleTerm(spec, when, value, needs[spec.for_each]), TermKind.RULE, spec.layer)
+        for spec, when, value, _ in compiled
+    ]
+    builtins = [Term(name, *BUILTIN_TERMS[name], spec.layer) for name, spec in file.terms.items()]
+    return (*rules, *builtins)
+
+
+def _compile(spec: RuleSpec, part: str, source: str) -> cel.Program:
+    expression = getattr(spec, part)
+    try:
+        return cel.compile(expression)
+    except ValueError as exc:
+        raise RuleFileError(source, f"{part}: CEL does not compile: {exc}", spec.name) from exc
+
+
+def _free_variables(program: cel.Program) -> set[str]:
+    """Variables an expression reads from its scope (names bound by macros such as `exists` left out)."""
+    return set(program.variables()) - set(_BOUND.findall(program.source))
+
+
+def _check_on_sample(spec: RuleSpec, when: cel.Program, value: cel.Program, source: str) -> None:
+    """Run both expressions on a typical item of the scope: type mistakes show up here, not mid-scoring.
+
+    A missing map key (`KeyError`) is tolerated: the sample cannot hold every key a real item may carry.
+    """
+    variables = cel.Context(sample_variables(spec.for_each))
+    for part, program in (("when", when), ("value", value)):
+        try:
+            result = program.execute(variables)
+        except (KeyError, ZeroDivisionError):
+            continue
+        except Exception as exc:  # the CEL runtime raises TypeError, RuntimeError, ValueError, ...
+            raise RuleFileError(
+                source, f"{part} fails on a sample {spec.for_each}: {exc}", spec.name
+            ) from exc
+        if part == "when" and not isinstance(result, bool):
+            raise RuleFileError(source, f"when must give a boolean, gave {result!r}", spec.name)
+        if part == "value" and (isinstance(result, bool) or not isinstance(result, int | float)):
+            raise RuleFileError(source, f"value must give a number, gave {result!r}", spec.name)
