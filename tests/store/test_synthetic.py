@@ -8,12 +8,14 @@ from collections import Counter
 import pytest
 
 from sessionrl.session import CallStatus, FeedbackType, Session, SessionCreated, SessionState, fold
+from sessionrl.store import SessionStore
 from sessionrl.store.synthetic import (
     CHRONIC_COMMENTS,
     SCENARIOS,
     TOOLS,
     batch_items,
     generate,
+    ingest,
     session_events,
 )
 
@@ -111,3 +113,13 @@ def test_batch_items_name_the_session_of_every_event() -> None:
     assert [e for _, e, _ in items] == events
     with pytest.raises(ValueError, match="starts with"):
         batch_items(events[1:])
+
+
+def test_ingest_stores_exactly_the_generated_sessions() -> None:
+    with SessionStore.open("sqlite://") as store:
+        appended = ingest(store, 25, seed=SEED, batch_sessions=10)
+        expected = [fold(events) for events in generate(25, seed=SEED)]
+        assert appended == sum(len(events) for events in generate(25, seed=SEED))
+        assert [store.get(s.session_id) for s in expected] == expected
+        ingest(store, 25, seed=SEED, batch_sessions=7)  # same event ids: stored once
+        assert store.sql("SELECT count(*) AS n FROM events") == [{"n": appended}]

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -47,12 +47,12 @@ from sessionrl.session.model import (
     LLMCall,
     Message,
     Plan,
-    Session,
     SessionCreate,
     SessionState,
     SubGoal,
     ToolCall,
 )
+from sessionrl.store.hot import SessionStore
 
 EPOCH = datetime(2025, 3, 1, tzinfo=UTC)
 """Day the generated traffic starts; sessions are spread over the `SPAN_DAYS` days that follow."""
@@ -481,16 +481,8 @@ def batch_items(events: Sequence[Event]) -> list[tuple[str, Event, int | None]]:
     return [(first.session_id, event, None) for event in events]
 
 
-class BatchStore(Protocol):
-    """The part of the store `ingest` needs."""
-
-    def append_batch(
-        self, items: Sequence[tuple[str, Event, int | None]]
-    ) -> list[Session | SessionRLError]: ...
-
-
 def ingest(
-    store: BatchStore,
+    store: SessionStore,
     n: int,
     seed: int = 0,
     *,
