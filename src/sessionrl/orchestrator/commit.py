@@ -1,0 +1,97 @@
+"""Group commit: the writes of concurrent steps share one store transaction, and so one durable sync.
+
+Each step hands the committer a unit (its events, in order) and waits. One writer task takes every unit
+queued so far (up to `max_events` events), appends them with `SessionStore.append_batch` in a worker
+thread, and wakes each step with its own results. While one batch is being made durable the next one
+gathers, so under load the cost of the sync is spread over many steps; alone, a step pays it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from sessionrl.errors import SessionRLError
+from sessionrl.session.events import Event
+from sessionrl.session.model import Session
+from sessionrl.store import SessionStore
+
+Write = tuple[str, Event, int | None]
+"""One event to append: session id, event, expected version (None: append to whatever is stored)."""
+
+Outcome = list[Session | SessionRLError]
+
+
+class CommitterClosed(SessionRLError):
+    """The committer was closed; nothing more is written."""
+
+
+class GroupCommitter:
+    """Batches units of writes from concurrent callers into single store transactions."""
+
+    def __init__(self, store: SessionStore, *, max_events: int = 256) -> None:
+        self._store = store
+        self._max_events = max_events
+        self._pending: deque[tuple[Sequence[Write], asyncio.Future[Outcome]]] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessionrl-commit")
+        self.batches = 0
+        """Transactions committed so far."""
+        self.events = 0
+        """Events handed to the store so far."""
+
+    async def commit(self, unit: Sequence[Write]) -> Outcome:
+        """Append `unit` (in order, within one transaction) and return one result per write."""
+        if self._closed:
+            raise CommitterClosed("the orchestrator is closed")
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sessionrl-group-commit")
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._pending.append((unit, future))
+        self._wake.set()
+        return await future
+
+    async def aclose(self) -> None:
+        """Write what is queued, then stop the writer task and its thread."""
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._thread.shutdown(wait=True)
+
+    def _take(self) -> list[tuple[Sequence[Write], asyncio.Future[Outcome]]]:
+        """Queued units, oldest first, up to `max_events` events (always at least one unit)."""
+        taken = [self._pending.popleft()]
+        size = len(taken[0][0])
+        while self._pending and size + len(self._pending[0][0]) <= self._max_events:
+            unit = self._pending.popleft()
+            size += len(unit[0])
+            taken.append(unit)
+        return taken
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not (self._closed and not self._pending):
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                taken = self._take()
+                items = [write for unit, _ in taken for write in unit]
+                try:
+                    results = await loop.run_in_executor(self._thread, self._store.append_batch, items)
+                except Exception as exc:  # the store failed as a whole (disk, closed): every caller learns it
+                    for _, future in taken:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                self.batches += 1
+                self.events += len(items)
+                start = 0
+                for unit, future in taken:
+                    if not future.done():
+                        future.set_result(results[start : start + len(unit)])
+                    start += len(unit)

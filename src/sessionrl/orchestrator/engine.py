@@ -1,0 +1,539 @@
+"""The session orchestrator: opens sessions, runs plan / tool / LLM steps, takes feedback, finishes.
+
+Every change is an event committed to the store before the call returns, so whatever the engine
+acknowledged survives a crash. Steps of different kinds run in their own lanes (see `lanes`); sessions
+in use are kept in an LRU whose entries are only ever sessions the store returned after a commit.
+
+A step's events form one unit. A unit of one event is appended to whatever the store holds (tool calls
+commute); a longer unit is checked by folding it locally, then appended with chained expected versions,
+so it is written whole or not at all. A unit that lost a race (`StaleState`) is rebuilt on the fresh
+session and tried again.
+
+Idempotency: a caller may pass `key`. Every id the request writes is derived from it (`StepIds`), the
+store ignores an event id it already holds, and a request whose last event is already in the log is
+answered from the log without running anything again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeVar
+
+from sessionrl.errors import InvalidTransition, SessionRLError, StaleState
+from sessionrl.orchestrator.commit import GroupCommitter
+from sessionrl.orchestrator.config import OrchestratorConfig
+from sessionrl.orchestrator.guards import check_plan, check_tool_step, missing_citations, unverified_subgoals
+from sessionrl.orchestrator.lanes import Lane, SessionCache, route
+from sessionrl.orchestrator.policy import (
+    PolicyBackend,
+    PolicyError,
+    PolicyReply,
+    act_messages,
+    parse_plan,
+    parse_tool_call,
+    plan_messages,
+)
+from sessionrl.orchestrator.results import (
+    PAYLOADS,
+    FeedbackResult,
+    FinishResult,
+    LLMPayload,
+    PlanPayload,
+    StepError,
+    StepIds,
+    StepKind,
+    StepPayload,
+    StepResult,
+    ToolPayload,
+    feedback_result,
+    finish_result,
+    llm_result,
+    plan_result,
+    tool_result,
+)
+from sessionrl.session.events import (
+    Event,
+    FeedbackAdded,
+    LLMCallRecorded,
+    OutputSet,
+    PlanSet,
+    StateChanged,
+    ToolCallRecorded,
+    apply,
+    created,
+    fold,
+)
+from sessionrl.session.lifecycle import ACTIVE, TERMINAL
+from sessionrl.session.model import (
+    Anchor,
+    CallStatus,
+    Feedback,
+    FeedbackType,
+    FinalOutput,
+    LLMCall,
+    Message,
+    Plan,
+    Session,
+    SessionCreate,
+    SessionState,
+    ToolCall,
+    utcnow,
+)
+from sessionrl.skills.contract import SkillContract
+from sessionrl.skills.skill import SkillResult
+from sessionrl.store import SessionStore
+
+T = TypeVar("T")
+Build = Callable[[Session], list[Event]]
+"""Builds a step's unit of events on the session as it stands (called again after a lost race)."""
+
+
+class Executor(Protocol):
+    """What the engine needs of a skill executor (`sessionrl.skills.SkillExecutor` is one)."""
+
+    @property
+    def contracts(self) -> dict[str, SkillContract]: ...
+
+    def masked(self) -> frozenset[str]: ...
+
+    async def call(self, name: str, params: Mapping[str, Any]) -> SkillResult: ...
+
+
+class Orchestrator:
+    """The engine. Use as `async with Orchestrator(store, executor, backends) as engine:`."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        executor: Executor,
+        backends: Sequence[PolicyBackend] = (),
+        config: OrchestratorConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.backends = tuple(backends)
+        self.config = config or OrchestratorConfig()
+        self.cache = SessionCache(self.config.cache_size)
+        self.lanes = {
+            StepKind.PLAN: Lane("plan", self.config.plan_lane),
+            StepKind.TOOL: Lane("tool", self.config.tool_lane),
+            StepKind.LLM: Lane("llm", self.config.llm_lane),
+        }
+        self.committer = GroupCommitter(store, max_events=self.config.commit_batch)
+        self._inflight: dict[str, asyncio.Future[Any]] = {}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Commit what is queued and stop the writer; closing the store and executor is the caller's job."""
+        await self.committer.aclose()
+
+    # public API
+
+    async def init_session(self, create: SessionCreate | str, *, key: str | None = None) -> str:
+        """Open a session (a `SessionCreate`, or just the user's query) and return its id."""
+        if isinstance(create, str):
+            create = SessionCreate(user_query=create)
+        ids = StepIds.of(key)
+        if create.session_id is not None and await self._exists(create.session_id):
+            if key is not None and await self._replayed(create.session_id, ids) is not None:
+                return create.session_id
+            state = (await self.session(create.session_id)).state
+            raise InvalidTransition(create.session_id, state, "session_created")
+        event = created(create, event_id=ids.event())
+        (result,) = await self.committer.commit([(event.session_id, event, None)])
+        session = _raise_first([result])
+        self.cache.put(session)
+        return session.session_id
+
+    async def session(self, session_id: str) -> Session:
+        """The session's current read view (from the cache when it is there)."""
+        cached = self.cache.get(session_id)
+        if cached is not None:
+            return cached
+        session = await asyncio.to_thread(self.store.get, session_id)
+        self.cache.put(session)
+        return session
+
+    async def execute_step(
+        self,
+        session_id: str,
+        kind: StepKind | str,
+        payload: StepPayload | Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+    ) -> StepResult:
+        """Run one step of `kind` with its payload (a payload model, or a mapping validated as one)."""
+        kind = StepKind(kind)
+        model = PAYLOADS[kind]
+        typed = payload if isinstance(payload, model) else model.model_validate(payload or {})
+        ids = StepIds.of(key)
+        return await self._once(key, lambda: self._step(session_id, kind, typed, ids, key is not None))
+
+    async def inject_feedback(
+        self, session_id: str, feedback: Feedback, *, key: str | None = None
+    ) -> FeedbackResult:
+        """Record feedback (accepted in every state). With `key`, the feedback id is derived from it."""
+        ids = StepIds.of(key)
+        if key is not None:
+            feedback = feedback.model_copy(update={"feedback_id": ids.feedback()})
+        event = FeedbackAdded(feedback=feedback, event_id=ids.event())
+
+        async def run() -> FeedbackResult:
+            session = await self._commit(session_id, lambda _: [event], ids)
+            return feedback_result(session, feedback.feedback_id)
+
+        return await self._once(key, run)
+
+    async def finish(
+        self, session_id: str, output: FinalOutput | str, *, key: str | None = None
+    ) -> FinishResult:
+        """Give the final output and close the session, running the finishing guards.
+
+        Every sub-goal that no tool call executed earns a `hallucination_penalty` anchored to it; claims
+        citing calls the session does not have earn one `provenance_flag` naming them.
+        """
+        if isinstance(output, str):
+            output = FinalOutput(text=output)
+        ids = StepIds.of(key)
+        final = output
+
+        async def run() -> FinishResult:
+            session = await self.session(session_id)
+            if key is not None and session.state in TERMINAL:
+                replayed = await self._replayed(session_id, ids)
+                if replayed is not None:
+                    return finish_result(replayed)
+            return finish_result(
+                await self._commit(session_id, lambda s: self._finish_unit(s, final, ids), ids)
+            )
+
+        return await self._once(key, run)
+
+    def route(self, session_id: str) -> PolicyBackend:
+        """The backend that serves `session_id` (the same one every time, for its prompt cache)."""
+        if not self.backends:
+            raise PolicyError("no policy backend is configured")
+        return self.backends[route(session_id, len(self.backends))]
+
+    # steps
+
+    async def _step(
+        self, session_id: str, kind: StepKind, payload: StepPayload, ids: StepIds, keyed: bool
+    ) -> StepResult:
+        session = await self.session(session_id)
+        if keyed and _may_be_replay(session, kind, ids):
+            replayed = await self._replayed(session_id, ids)
+            if replayed is not None:
+                return _result(kind, replayed, ids, self._masked())
+        if session.state not in ACTIVE:
+            raise InvalidTransition(session_id, session.state, f"{kind.value} step")
+        if isinstance(payload, PlanPayload):
+            return await self._plan(session, payload, ids)
+        if isinstance(payload, ToolPayload):
+            return await self._tool(session, payload, ids)
+        return await self._llm(session, payload, ids)
+
+    async def _plan(self, session: Session, payload: PlanPayload, ids: StepIds) -> StepResult:
+        if session.plan is not None:
+            raise InvalidTransition(
+                session.session_id, session.state, "plan_set (the session already has a plan)"
+            )
+        before: list[Event] = []
+        plan = payload.plan
+        if plan is None:
+            messages = payload.messages or plan_messages(session.user_query, self._visible_tools())
+            reply = await self._ask(session, messages, StepKind.PLAN, "plan")
+            if isinstance(reply, StepResult):
+                return reply
+            before.append(LLMCallRecorded(call=_llm_record(ids.llm, "plan", messages, reply)))
+            plan = parse_plan(reply.text)
+        chosen = plan
+        unit: Build = (
+            (lambda _: before)
+            if chosen is None
+            else (lambda s: [*before, *self._plan_unit(s, chosen, ids, bool(before))])
+        )
+        return plan_result(await self._commit(session.session_id, unit, ids), ids, self._masked())
+
+    def _plan_unit(self, session: Session, plan: Plan, ids: StepIds, by_policy: bool) -> list[Event]:
+        """Record the plan; then either start executing, or reject it with a `plan_rejection` feedback."""
+        problem = check_plan(
+            plan,
+            known_tools=self.executor.contracts.keys(),
+            forbidden_tools=self.config.forbidden_tools,
+            max_subgoals=self.config.max_subgoals,
+        )
+        events: list[Event] = [PlanSet(plan=plan)]
+        if problem is None:
+            return [*events, *_enter(session, SessionState.EXECUTING)]
+        rejection = Feedback(
+            feedback_id=ids.feedback(),
+            type=FeedbackType.PLAN_REJECTION,
+            comment=problem.detail,
+            annotator="plan_breaker",
+            anchor=Anchor(call_id=ids.llm) if by_policy else Anchor(),
+            data={"reason": problem.reason.value, "detail": problem.detail},
+        )
+        return [
+            *events,
+            FeedbackAdded(feedback=rejection),
+            StateChanged(state=SessionState.REJECTED, reason=problem.reason),
+        ]
+
+    async def _tool(self, session: Session, payload: ToolPayload, ids: StepIds) -> StepResult:
+        before: list[Event] = []
+        tool, params, subgoal_id = payload.tool, payload.params, payload.subgoal_id
+        if tool is None:
+            messages = payload.messages or act_messages(session, self._visible_tools())
+            reply = await self._ask(session, messages, StepKind.LLM, "act", kind=StepKind.TOOL)
+            if isinstance(reply, StepResult):
+                return reply
+            before.append(LLMCallRecorded(call=_llm_record(ids.llm, "act", messages, reply)))
+            choice = parse_tool_call(reply.text)
+            if choice is None:
+                return tool_result(
+                    await self._commit(session.session_id, lambda _: before, ids), ids, self._masked()
+                )
+            tool, params, subgoal_id = choice.tool, choice.params, choice.subgoal_id or subgoal_id
+        refusal = check_tool_step(session, tool=tool, subgoal_id=subgoal_id, masked=self.executor.masked())
+        if refusal is None:
+            call = await self._run_tool(ids.call, tool, params, subgoal_id)
+        else:
+            call = ToolCall(
+                call_id=ids.call,
+                subgoal_id=subgoal_id,
+                tool=tool,
+                params=params,
+                status=CallStatus.REFUSED,
+                error_code=refusal.reason.value,
+                error_message=refusal.detail,
+            )
+        record = ToolCallRecorded(call=call)
+
+        def unit(s: Session) -> list[Event]:
+            return [*_enter(s, SessionState.EXECUTING), *before, record]
+
+        return tool_result(await self._commit(session.session_id, unit, ids), ids, self._masked())
+
+    async def _run_tool(
+        self, call_id: str, tool: str, params: dict[str, Any], subgoal_id: str | None
+    ) -> ToolCall:
+        async with self.lanes[StepKind.TOOL].slot():
+            started = utcnow()
+            result = await self.executor.call(tool, params)
+            finished = utcnow()
+        status = CallStatus.SUCCESS if result.ok else CallStatus.ERROR
+        if result.error_code in ("TIMEOUT", "SANDBOX_TIMEOUT"):
+            status = CallStatus.TIMEOUT
+        return ToolCall(
+            call_id=call_id,
+            subgoal_id=subgoal_id,
+            tool=result.skill,
+            params=params,
+            output=result.output,
+            status=status,
+            error_code=result.error_code,
+            error_message=result.error_message,
+            retryable=result.retryable,
+            latency_ms=result.latency_ms,
+            attempt=max(result.attempts, 1),
+            warnings=result.warnings,
+            started_at=started,
+            finished_at=finished,
+        )
+
+    async def _llm(self, session: Session, payload: LLMPayload, ids: StepIds) -> StepResult:
+        messages = payload.messages or (Message(role="user", content=session.user_query),)
+        reply = await self._ask(session, messages, StepKind.LLM, payload.purpose)
+        if isinstance(reply, StepResult):
+            return reply
+        record = LLMCallRecorded(call=_llm_record(ids.llm, payload.purpose, messages, reply))
+        return llm_result(
+            await self._commit(session.session_id, lambda _: [record], ids), ids, self._masked()
+        )
+
+    async def _ask(
+        self,
+        session: Session,
+        messages: Sequence[Message],
+        lane: StepKind,
+        purpose: str,
+        *,
+        kind: StepKind | None = None,
+    ) -> PolicyReply | StepResult:
+        """The policy's reply in `lane`, or a failed (unrecorded) step result when the backend fails."""
+        try:
+            backend = self.route(session.session_id)
+            async with self.lanes[lane].slot():
+                return await backend.generate(messages, purpose=purpose)
+        except PolicyError as exc:
+            return StepResult(
+                ok=False,
+                kind=kind or lane,
+                session_id=session.session_id,
+                state=session.state,
+                state_version=session.state_version,
+                error_code=StepError.POLICY_ERROR,
+                error_message=str(exc),
+                retryable=True,
+                masked=self._masked(),
+            )
+
+    def _finish_unit(self, session: Session, output: FinalOutput, ids: StepIds) -> list[Event]:
+        """The output, a penalty per unverified sub-goal, a flag for missing citations, then `finished`."""
+        events: list[Event] = [OutputSet(output=output)]
+        for i, subgoal_id in enumerate(unverified_subgoals(session)):
+            penalty = Feedback(
+                feedback_id=ids.feedback(f"h{i}"),
+                type=FeedbackType.HALLUCINATION_PENALTY,
+                score=self.config.hallucination_penalty,
+                comment=f"no tool call executed sub-goal {subgoal_id!r}",
+                annotator="finish_guard",
+                anchor=Anchor(subgoal_id=subgoal_id),
+            )
+            events.append(FeedbackAdded(feedback=penalty))
+        missing = missing_citations(session, output)
+        if missing:
+            flag = Feedback(
+                feedback_id=ids.feedback("p"),
+                type=FeedbackType.PROVENANCE_FLAG,
+                comment=f"the output cites calls the session does not have: {', '.join(missing)}",
+                annotator="finish_guard",
+                data={"missing_call_ids": list(missing)},
+            )
+            events.append(FeedbackAdded(feedback=flag))
+        return [*events, StateChanged(state=SessionState.FINISHED)]
+
+    # plumbing
+
+    async def _commit(self, session_id: str, build: Build, ids: StepIds) -> Session:
+        """Commit the unit `build` makes, rebuilding it on the fresh session after a lost race."""
+        session = await self.session(session_id)
+        for attempt in range(self.config.commit_retries):
+            events = _name_events(build(session), ids)
+            try:
+                committed = await self._commit_unit(session, events)
+            except StaleState:
+                if attempt + 1 == self.config.commit_retries:
+                    raise
+                self.cache.drop(session_id)
+                session = await self.session(session_id)
+                continue
+            self.cache.put(committed)
+            return committed
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _commit_unit(self, session: Session, events: list[Event]) -> Session:
+        sid = session.session_id
+        if len(events) == 1:
+            return _raise_first(await self.committer.commit([(sid, events[0], None)]))
+        local = session
+        for event in events:  # raises (writing nothing) if the unit is not allowed as a whole
+            local = apply(local, event)
+        version = session.state_version
+        writes = [(sid, event, version + i) for i, event in enumerate(events)]
+        return _raise_first(await self.committer.commit(writes))
+
+    async def _exists(self, session_id: str) -> bool:
+        try:
+            await self.session(session_id)
+        except SessionRLError:
+            return False
+        return True
+
+    async def _replayed(self, session_id: str, ids: StepIds) -> Session | None:
+        """The session right after the request of `ids` was first committed, or None if it never was."""
+        events = await asyncio.to_thread(self.store.events, session_id)
+        last = next((i for i, e in enumerate(events) if e.event_id == ids.event()), None)
+        return None if last is None else fold(e.event for e in events[: last + 1])
+
+    async def _once(self, key: str | None, run: Callable[[], Awaitable[T]]) -> T:
+        """Run `run`, unless a request with the same key is in flight: then share its answer."""
+        if key is None:
+            return await run()
+        if key in self._inflight:
+            return await asyncio.shield(self._inflight[key])
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            result = await run()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # marked as retrieved: nobody may be waiting
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            del self._inflight[key]
+
+    def _masked(self) -> tuple[str, ...]:
+        return tuple(sorted(self.executor.masked()))
+
+    def _visible_tools(self) -> dict[str, SkillContract]:
+        """Contracts the policy is shown: every skill but the masked ones."""
+        masked = self.executor.masked()
+        return {name: c for name, c in self.executor.contracts.items() if name not in masked}
+
+
+def _enter(session: Session, state: SessionState) -> list[Event]:
+    """A state change to `state`, unless the session is there already."""
+    return [] if session.state == state else [StateChanged(state=state)]
+
+
+def _name_events(events: list[Event], ids: StepIds) -> list[Event]:
+    """Give a unit's events their derived ids: the last one `ids.event()`, the others numbered."""
+    last = len(events) - 1
+    return [
+        e.model_copy(update={"event_id": ids.event() if i == last else ids.event(str(i))})
+        for i, e in enumerate(events)
+    ]
+
+
+def _raise_first(results: list[Session | SessionRLError]) -> Session:
+    """The session after the last write, or the first error among the results."""
+    for result in results:
+        if isinstance(result, SessionRLError):
+            raise result
+    last = results[-1]
+    assert isinstance(last, Session)
+    return last
+
+
+def _llm_record(call_id: str, purpose: str, messages: Sequence[Message], reply: PolicyReply) -> LLMCall:
+    return LLMCall(
+        call_id=call_id,
+        purpose=purpose,
+        messages=tuple(messages),
+        response=reply.text,
+        prompt_token_ids=reply.prompt_token_ids,
+        token_ids=reply.token_ids,
+        logprobs=reply.logprobs,
+        policy_version=reply.policy_version,
+        tokens_used=reply.tokens_used,
+    )
+
+
+def _may_be_replay(session: Session, kind: StepKind, ids: StepIds) -> bool:
+    """Whether the session shows a trace of the request of `ids` (then the log is checked to be sure)."""
+    if kind is StepKind.PLAN and session.plan is not None:
+        return True
+    calls = {c.call_id for c in session.tool_calls} | {c.call_id for c in session.llm_calls}
+    return ids.call in calls or ids.llm in calls
+
+
+def _result(kind: StepKind, session: Session, ids: StepIds, masked: tuple[str, ...]) -> StepResult:
+    if kind is StepKind.PLAN:
+        return plan_result(session, ids, masked)
+    if kind is StepKind.TOOL:
+        return tool_result(session, ids, masked)
+    return llm_result(session, ids, masked)

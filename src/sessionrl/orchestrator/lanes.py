@@ -1,0 +1,106 @@
+"""Lanes, the session cache and backend routing: how the engine shares one process between many sessions.
+
+Each step kind has its own lane (a bounded semaphore with a bounded waiting room), so a burst of slow tool
+calls fills the tool lane and never delays an LLM step. `route` pins a session to one policy backend.
+
+>>> route("s_1", 4) == route("s_1", 4)
+True
+>>> sorted({route(f"s_{i}", 3) for i in range(100)})
+[0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sessionrl.errors import SessionRLError
+from sessionrl.orchestrator.config import LaneConfig
+from sessionrl.session.model import Session
+
+
+class Overloaded(SessionRLError):
+    """A lane's waiting room is full; the caller should retry later."""
+
+    def __init__(self, lane: str, waiting: int) -> None:
+        super().__init__(f"the {lane} lane is full ({waiting} steps already waiting); retry later")
+        self.lane = lane
+        self.waiting = waiting
+
+
+class Lane:
+    """At most `concurrency` holders at once, at most `max_waiting` waiting; more are refused at once."""
+
+    def __init__(self, name: str, config: LaneConfig) -> None:
+        self.name = name
+        self._config = config
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._waiting = 0
+        self.running = 0
+        """Holders right now (for metrics and tests)."""
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one slot of the lane for the duration of the block; raise `Overloaded` if none can be had."""
+        if self._slots.locked():
+            if self._waiting >= self._config.max_waiting:
+                raise Overloaded(self.name, self._waiting)
+            self._waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self._waiting -= 1
+        else:
+            await self._slots.acquire()
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+
+class SessionCache:
+    """Latest read views of active sessions, least recently used first out.
+
+    Writes go to the store first; the session the store returns is then put here, so the cache never holds
+    anything uncommitted. A view older than the cached one (a slower concurrent commit) is ignored.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._items: OrderedDict[str, Session] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, session_id: str) -> Session | None:
+        """The cached view, marked as recently used, or None."""
+        session = self._items.get(session_id)
+        if session is not None:
+            self._items.move_to_end(session_id)
+        return session
+
+    def put(self, session: Session) -> None:
+        """Keep `session` unless a newer version is cached; evict the least recently used past capacity."""
+        old = self._items.get(session.session_id)
+        if old is not None and old.state_version > session.state_version:
+            self._items.move_to_end(session.session_id)
+            return
+        self._items[session.session_id] = session
+        self._items.move_to_end(session.session_id)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def drop(self, session_id: str) -> None:
+        """Forget a session (it will be read from the store next time)."""
+        self._items.pop(session_id, None)
+
+
+def route(session_id: str, n_backends: int) -> int:
+    """Index of the backend that serves `session_id`: a stable hash, the same in every process."""
+    digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % n_backends
