@@ -13,10 +13,11 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from sessionrl.errors import NotFound
-from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, Session, apply, fold
+from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, Session, SessionState, apply, fold
 from sessionrl.session.codec import digest
-from sessionrl.store.archive import Archive
-from sessionrl.store.synthetic import CHRONIC_COMMENTS, generate
+from sessionrl.store import SessionStore
+from sessionrl.store.archive import Archive, archive_event, archive_finished
+from sessionrl.store.synthetic import CHRONIC_COMMENTS, generate, ingest
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +138,61 @@ def test_flattened_columns_summarise_the_session(tmp_path: Path, sessions: list[
     ratings = [f.score for f in s.feedback if f.type is FeedbackType.HUMAN_RATING]
     assert row["rating"] == (ratings[0] if ratings else None)
     assert row["state"] == s.state.value
+
+
+@pytest.fixture
+def filled() -> Iterator[SessionStore]:
+    """An in-memory store holding 40 generated sessions (finished, rejected and still executing)."""
+    with SessionStore.open("sqlite://") as store:
+        ingest(store, 40, seed=9)
+        yield store
+
+
+def test_archive_finished_moves_done_sessions_and_matches_the_store(
+    tmp_path: Path, filled: SessionStore
+) -> None:
+    archive = Archive(str(tmp_path))
+    done = set(filled.session_ids(SessionState.FINISHED)) | set(filled.session_ids(SessionState.REJECTED))
+    running = set(filled.session_ids(SessionState.EXECUTING))
+    assert done
+    assert running
+    assert archive_finished(filled, archive, batch=7) == len(done)
+    assert set(filled.session_ids(SessionState.ARCHIVED)) == done
+    assert set(filled.session_ids(SessionState.EXECUTING)) == running
+    assert archive.digests() == {sid: digest(filled.get(sid)) for sid in done}
+    assert filled.consistency_check(archive=archive).clean
+    files = archive.files()
+    assert archive_finished(filled, archive) == 0  # nothing left to archive, nothing written
+    assert archive.files() == files
+
+
+def test_archive_finished_respects_before(tmp_path: Path, filled: SessionStore) -> None:
+    finished = [filled.get(sid) for sid in filled.session_ids(SessionState.FINISHED)]
+    cut = sorted(s.updated_at for s in finished)[len(finished) // 2]
+    older = {s.session_id for s in finished if s.updated_at < cut}
+    rejected_older = {
+        sid for sid in filled.session_ids(SessionState.REJECTED) if filled.get(sid).updated_at < cut
+    }
+    assert archive_finished(filled, Archive(str(tmp_path)), before=cut) == len(older | rejected_older)
+    assert set(filled.session_ids(SessionState.ARCHIVED)) == older | rejected_older
+
+
+def test_a_retry_after_a_crash_between_parquet_and_store_converges(
+    tmp_path: Path, filled: SessionStore
+) -> None:
+    archive = Archive(str(tmp_path))
+    sid = filled.session_ids(SessionState.FINISHED)[0]
+    archive.write([apply(filled.get(sid), archive_event(sid))])  # the crash: written, never appended
+    archive_finished(filled, archive)
+    assert filled.get(sid).state is SessionState.ARCHIVED
+    assert archive.digests()[sid] == digest(filled.get(sid))
+    assert filled.consistency_check(archive=archive).clean
+
+
+def test_late_feedback_after_archiving_shows_as_archive_drift(tmp_path: Path, filled: SessionStore) -> None:
+    archive = Archive(str(tmp_path))
+    archive_finished(filled, archive)
+    sid = filled.session_ids(SessionState.ARCHIVED)[0]
+    filled.append(sid, FeedbackAdded(feedback=Feedback(type=FeedbackType.COMMENT, comment="follow-up")))
+    report = filled.consistency_check(archive=archive)
+    assert [(d.session_id, d.kind) for d in report.drift] == [(sid, "archive")]

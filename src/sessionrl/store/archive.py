@@ -13,6 +13,7 @@ sees the latest row of each session as a view named `sessions`.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,10 +27,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from sessionrl.errors import NotFound
+from sessionrl.errors import InvalidTransition, NotFound, StaleState
 from sessionrl.session import codec
-from sessionrl.session.model import CallStatus, FeedbackType, Session, utcnow
+from sessionrl.session.events import StateChanged, apply
+from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionState, utcnow
 from sessionrl.session.schema import load_session
+from sessionrl.store.hot import SessionStore
 
 SCHEMA = pa.schema(
     [
@@ -197,3 +200,52 @@ class Archive:
 
 def _load(doc: str) -> Session:
     return load_session(orjson.loads(doc))
+
+
+DONE = (SessionState.FINISHED, SessionState.REJECTED)
+"""States whose sessions are ready for the archive."""
+
+
+def archive_finished(
+    store: SessionStore, archive: Archive, before: datetime | None = None, *, batch: int = 500
+) -> int:
+    """Archive finished and rejected sessions last updated before `before` (timezone-aware; None: all).
+
+    For each batch, the view the session will have once archived is written to Parquet first, then the
+    `StateChanged(archived)` events are appended (one transaction) with `expected_version` set, so the
+    archive and the store hold the same digest. A session that changed in between (late feedback) is
+    skipped and archived again by a later run, whose newer row supersedes the earlier one; a crash between
+    the two steps leaves only a row that the next run supersedes the same way. Returns how many sessions
+    moved to `archived`.
+    """
+    moved = 0
+    pending: list[Session] = []
+    for state in DONE:
+        for session in store.iter_sessions(state):
+            if before is None or session.updated_at < before:
+                pending.append(session)
+            if len(pending) == batch:
+                moved += _archive_batch(store, archive, pending)
+                pending = []
+    return moved + (_archive_batch(store, archive, pending) if pending else 0)
+
+
+def archive_event(session_id: str) -> StateChanged:
+    """The event that marks a session archived; its id is derived from the session, so retries repeat it."""
+    key = hashlib.sha256(session_id.encode()).hexdigest()[:40]
+    return StateChanged(
+        event_id=f"archive_{key}", state=SessionState.ARCHIVED, reason="written to the archive"
+    )
+
+
+def _archive_batch(store: SessionStore, archive: Archive, sessions: Sequence[Session]) -> int:
+    moves = [(s, archive_event(s.session_id)) for s in sessions]
+    archive.write(apply(s, event) for s, event in moves)
+    results = store.append_batch([(s.session_id, event, s.state_version) for s, event in moves])
+    moved = 0
+    for result in results:
+        if isinstance(result, Session):
+            moved += 1
+        elif not isinstance(result, StaleState | InvalidTransition):
+            raise result
+    return moved
