@@ -11,7 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionrl.envs import ExpertPlan, ExpertStep
-from sessionrl.envs.faults import FaultKind, Faults, FaultSchedule, garble_json, inject_plan_faults
+from sessionrl.envs.faults import (
+    FaultKind,
+    Faults,
+    FaultSchedule,
+    garble_json,
+    inject_plan_faults,
+    with_faults,
+)
+from sessionrl.skills import ErrorCode, ManualClock, Skill, SkillContract, SkillError, callable_skill
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -107,3 +115,82 @@ def test_plan_order_faults_reverse_the_steps_at_their_rate() -> None:
     )
     # Binomial(4000, 0.3): mean 1200, sd ≈ 29; ±150 is over five sd.
     assert 1050 <= reversed_count <= 1350
+
+
+# the skill wrapper
+
+COUNTER = SkillContract.model_validate(
+    {
+        "name": "bump",
+        "description": "Add one to a counter.",
+        "input_schema": {"type": "object", "properties": {}},
+    }
+)
+
+
+def counting_skill() -> tuple[Skill, list[int]]:
+    calls: list[int] = []
+
+    def bump(params: dict[str, object]) -> dict[str, object]:
+        calls.append(1)
+        return {"count": len(calls), "note": "ok"}
+
+    return callable_skill(COUNTER, bump), calls
+
+
+async def test_a_tool_error_refuses_the_call_with_a_garbled_retryable_error() -> None:
+    skill, calls = counting_skill()
+    (faulty,) = with_faults([skill], Faults(tool_error=1.0), seed=0)
+    with pytest.raises(SkillError) as caught:
+        await faulty.invoke({}, ManualClock())
+    assert caught.value.code == ErrorCode.UNAVAILABLE
+    assert faulty.contract.is_retryable(caught.value.code)
+    assert calls == []  # nothing ran
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(caught.value.message)
+
+
+async def test_a_garbled_output_runs_the_call_but_loses_its_answer() -> None:
+    skill, calls = counting_skill()
+    (faulty,) = with_faults([skill], Faults(garbled_output=1.0), seed=0)
+    with pytest.raises(SkillError) as caught:
+        await faulty.invoke({}, ManualClock())
+    assert caught.value.code == ErrorCode.INVALID_OUTPUT
+    assert not faulty.contract.is_retryable(caught.value.code)
+    assert calls == [1]  # the effect happened
+    answer = '{"count":1,"note":"ok"}'
+    assert answer.startswith(caught.value.message[:-1])  # a cut of the answer plus one stray token
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(caught.value.message)
+
+
+def test_no_tool_faults_leave_the_skills_unwrapped() -> None:
+    skill, _ = counting_skill()
+    assert with_faults([skill], None, seed=0)[0] is skill
+    assert with_faults([skill], Faults(plan_order=1.0), seed=0)[0] is skill
+
+
+async def outcomes(skill: Skill, calls: int) -> list[str]:
+    """`ok`, or the error code, for each of `calls` calls."""
+    seen = []
+    for _ in range(calls):
+        try:
+            await skill.invoke({}, ManualClock())
+            seen.append("ok")
+        except SkillError as error:
+            seen.append(error.code)
+    return seen
+
+
+async def test_tool_faults_are_seeded_and_drawn_at_their_rates() -> None:
+    faults = Faults(tool_error=0.2, garbled_output=0.25)
+
+    def wrapped(seed: int) -> Skill:
+        return with_faults([counting_skill()[0]], faults, seed=seed)[0]
+
+    first = await outcomes(wrapped(5), 4000)
+    assert first == await outcomes(wrapped(5), 4000)
+    assert first != await outcomes(wrapped(6), 4000)
+    # P(refused) = 0.2 → mean 800, sd ≈ 25; P(garbled) = 0.8 · 0.25 = 0.2 → mean 800, sd ≈ 25. ±130 > 5 sd.
+    assert 670 <= first.count(ErrorCode.UNAVAILABLE) <= 930
+    assert 670 <= first.count(ErrorCode.INVALID_OUTPUT) <= 930

@@ -17,6 +17,8 @@ from sessionrl.errors import SessionRLError
 from sessionrl.skills import SkillCheckError, SkillContract, SkillError, SystemClock, check_skill
 from sessionrl.skills.schema import validation_errors, validator_for
 
+_SHARED_STATE = "calls in one episode changed another's state; give each episode its own copy"
+
 
 class EnvCheckError(SessionRLError):
     """An environment breaks a promise of the `DecisionEnv` protocol; the message says how to fix it."""
@@ -109,10 +111,14 @@ def check_skills(env: DecisionEnv, task: Task, contracts: dict[str, SkillContrac
             warnings += await check_skill(contract, skill)
         return warnings
 
+    fresh_hash = episode.state_hash()
     try:
-        return tuple(asyncio.run(check_all()))
+        warnings = tuple(asyncio.run(check_all()))
     except SkillCheckError as error:
         raise _fail(env, f"a skill fails check_skill: {error}") from error
+    if episode.state_hash() != fresh_hash or env.episode(task, seed=0).state_hash() != fresh_hash:
+        raise _fail(env, _SHARED_STATE)
+    return warnings
 
 
 def check_expert_plan(env: DecisionEnv, task: Task, contracts: dict[str, SkillContract]) -> ExpertPlan:
@@ -146,11 +152,12 @@ def check_episodes(env: DecisionEnv, task: Task, plan: ExpertPlan) -> None:
     bystander = env.episode(task, seed=0)
     fresh_hash = bystander.state_hash()
     solved = env.episode(task, seed=0)
-    if not replay(solved, plan):
-        detail = solved.outcome([plan.final_message]).detail
-        raise _fail(env, f"the expert plan of {task.task_id} does not solve it ({detail}); fix expert()")
+    success = replay(solved, plan)
     if bystander.state_hash() != fresh_hash or env.episode(task, seed=1).state_hash() != fresh_hash:
-        raise _fail(env, "calls in one episode changed another's state; give each episode its own copy")
+        raise _fail(env, _SHARED_STATE)
+    if not success:
+        detail = solved.outcome([plan.final_message]).detail or "no detail given"
+        raise _fail(env, f"the expert plan of {task.task_id} does not solve it ({detail}); fix expert()")
     empty = env.episode(task, seed=0)
     if empty.success([]) and solved.state_hash() != fresh_hash:
         raise _fail(env, f"{task.task_id} counts as solved with no calls though the expert changes the state")
