@@ -10,7 +10,7 @@ async with SkillExecutor([callable_skill(contract, order_crp)]) as executor:
 
 from sessionrl.skills.bindings import CallableSkill, SimulatedSkill, callable_skill, simulated_skill
 from sessionrl.skills.breaker import BreakerState, CircuitBreaker
-from sessionrl.skills.checker import check_skill
+from sessionrl.skills.checker import check_fallback, check_skill
 from sessionrl.skills.clock import Clock, ManualClock, SystemClock
 from sessionrl.skills.contract import (
     BreakerPolicy,
@@ -62,6 +62,7 @@ __all__ = [
     "Sla",
     "SystemClock",
     "callable_skill",
+    "check_fallback",
     "check_skill",
     "http_skill",
     "load_contract",

@@ -53,7 +53,7 @@ class SkillResult(BaseModel):
     error_message: str | None = None
     retryable: bool = Field(default=False, description="Whether the same call may succeed later.")
     latency_ms: float = Field(default=0.0, ge=0, description="Whole call on the executor's clock.")
-    attempts: int = Field(default=0, ge=0, description="Times the serving skill ran (0: refused first).")
+    attempts: int = Field(default=0, ge=0, description="Attempts made (0: unknown skill or bad parameters).")
     warnings: tuple[str, ...] = Field(default=(), description="Clipped parameters, a failed primary, ...")
     fallback_from: str | None = Field(default=None, description="The primary skill when a fallback served.")
 
