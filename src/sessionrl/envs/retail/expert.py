@@ -7,6 +7,7 @@ calls that change the database, and ends with a message that states every expect
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,8 +15,17 @@ from typing import Any, Final
 
 from sessionrl.envs.base import ExpertPlan, ExpertStep, Task
 from sessionrl.envs.retail.data import RetailDb
-from sessionrl.envs.retail.tools import READ_ONLY_TOOLS, find_user_id_by_email, find_user_id_by_name_zip
+from sessionrl.envs.retail.tools import (
+    READ_ONLY_TOOLS,
+    TOOLS,
+    Json,
+    find_user_id_by_email,
+    find_user_id_by_name_zip,
+)
 from sessionrl.skills import SkillError
+
+Products = Sequence[Sequence[str]]
+"""Per action, the ids of the products whose items it changes."""
 
 _LOOKUPS: Final = READ_ONLY_TOOLS - {"transfer_to_human_agents"}
 _ITEM_TOOLS: Final = frozenset({"modify_pending_order_items", "exchange_delivered_order_items"})
@@ -70,19 +80,36 @@ def _fallback_lookup(db: RetailDb, user_id: str) -> UserLookup:
     return UserLookup("find_user_id_by_email", {"email": user["email"]}, user_id)
 
 
-class _PlanBuilder:
-    """Appends numbered steps and remembers which step read each order and product."""
+_WORDING: Final = {
+    "cancel_pending_order": ("cancel order {order_id}", "cancelled order {order_id}"),
+    "modify_pending_order_address": (
+        "change the shipping address of order {order_id}",
+        "updated the shipping address of order {order_id}",
+    ),
+    "modify_pending_order_payment": (
+        "change the payment method of order {order_id}",
+        "changed the payment method of order {order_id}",
+    ),
+    "modify_pending_order_items": (
+        "change the items of order {order_id}",
+        "changed the items of order {order_id}",
+    ),
+    "exchange_delivered_order_items": (
+        "request an exchange for order {order_id}",
+        "requested an exchange for order {order_id}",
+    ),
+    "return_delivered_order_items": (
+        "request a return for order {order_id}",
+        "requested a return for order {order_id}",
+    ),
+    "modify_user_address": ("change the user's default address", "updated your default address"),
+    "transfer_to_human_agents": ("hand the user over to a human agent", "transferred you to a human agent"),
+}
+"""For each tool that acts: the sub-goal's wording and the wording of the report to the user."""
 
-    def __init__(self) -> None:
-        self.steps: list[ExpertStep] = []
-        self.order_step: dict[str, str] = {}
-        self.product_step: dict[str, str] = {}
 
-    def add(self, description: str, tool: str, params: Mapping[str, Any], depends_on: Sequence[str]) -> str:
-        step_id = f"s{len(self.steps) + 1}"
-        deps = tuple(dict.fromkeys(depends_on))
-        self.steps.append(ExpertStep(step_id, description, tool, dict(params), deps))
-        return step_id
+def _wording(action: Mapping[str, Any], done: bool) -> str:
+    return _WORDING[action["name"]][1 if done else 0].format_map(action["kwargs"])
 
 
 def _touched_products(db: RetailDb, action: Mapping[str, Any]) -> list[str]:
@@ -94,50 +121,93 @@ def _touched_products(db: RetailDb, action: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(item["product_id"] for item in order["items"] if item["item_id"] in wanted))
 
 
-def _describe(action: Mapping[str, Any]) -> str:
-    kwargs = action["kwargs"]
-    target = kwargs.get("order_id") or kwargs.get("user_id") or "the user"
-    return f"{action['name'].replace('_', ' ')} for {target}"
+class _PlanBuilder:
+    """Appends numbered steps; remembers which step read each order and product."""
+
+    def __init__(self) -> None:
+        self.steps: list[ExpertStep] = []
+        self.reads: dict[str, str] = {}
+
+    def add(self, description: str, tool: str, params: Mapping[str, Any], depends_on: Sequence[str]) -> str:
+        step_id = f"s{len(self.steps) + 1}"
+        deps = tuple(dict.fromkeys(depends_on))
+        self.steps.append(ExpertStep(step_id, description, tool, copy.deepcopy(dict(params)), deps))
+        return step_id
+
+    def read(self, key: str, description: str, tool: str, params: Json, depends_on: str) -> str:
+        """The step reading `key` (an order or product id), added the first time it is asked for."""
+        if key not in self.reads:
+            self.reads[key] = self.add(description, tool, params, [depends_on])
+        return self.reads[key]
+
+
+def _add_reads(
+    plan: _PlanBuilder, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
+) -> None:
+    """Read each order the actions touch, then the products whose items they change."""
+    for action, products in zip(actions, touched, strict=True):
+        order_id = action["kwargs"].get("order_id")
+        order_step = profile
+        if order_id is not None:
+            order_step = plan.read(
+                order_id,
+                f"check the status of order {order_id}",
+                "get_order_details",
+                {"order_id": order_id},
+                profile,
+            )
+        for product_id in products:
+            description = f"check the available variants of product {product_id}"
+            plan.read(product_id, description, "get_product_details", {"product_id": product_id}, order_step)
+
+
+def _add_actions(
+    plan: _PlanBuilder, db: RetailDb, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
+) -> tuple[list[str], list[str]]:
+    """Add each action after the reads it needs and the previous action on the same order; run it on `db`
+    (a throwaway copy) to learn what it will report. Returns the reports of successes and failures."""
+    done: list[str] = []
+    failed: list[str] = []
+    last_on: dict[str, str] = {}
+    for action, products in zip(actions, touched, strict=True):
+        target = action["kwargs"].get("order_id", "user")
+        deps = [profile, plan.reads.get(target, profile), last_on.get(target, profile)]
+        deps += [plan.reads[p] for p in products]
+        last_on[target] = plan.add(_wording(action, done=False), action["name"], action["kwargs"], deps)
+        try:
+            TOOLS[action["name"]](db, **action["kwargs"])
+            done.append(_wording(action, done=True))
+        except SkillError as error:
+            failed.append(f"I could not {_wording(action, done=False)} ({error.message})")
+    return done, failed
 
 
 def expert_plan(task: Task, db: RetailDb) -> ExpertPlan:
-    """A plan solving `task` when replayed on a fresh copy of the data that `db` shows."""
+    """A plan solving `task` when replayed on a fresh copy of the data; `db` is such a copy, used up here."""
     actions = [a for a in task.payload["actions"] if a["name"] not in _LOOKUPS]
     lookup = identify_user(task.instruction, db) or _fallback_lookup(db, task.payload["user_id"])
-    user_id = lookup.user_id
     plan = _PlanBuilder()
     found = plan.add("authenticate the user", lookup.tool, lookup.params, [])
     profile = plan.add(
-        "read the user's profile and payment methods", "get_user_details", {"user_id": user_id}, [found]
+        "read the user's profile and payment methods",
+        "get_user_details",
+        {"user_id": lookup.user_id},
+        [found],
     )
-    for action in actions:
-        order_id = action["kwargs"].get("order_id")
-        if order_id is not None and order_id not in plan.order_step:
-            plan.order_step[order_id] = plan.add(
-                f"check order {order_id}", "get_order_details", {"order_id": order_id}, [profile]
-            )
-        for product_id in _touched_products(db, action):
-            if product_id not in plan.product_step:
-                plan.product_step[product_id] = plan.add(
-                    f"check the variants of product {product_id}",
-                    "get_product_details",
-                    {"product_id": product_id},
-                    [plan.order_step[order_id]] if order_id is not None else [profile],
-                )
-    last_on: dict[str, str] = {}
-    for action in actions:
-        target = action["kwargs"].get("order_id") or user_id
-        deps = [profile, plan.order_step.get(target, profile), last_on.get(target, profile)]
-        deps += [plan.product_step[p] for p in _touched_products(db, action)]
-        last_on[target] = plan.add(_describe(action), action["name"], action["kwargs"], deps)
+    touched = [_touched_products(db, action) for action in actions]
+    _add_reads(plan, actions, touched, profile)
+    done, failed = _add_actions(plan, db, actions, touched, profile)
     return ExpertPlan(
-        goal=f"resolve the requests of user {user_id}",
+        goal=f"resolve the requests of user {lookup.user_id}",
         steps=tuple(plan.steps),
-        final_message=_final_message(actions, task.payload["outputs"]),
+        final_message=_final_message(done, failed, task.payload["outputs"]),
     )
 
 
-def _final_message(actions: Sequence[Mapping[str, Any]], outputs: Sequence[str]) -> str:
-    done = "; ".join(_describe(a) for a in actions) or "no change was needed"
-    facts = f" The details you asked for: {'; '.join(outputs)}." if outputs else ""
-    return f"All done: {done}.{facts} Is there anything else I can help with?"
+def _final_message(done: Sequence[str], failed: Sequence[str], outputs: Sequence[str]) -> str:
+    parts = [f"I have {', '.join(done)}." if done else "No change to your account was needed."]
+    parts += [f"{report}." for report in failed]
+    if outputs:
+        parts.append(f"The details you asked for: {'; '.join(outputs)}.")
+    parts.append("Is there anything else I can help with?")
+    return " ".join(parts)
