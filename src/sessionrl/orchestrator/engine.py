@@ -170,13 +170,17 @@ class Orchestrator:
         payload: StepPayload | Mapping[str, Any] | None = None,
         *,
         key: str | None = None,
+        expected_version: int | None = None,
     ) -> StepResult:
-        """Run one step of `kind` with its payload (a payload model, or a mapping validated as one)."""
+        """Run one step of `kind` with its payload (a payload model, or a mapping validated as one).
+
+        With `expected_version`, the step runs only if the session is at that version (else `StaleState`).
+        """
         kind = StepKind(kind)
         model = PAYLOADS[kind]
         typed = payload if isinstance(payload, model) else model.model_validate(payload or {})
         ids = StepIds.of(key)
-        return await self._once(key, lambda: self._step(session_id, kind, typed, ids, key is not None))
+        return await self._once(key, lambda: self._step(session_id, kind, typed, ids, key, expected_version))
 
     async def inject_feedback(
         self, session_id: str, feedback: Feedback, *, key: str | None = None
@@ -194,7 +198,12 @@ class Orchestrator:
         return await self._once(key, run)
 
     async def finish(
-        self, session_id: str, output: FinalOutput | str, *, key: str | None = None
+        self,
+        session_id: str,
+        output: FinalOutput | str,
+        *,
+        key: str | None = None,
+        expected_version: int | None = None,
     ) -> FinishResult:
         """Give the final output and close the session, running the finishing guards.
 
@@ -212,6 +221,7 @@ class Orchestrator:
                 replayed = await self._replayed(session_id, ids)
                 if replayed is not None:
                     return finish_result(replayed)
+            _check_version(session, expected_version)
             return finish_result(
                 await self._commit(session_id, lambda s: self._finish_unit(s, final, ids), ids)
             )
@@ -227,13 +237,20 @@ class Orchestrator:
     # steps
 
     async def _step(
-        self, session_id: str, kind: StepKind, payload: StepPayload, ids: StepIds, keyed: bool
+        self,
+        session_id: str,
+        kind: StepKind,
+        payload: StepPayload,
+        ids: StepIds,
+        key: str | None,
+        expected_version: int | None,
     ) -> StepResult:
         session = await self.session(session_id)
-        if keyed and _may_be_replay(session, kind, ids):
+        if key is not None and _may_be_replay(session, kind, ids):
             replayed = await self._replayed(session_id, ids)
             if replayed is not None:
                 return _result(kind, replayed, ids, self._masked())
+        _check_version(session, expected_version)
         if session.state not in ACTIVE:
             raise InvalidTransition(session_id, session.state, f"{kind.value} step")
         if isinstance(payload, PlanPayload):
@@ -483,6 +500,11 @@ class Orchestrator:
         """Contracts the policy is shown: every skill but the masked ones."""
         masked = self.executor.masked()
         return {name: c for name, c in self.executor.contracts.items() if name not in masked}
+
+
+def _check_version(session: Session, expected: int | None) -> None:
+    if expected is not None and session.state_version != expected:
+        raise StaleState(session.session_id, expected, session.state_version)
 
 
 def _enter(session: Session, state: SessionState) -> list[Event]:

@@ -1,0 +1,105 @@
+"""The app factory: `create_app(config, skills=..., backends=...)` builds one independent service.
+
+The store, the skill executor and the engine are opened in the lifespan and kept on `app.state`; tokens,
+the rate limiter and the metrics registry are built with the app. Nothing lives at module level, so any
+number of apps can run in one process (the tests do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from sessionrl import __version__
+from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.orchestrator.policy import PolicyBackend
+from sessionrl.service import problems
+from sessionrl.service.auth import RateLimiter, TokenTable
+from sessionrl.service.config import ServiceConfig
+from sessionrl.service.limits import BodyLimit
+from sessionrl.service.metrics import Metrics
+from sessionrl.service.routers import feedback, ops, sessions, steps
+from sessionrl.service.routers import skills as skills_router
+from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
+from sessionrl.store import SessionStore
+
+
+def simulated_skills(config: ServiceConfig) -> list[Skill]:
+    """Simulated stand-ins for every contract in `config.skills_dir` (none without a folder)."""
+    if config.skills_dir is None:
+        return []
+    contracts = load_contracts(config.skills_dir)
+    return [simulated_skill(c, seed=i) for i, c in enumerate(contracts.values())]
+
+
+def create_app(
+    config: ServiceConfig,
+    *,
+    skills: Sequence[Skill] | None = None,
+    backends: Sequence[PolicyBackend] = (),
+) -> FastAPI:
+    """A service over the store at `config.db_url`, serving `skills` (default: the simulated contracts of
+    `config.skills_dir`) and asking `backends` when a step needs the policy."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = SessionStore.open(config.db_url)
+        executor = SkillExecutor(
+            skills if skills is not None else simulated_skills(config),
+            ExecutorConfig(time_factor=config.time_factor),
+        )
+        engine = Orchestrator(store, executor, backends, config.orchestrator)
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            app.state.engine = None
+            await engine.aclose()
+            await executor.aclose()
+            store.close()
+
+    app = FastAPI(
+        title="sessionrl",
+        version=__version__,
+        summary="Capture Decision Sessions: plans, tool calls, LLM calls, feedback and final outputs.",
+        lifespan=lifespan,
+    )
+    metrics = Metrics()
+    app.state.config = config
+    app.state.tokens = TokenTable(config.tokens)
+    app.state.limiter = RateLimiter(config.rate_per_s, config.rate_burst)
+    app.state.metrics = metrics
+    app.state.engine = None
+    metrics.watch(lambda: app.state.engine)
+    problems.install(app)
+    for module in (sessions, steps, feedback, skills_router, ops):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(_Measured, metrics=metrics)
+    _document_problems(app)
+    return app
+
+
+class _Measured:
+    """ASGI middleware adapter for `Metrics.middleware` (the outermost layer, so it sees every answer)."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self._app = metrics.middleware(app)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
+
+
+def _document_problems(app: FastAPI) -> None:
+    """Make the generated OpenAPI document include the `Problem` schema the error responses refer to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = problems.add_problem_schema(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

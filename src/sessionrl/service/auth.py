@@ -1,0 +1,92 @@
+"""Bearer-token auth and per-token rate limiting, as one route dependency: `Depends(require(Scope.WRITE))`.
+
+A request without a known token gets 401 (with `WWW-Authenticate: Bearer`), a token without the scope
+403, and a token over its rate 429 with `Retry-After`. Tokens are looked up by their SHA-256 digest, so
+the lookup time does not depend on how much of a guessed token is right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from sessionrl.service.config import Scope
+from sessionrl.service.problems import ProblemError
+
+bearer = HTTPBearer(auto_error=False, description="A token from SESSIONRL_TOKENS or `--tokens`.")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a short, non-secret name of the token, and its scopes."""
+
+    name: str
+    scopes: frozenset[Scope]
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenTable:
+    """Known tokens by digest."""
+
+    def __init__(self, tokens: Mapping[str, frozenset[Scope]]) -> None:
+        self._by_digest = {_digest(t): Principal(f"token-{_digest(t)[:8]}", s) for t, s in tokens.items()}
+
+    def lookup(self, token: str) -> Principal | None:
+        """The principal of `token`, or None."""
+        return self._by_digest.get(_digest(token))
+
+
+class RateLimiter:
+    """A token bucket per client: `burst` requests at once, refilled at `rate` per second."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def check(self, client: str) -> float:
+        """Take one request from `client`'s bucket: 0.0 when allowed, else seconds until one is."""
+        now = self._clock()
+        tokens, last = self._buckets.get(client, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        if tokens >= 1.0:
+            self._buckets[client] = (tokens - 1.0, now)
+            return 0.0
+        self._buckets[client] = (tokens, now)
+        return (1.0 - tokens) / self._rate
+
+
+def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that admits a known, in-scope, in-rate token and returns its principal."""
+
+    async def dependency(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)
+    ) -> Principal:
+        challenge = {"WWW-Authenticate": 'Bearer realm="sessionrl"'}
+        if credentials is None:
+            raise ProblemError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
+        principal = request.app.state.tokens.lookup(credentials.credentials)
+        if principal is None:
+            raise ProblemError(401, "unauthorized", "unknown token", headers=challenge)
+        if scope not in principal.scopes:
+            raise ProblemError(403, "forbidden", f"this token lacks the {scope.value!r} scope")
+        wait = request.app.state.limiter.check(principal.name)
+        if wait > 0:
+            retry = str(max(1, math.ceil(wait)))
+            raise ProblemError(
+                429, "rate_limited", f"too many requests; retry in {retry} s", headers={"Retry-After": retry}
+            )
+        assert isinstance(principal, Principal)
+        return principal
+
+    return dependency

@@ -1,0 +1,73 @@
+"""Route dependencies shared by the routers: the engine, the caller, idempotency keys and `If-Match`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from sessionrl.errors import StaleState
+from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.service.auth import Principal, require
+from sessionrl.service.config import Scope
+from sessionrl.service.problems import ProblemError
+
+
+def _engine(request: Request) -> Orchestrator:
+    engine = request.app.state.engine
+    assert isinstance(engine, Orchestrator)
+    return engine
+
+
+Engine = Annotated[Orchestrator, Depends(_engine)]
+Reader = Annotated[Principal, Depends(require(Scope.READ))]
+Writer = Annotated[Principal, Depends(require(Scope.WRITE))]
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[\x21-\x7e]{1,200}$",
+        description="Retrying a request with the same key returns the first result and writes nothing new.",
+    ),
+]
+
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        pattern=r'^(W/)?"?[0-9]{1,18}"?$',
+        description='Run only if the session is at this state_version (its ETag, such as "7"); else 412.',
+    ),
+]
+
+
+def scoped_key(principal: Principal, request: Request, key: str | None) -> str | None:
+    """The engine's key for a request: the caller's key, kept apart per token, method and path."""
+    if key is None:
+        return None
+    return f"{principal.name} {request.method} {request.url.path} {key}"
+
+
+def expected_version(if_match: str | None) -> int | None:
+    """The state_version an `If-Match` value names.
+
+    >>> expected_version('"7"'), expected_version('W/"7"'), expected_version(None)
+    (7, 7, None)
+    """
+    if if_match is None:
+        return None
+    return int(if_match.removeprefix("W/").strip('"'))
+
+
+@contextmanager
+def precondition(expected: int | None) -> Iterator[None]:
+    """Turn a stale-state error into 412 when the caller set a precondition (it stays 409 otherwise)."""
+    try:
+        yield
+    except StaleState as exc:
+        if expected is None:
+            raise
+        raise ProblemError(412, "precondition_failed", str(exc)) from exc

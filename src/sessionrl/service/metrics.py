@@ -1,0 +1,95 @@
+"""Prometheus metrics of one app, in a registry of its own (two apps in one process never mix counts).
+
+`Metrics.middleware` counts requests by route template and status and times them; step outcomes are
+counted by the steps router; cache, commit and lane figures are read from the engine at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.orchestrator.results import StepKind
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The app's instruments."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "sessionrl_http_requests",
+            "HTTP requests answered.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "sessionrl_http_request_seconds",
+            "Time to answer an HTTP request.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.steps = Counter(
+            "sessionrl_steps", "Steps run, by kind and outcome.", ["kind", "outcome"], registry=self.registry
+        )
+
+    def watch(self, engine: Callable[[], Orchestrator | None]) -> None:
+        """Publish the engine's cache size, commit counts and busy lane slots, read when scraped."""
+
+        def read(value: Callable[[Orchestrator], float]) -> Callable[[], float]:
+            return lambda: float(value(e)) if (e := engine()) is not None else 0.0
+
+        Gauge(
+            "sessionrl_cached_sessions", "Sessions in the engine's LRU.", registry=self.registry
+        ).set_function(read(lambda e: len(e.cache)))
+        Gauge(
+            "sessionrl_commit_batches", "Store transactions committed.", registry=self.registry
+        ).set_function(read(lambda e: e.committer.batches))
+        Gauge("sessionrl_commit_events", "Events committed.", registry=self.registry).set_function(
+            read(lambda e: e.committer.events)
+        )
+        lanes = Gauge(
+            "sessionrl_lane_running", "Steps holding a lane slot.", ["lane"], registry=self.registry
+        )
+        for kind in StepKind:
+            lanes.labels(kind.value).set_function(read(_lane_running(kind)))
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """Wrap `app` so every HTTP request is counted and timed under its route template."""
+
+        async def measured(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            started = time.perf_counter()
+            status = 500
+
+            async def send_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, receive, send_status)
+            finally:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                self.requests.labels(scope["method"], route, str(status)).inc()
+                self.latency.labels(route).observe(time.perf_counter() - started)
+
+        return measured
+
+
+def _lane_running(kind: StepKind) -> Callable[[Orchestrator], float]:
+    return lambda engine: float(engine.lanes[kind].running)

@@ -1,0 +1,1 @@
+"""One router per resource: sessions, steps, feedback, skills, and operations (health, metrics)."""

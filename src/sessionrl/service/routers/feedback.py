@@ -1,0 +1,31 @@
+"""`/v1/sessions/{session_id}/feedback`: late feedback, accepted in every state."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from sessionrl.orchestrator.results import FeedbackResult
+from sessionrl.service import problems
+from sessionrl.service.deps import Engine, IdempotencyKey, Writer, scoped_key
+from sessionrl.service.schemas import FeedbackIn
+
+router = APIRouter(prefix="/v1/sessions", tags=["feedback"])
+
+
+@router.post(
+    "/{session_id}/feedback",
+    status_code=201,
+    response_model=FeedbackResult,
+    responses=problems.responses(401, 403, 404, 409, 413, 422, 429),
+)
+async def add_feedback(
+    session_id: str,
+    body: FeedbackIn,
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> FeedbackResult:
+    """Record feedback. For the same type on the same anchor, the later `occurred_at` stays in force."""
+    key = scoped_key(principal, request, idempotency_key)
+    return await engine.inject_feedback(session_id, body.to_feedback(), key=key)

@@ -1,0 +1,132 @@
+"""`/v1/sessions`: open, read, list and finish sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from sessionrl.orchestrator.results import FinishResult
+from sessionrl.service import problems
+from sessionrl.service.deps import (
+    Engine,
+    IdempotencyKey,
+    IfMatch,
+    Reader,
+    Writer,
+    expected_version,
+    precondition,
+    scoped_key,
+)
+from sessionrl.service.schemas import SessionPage, SessionSummary
+from sessionrl.session.model import FeedbackType, FinalOutput, Session, SessionCreate, SessionState
+from sessionrl.store import SessionQuery
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+AUTH = (401, 403, 429)
+
+
+@router.post("", status_code=201, response_model=Session, responses=problems.responses(*AUTH, 409, 413, 422))
+async def create_session(
+    body: SessionCreate,
+    request: Request,
+    response: Response,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> Session:
+    """Open a session. A retry with the same `Idempotency-Key` returns the same session."""
+    session_id = await engine.init_session(body, key=scoped_key(principal, request, idempotency_key))
+    session = await engine.session(session_id)
+    response.headers["Location"] = f"/v1/sessions/{session_id}"
+    response.headers["ETag"] = f'"{session.state_version}"'
+    return session
+
+
+@router.get("/{session_id}", response_model=Session, responses=problems.responses(*AUTH, 404, 422))
+async def get_session(session_id: str, response: Response, engine: Engine, principal: Reader) -> Session:
+    """The session's current read view; its `ETag` is its state_version."""
+    session = await engine.session(session_id)
+    response.headers["ETag"] = f'"{session.state_version}"'
+    return session
+
+
+@router.get("", response_model=SessionPage, responses=problems.responses(*AUTH, 422))
+async def list_sessions(
+    engine: Engine,
+    principal: Reader,
+    state: SessionState | None = None,
+    scenario: str | None = None,
+    tag: Annotated[list[str] | None, Query(description="Sessions carrying every tag given.")] = None,
+    user_id: str | None = None,
+    tool_called: str | None = None,
+    tool_failed: str | None = None,
+    feedback_type: FeedbackType | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> SessionPage:
+    """Sessions matching every filter given, oldest first."""
+    query = SessionQuery(
+        state=state,
+        scenario=scenario,
+        tags=tuple(tag or ()),
+        user_id=user_id,
+        tool_called=tool_called,
+        tool_failed=tool_failed,
+        feedback_type=feedback_type,
+        created_after=created_after,
+        created_before=created_before,
+        limit=limit,
+        offset=offset,
+    )
+    rows = await asyncio.to_thread(engine.store.query, query)
+    items = tuple(
+        SessionSummary(
+            session_id=r.session_id,
+            trace_id=r.trace_id,
+            state=r.state,
+            scenario=r.scenario,
+            tags=r.tags,
+            user_id=r.user_id,
+            user_query=r.user_query,
+            root_goal=r.root_goal,
+            n_subgoals=r.n_subgoals,
+            n_tool_calls=r.n_tool_calls,
+            n_llm_calls=r.n_llm_calls,
+            n_feedback=r.n_feedback,
+            state_version=r.state_version,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+        )
+        for r in rows
+    )
+    return SessionPage(items=items, limit=limit, offset=offset)
+
+
+@router.post(
+    "/{session_id}/finish",
+    response_model=FinishResult,
+    responses=problems.responses(*AUTH, 404, 409, 412, 413, 422),
+)
+async def finish_session(
+    session_id: str,
+    body: FinalOutput,
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+    if_match: IfMatch = None,
+) -> FinishResult:
+    """Give the final output and close the session; the finishing guards add their feedback."""
+    expected = expected_version(if_match)
+    with precondition(expected):
+        return await engine.finish(
+            session_id,
+            body,
+            key=scoped_key(principal, request, idempotency_key),
+            expected_version=expected,
+        )

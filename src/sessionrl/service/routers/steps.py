@@ -1,0 +1,59 @@
+"""`/v1/sessions/{session_id}/steps`: run one plan, tool or LLM step."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Request
+
+from sessionrl.orchestrator.results import StepResult
+from sessionrl.service import problems
+from sessionrl.service.deps import (
+    Engine,
+    IdempotencyKey,
+    IfMatch,
+    Writer,
+    expected_version,
+    precondition,
+    scoped_key,
+)
+from sessionrl.service.schemas import StepRequest
+
+router = APIRouter(prefix="/v1/sessions", tags=["steps"])
+
+
+@router.post(
+    "/{session_id}/steps",
+    response_model=StepResult,
+    responses=problems.responses(401, 403, 404, 409, 412, 413, 422, 429, 503),
+)
+async def run_step(
+    session_id: str,
+    body: Annotated[StepRequest, Body()],
+    request: Request,
+    engine: Engine,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+    if_match: IfMatch = None,
+) -> StepResult:
+    """Run one step. A failed, refused or rejected step is still a 200: it was recorded (`ok` is false)."""
+    expected = expected_version(if_match)
+    with precondition(expected):
+        result = await engine.execute_step(
+            session_id,
+            body.kind,
+            body.payload,
+            key=scoped_key(principal, request, idempotency_key),
+            expected_version=expected,
+        )
+    request.app.state.metrics.steps.labels(result.kind.value, outcome(result)).inc()
+    return result
+
+
+def outcome(result: StepResult) -> str:
+    """A coarse label for metrics: ok, refused, rejected or failed."""
+    if result.ok:
+        return "ok"
+    if result.refused is not None:
+        return "refused"
+    return "rejected" if result.rejection is not None else "failed"
