@@ -14,7 +14,7 @@ from typing import Any
 from sessionrl.envs.base import DecisionEnv, Episode, ExpertPlan, Split, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.errors import SessionRLError
-from sessionrl.skills import SkillCheckError, SkillContract, SkillError, SystemClock, check_skill
+from sessionrl.skills import ErrorCode, SkillCheckError, SkillContract, SkillError, SystemClock, check_skill
 from sessionrl.skills.schema import validation_errors, validator_for
 
 _SHARED_STATE = "calls in one episode changed another's state; give each episode its own copy"
@@ -39,8 +39,11 @@ async def run_plan(episode: Episode, plan: ExpertPlan) -> list[dict[str, Any] | 
     for step in plan.steps:
         if episode.terminated:
             break
+        skill = skills.get(step.tool)
         try:
-            results.append(await skills[step.tool].invoke(dict(step.params), clock))
+            if skill is None:
+                raise SkillError(ErrorCode.UNKNOWN_SKILL, f"the episode offers no skill {step.tool!r}")
+            results.append(await skill.invoke(dict(step.params), clock))
         except SkillError as error:
             results.append(error)
     return results
