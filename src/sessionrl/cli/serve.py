@@ -1,0 +1,63 @@
+"""`sessionrl serve`: the HTTP service on uvicorn (uvloop, httptools) over a durable SQLite store."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from sessionrl.service import ServiceConfig, create_app, parse_tokens
+
+
+def serve(
+    db: Annotated[
+        Path, typer.Option("--db", help="SQLite file of the session store (created if missing).")
+    ] = Path("sessions.db"),
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8321,
+    skills: Annotated[
+        Path | None,
+        typer.Option("--skills", help="Folder of YAML skill contracts, served as simulated skills."),
+    ] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--tokens",
+            help="Bearer tokens, 'tok1:read,write;tok2:read'. Default: $SESSIONRL_TOKENS, "
+            "else a new one, printed.",
+        ),
+    ] = None,
+    rate: Annotated[float, typer.Option("--rate", help="Requests per second allowed per token.")] = 2000.0,
+    time_factor: Annotated[
+        float, typer.Option("--time-factor", help="Wall seconds per simulated skill second.")
+    ] = 1.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+) -> None:
+    """Serve the session API. Plan steps need a `plan` in their payload: no policy backend is attached."""
+    fields: dict[str, object] = {
+        "db_url": f"sqlite:///{db.resolve()}",
+        "skills_dir": skills,
+        "rate_per_s": rate,
+        "rate_burst": max(1, int(rate * 2)),
+        "time_factor": time_factor,
+    }
+    if tokens is not None:
+        fields["tokens"] = parse_tokens(tokens)
+    config = ServiceConfig.from_env(**fields)
+    if not config.tokens:
+        token = secrets.token_urlsafe(24)
+        config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
+        print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr, flush=True)
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level=log_level,
+        access_log=False,
+    )
