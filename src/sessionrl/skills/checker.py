@@ -123,14 +123,16 @@ def check_binding(contract: SkillContract, impl: Skill) -> None:
 def check_fallback(contract: SkillContract, fallback: SkillContract) -> None:
     """The fallback must be the one named, and accept every example of the skill it stands in for."""
     if contract.fallback != fallback.name:
-        raise SkillCheckError(f"{contract.name}: its fallback is {contract.fallback!r}, not {fallback.name!r}")
+        raise SkillCheckError(
+            f"{contract.name}: its fallback is {contract.fallback!r}, not {fallback.name!r}"
+        )
     validator = validator_for(fallback.input_schema)
     for index, example in enumerate(contract.examples):
         problems = validation_errors(validator, fill_defaults(fallback.input_schema, example))
         if problems:
             raise SkillCheckError(
-                f"{contract.name}: fallback {fallback.name} rejects examples[{index}] ({'; '.join(problems)}); "
-                "the fallback receives the same parameters, so its input schema must accept them"
+                f"{contract.name}: fallback {fallback.name} rejects examples[{index}] "
+                f"({'; '.join(problems)}); it receives the same parameters, so its schema must accept them"
             )
 
 
