@@ -1,0 +1,216 @@
+"""The orders domain as a `DecisionEnv`: e-commerce fulfilment tickets, eight skills, a judge and an expert.
+
+Skills are simulated stand-ins (`simulated_skill`) whose answers come from the episode's `World`: each call
+sleeps a latency drawn from its contract's profile on the caller's clock, may fail transiently with the
+profile's rate and a retryable code, and otherwise runs the tool. `OrdersConfig.time_factor` scales the
+profiles' latencies (0: no sleeping, for tests); `transient_failures=False` zeroes the failure rates, which
+makes an episode without `faults` deterministic. Injected faults (`Faults`) wrap the skills on top.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sessionrl.envs.base import Episode, ExpertPlan, Outcome, Split, Task
+from sessionrl.envs.faults import Faults, with_faults
+from sessionrl.envs.orders import structured
+from sessionrl.envs.orders.expert import expert_plan
+from sessionrl.envs.orders.judge import judge
+from sessionrl.envs.orders.tasks import generate
+from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
+from sessionrl.envs.orders.tools import TOOLS, World
+from sessionrl.skills import Skill, SkillContract, load_contracts, simulated_skill
+
+Json = dict[str, Any]
+CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"
+
+SYSTEM_PROMPT: Final = f"""You resolve e-commerce fulfilment tickets with the tools given. Rules:
+- Wrong address: check the item in inventory, text the customer a verify_code, then change the address of
+  the unshipped order with the code they read back.
+- Damaged item: check the item in inventory and confirm the return came back before refunding the damaged
+  units at their unit price (reason quality); book the refund in the ERP and text a refund_notice.
+- Late delivery: ask the courier to expedite, check the item, refund {LATE_COMPENSATION:.0%} of the order
+  amount (reason late_delivery) and text a delay_apology.
+- Lost parcel: trace it; once the courier confirms the loss, check stock, ship a replacement with the same
+  courier and the item's package size, book the reshipment in the ERP and text a reship_notice.
+- Wrong item: confirm the return came back, check stock, ship the right item with the same courier and the
+  item's package size, book the exchange in the ERP and text an exchange_notice.
+- Stock inquiry: check the item and tell the customer how many units are on hand, or when it is restocked.
+Never refund returned goods before the return is confirmed, never refund twice, never ship again before a
+loss or a return is confirmed. Amounts have two decimals. End with a reply that states the order number
+and the outcome (the new address, the amount refunded, the new waybill, or the stock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrdersConfig:
+    """How the orders domain is built."""
+
+    seed: int = 0
+    """Seeds task generation; the same seed gives the same tasks."""
+    train: int = 400
+    """Number of training tasks."""
+    dev: int = 50
+    """Number of development tasks."""
+    test: int = 100
+    """Number of test tasks."""
+    time_factor: float = 1.0
+    """Multiplies every simulated latency before it is slept on the caller's clock (0: no sleeping)."""
+    transient_failures: bool = True
+    """Whether skills fail at their contracts' rates with retryable codes."""
+
+    def __post_init__(self) -> None:
+        for name in ("train", "dev", "test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"OrdersConfig.{name} must be at least 0, got {getattr(self, name)}")
+        if self.train < 1:
+            raise ValueError("OrdersConfig.train must be at least 1: an environment needs training tasks")
+        if self.time_factor < 0:
+            raise ValueError(f"OrdersConfig.time_factor must be at least 0, got {self.time_factor}")
+
+    def size(self, split: Split) -> int:
+        """How many tasks `split` holds."""
+        return {Split.TRAIN: self.train, Split.DEV: self.dev, Split.TEST: self.test}[split]
+
+
+def build_contracts(config: OrdersConfig) -> tuple[SkillContract, ...]:
+    """The eight contracts from `contracts/*.yaml`, their simulation profiles scaled by `config`."""
+    contracts = []
+    for contract in load_contracts(CONTRACTS_DIR).values():
+        profile = contract.simulation
+        if profile is None:
+            raise ValueError(f"{contract.name}: an orders contract needs a simulation profile")
+        scaled = profile.model_copy(
+            update={
+                "mean_ms": profile.mean_ms * config.time_factor,
+                "std_ms": profile.std_ms * config.time_factor,
+                "fail_rate": profile.fail_rate if config.transient_failures else 0.0,
+            }
+        )
+        contracts.append(contract.model_copy(update={"simulation": scaled}))
+    return tuple(sorted(contracts, key=lambda c: c.name))
+
+
+def stream_seed(*parts: object) -> int:
+    """A 32-bit seed for one random stream named by `parts`.
+
+    >>> stream_seed(0, "orders-train-0000", "sms_send") == stream_seed(0, "orders-train-0000", "sms_send")
+    True
+    """
+    return zlib.crc32(":".join(map(str, parts)).encode())
+
+
+class OrdersEnv:
+    """Seeded fulfilment tickets over eight simulated skills (see `OrdersConfig`)."""
+
+    name = "orders"
+    feature_names = structured.FEATURES
+
+    def __init__(self, config: OrdersConfig | None = None) -> None:
+        self.config = config or OrdersConfig()
+        self._contracts = build_contracts(self.config)
+        self._tasks = {split: generate(self.config.seed, split, self.config.size(split)) for split in Split}
+
+    def system_prompt(self) -> str:
+        """The fulfilment policy the agent follows."""
+        return SYSTEM_PROMPT
+
+    def contracts(self) -> Sequence[SkillContract]:
+        """The eight skill contracts, sorted by name."""
+        return self._contracts
+
+    def tasks(self, split: Split) -> Sequence[Task]:
+        """The tasks of `split` (ids `orders-<split>-<index>`)."""
+        return self._tasks[split]
+
+    def episode(self, task: Task, *, seed: int = 0, faults: Faults | None = None) -> OrdersEpisode:
+        """A fresh world for `task`; `seed` drives latencies, transient failures and `faults`."""
+        return OrdersEpisode(self, task, seed=seed, faults=faults)
+
+    def expert(self, task: Task) -> ExpertPlan:
+        """The issue's resolution pattern with exact parameters, then a reply stating the key facts."""
+        return expert_plan(Ticket.from_payload(task.payload))
+
+
+class OrdersEpisode(Episode):
+    """One ticket over its own `World`.
+
+    Beyond the `Episode` protocol it offers what structured policies need: `action_mask`, `risk_flags`,
+    `features`, `param_bounds`, `bind` and `summary`.
+    """
+
+    def __init__(self, env: OrdersEnv, task: Task, *, seed: int, faults: Faults | None) -> None:
+        self._task = task
+        self._world = World.open(Ticket.from_payload(task.payload))
+        bound: list[Skill] = [
+            simulated_skill(c, seed=stream_seed(seed, task.task_id, c.name), output=self._bind(c.name))
+            for c in env.contracts()
+        ]
+        self._skills = with_faults(bound, faults, seed)
+
+    def _bind(self, name: str) -> Callable[[Json], Json]:
+        tool = TOOLS[name]
+
+        def run(params: Json) -> Json:
+            params = copy.deepcopy(params)
+            output = tool(self._world, **params)
+            self._world.calls.append((name, params, output))
+            return copy.deepcopy(output)
+
+        return run
+
+    @property
+    def task(self) -> Task:
+        """The task attempted."""
+        return self._task
+
+    @property
+    def world(self) -> World:
+        """The episode's state (read it; change it only through the skills)."""
+        return self._world
+
+    @property
+    def terminated(self) -> bool:
+        """Always False: no orders skill ends the conversation."""
+        return False
+
+    @property
+    def risk_flags(self) -> tuple[str, ...]:
+        """Risky calls so far, in order (see `tools.RISK_FLAGS`)."""
+        return tuple(self._world.risk_flags)
+
+    def skills(self) -> Sequence[Skill]:
+        """The eight skills bound to this episode's world."""
+        return self._skills
+
+    def action_mask(self) -> dict[str, bool]:
+        """Which skills may succeed now (their state-dependent preconditions hold), by name."""
+        return self._world.mask()
+
+    def features(self) -> tuple[float, ...]:
+        """Numeric features in `OrdersEnv.feature_names` order."""
+        return structured.features(self._world)
+
+    def param_bounds(self) -> Mapping[str, Mapping[str, tuple[float, float]]]:
+        """Episode-specific ranges of numeric parameters, by skill and parameter."""
+        return structured.bounds(self._world)
+
+    def bind(self, skill: str, chosen: Mapping[str, Any]) -> Json:
+        """Full parameters of a call to `skill` from a structured policy's `chosen` bounded values."""
+        return structured.bind(self._world, skill, chosen)
+
+    def summary(self) -> str:
+        """A reply to the customer stating what the episode did."""
+        return structured.summary(self._world)
+
+    def state_hash(self) -> str:
+        """Digest of the world as the calls left it."""
+        return self._world.state_hash()
+
+    def outcome(self, messages_to_user: Sequence[str]) -> Outcome:
+        """Pattern, no extra actions, no risk, facts stated (see `orders.judge`)."""
+        return judge(self._world, messages_to_user)

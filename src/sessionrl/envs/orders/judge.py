@@ -1,0 +1,145 @@
+"""Whether an orders episode resolved its ticket: the pattern, nothing extra, nothing risky, the facts said.
+
+Four criteria (`Outcome.checks`):
+- `pattern`: every step of `expert.pattern` was matched by a successful call with the right parameters,
+  after the calls that matched its dependencies;
+- `no_extra_actions`: no refund, new shipment or address change beyond those the pattern asks for;
+- `no_risk`: no call raised a risk flag;
+- `message`: some message to the customer states every key fact.
+
+Parameters match exactly, except money (within 1% of the order amount, at least one cent, so a bounded
+continuous policy can hit it), addresses (compared ignoring case, commas and spacing) and the ERP
+timestamp (any time the tool accepted).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from sessionrl.envs.base import ExpertStep, Outcome
+from sessionrl.envs.orders.expert import Facts, key_facts, pattern
+from sessionrl.envs.orders.ticket import Ticket
+from sessionrl.envs.orders.tools import World
+
+EFFECTFUL: Final = frozenset({"order_update_address", "refund_trigger", "waybill_generate"})
+"""Tools whose calls move money, goods or addresses: an unasked-for one spoils the resolution."""
+
+AMOUNT_TOLERANCE: Final = 0.01
+"""Share of the order amount a refund (or a stated amount) may be off by."""
+
+
+def normal_text(text: str) -> str:
+    """Text folded for comparison: lower case, no commas, single spaces.
+
+    >>> normal_text("88  Nanjing Road, Shanghai")
+    '88 nanjing road shanghai'
+    """
+    return " ".join(text.casefold().replace(",", " ").split())
+
+
+def said(fact: str, message: str) -> bool:
+    """True when `fact` appears in `message` as a whole token run (both folded by `normal_text`).
+
+    >>> said("23.4", "we refunded 23.40 yuan"), said("23.40", "we refunded 23.40 yuan")
+    (False, True)
+    """
+    pattern = rf"(?<![\w.]){re.escape(normal_text(fact))}(?![\w]|\.\d)"
+    return re.search(pattern, normal_text(message)) is not None
+
+
+def tolerance(ticket: Ticket) -> float:
+    """How far a refund amount may be from the expected one."""
+    return max(0.01, AMOUNT_TOLERANCE * ticket.amount)
+
+
+def _amount_matches(want: Any, got: Any, ticket: Ticket) -> bool:
+    try:
+        return abs(float(got) - float(want)) <= tolerance(ticket) + 1e-9
+    except (TypeError, ValueError):
+        return False
+
+
+def _variables_match(want: Mapping[str, str], got: Any, ticket: Ticket) -> bool:
+    if not isinstance(got, Mapping):
+        return False
+    for name, value in want.items():
+        if name == "amount":
+            if not _amount_matches(value, got.get(name), ticket):
+                return False
+        elif normal_text(str(got.get(name, ""))) != normal_text(value):
+            return False
+    return True
+
+
+def params_match(step: ExpertStep, params: Mapping[str, Any], ticket: Ticket) -> bool:
+    """Whether a call's parameters do what `step` asks (see the module doc for the leniencies)."""
+    for name, want in step.params.items():
+        got = params.get(name)
+        if name == "timestamp":
+            continue
+        if name == "amount":
+            ok = _amount_matches(want, got, ticket)
+        elif name == "variables":
+            ok = _variables_match(want, got, ticket)
+        elif name == "new_address":
+            ok = isinstance(got, str) and normal_text(got) == normal_text(want)
+        else:
+            ok = got == want
+        if not ok:
+            return False
+    return True
+
+
+def match_pattern(
+    steps: Sequence[ExpertStep], calls: Sequence[tuple[str, Mapping[str, Any], Any]], ticket: Ticket
+) -> tuple[dict[str, int], list[ExpertStep]]:
+    """Each step's matching call index (the earliest unused one after its dependencies' matches), and the
+    steps no call matched."""
+    matched: dict[str, int] = {}
+    missing: list[ExpertStep] = []
+    for step in steps:
+        if not set(step.depends_on) <= matched.keys():
+            missing.append(step)
+            continue
+        after = max((matched[dep] for dep in step.depends_on), default=-1)
+        used = set(matched.values())
+        index = next(
+            (
+                i
+                for i, (tool, params, _) in enumerate(calls)
+                if i > after and i not in used and tool == step.tool and params_match(step, params, ticket)
+            ),
+            None,
+        )
+        if index is None:
+            missing.append(step)
+        else:
+            matched[step.id] = index
+    return matched, missing
+
+
+def unsaid(facts: Facts, messages: Sequence[str]) -> list[str]:
+    """The facts (by their first spelling) that no message states."""
+    return [fact[0] for fact in facts if not any(said(f, m) for f in fact for m in messages)]
+
+
+def judge(world: World, messages: Sequence[str]) -> Outcome:
+    """Judge an episode's world and the messages sent to the customer (see the module doc)."""
+    ticket = world.ticket
+    matched, missing = match_pattern(pattern(ticket), world.calls, ticket)
+    used = set(matched.values())
+    extra = [tool for i, (tool, _, _) in enumerate(world.calls) if tool in EFFECTFUL and i not in used]
+    facts = unsaid(key_facts(ticket), messages)
+    details = [f"no call did {step.id} ({step.description})" for step in missing]
+    details += [f"unasked-for {tool} call" for tool in extra]
+    details += [f"risky: {flag}" for flag in world.risk_flags]
+    details += [f"never told the customer {fact!r}" for fact in facts]
+    checks = {
+        "pattern": not missing,
+        "no_extra_actions": not extra,
+        "no_risk": not world.risk_flags,
+        "message": not facts,
+    }
+    return Outcome(checks=checks, detail="; ".join(details))
