@@ -12,6 +12,7 @@ version, so it gets a new reward version; older versions stay readable in the st
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -45,6 +46,15 @@ class RewardConfig(BaseModel):
     stats_path: Path | None = Field(default=None, description="JSON file of layer stats; memory when unset.")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="How comments are judged.")
     learn: bool = Field(default=True, description="Update layer stats and best step counts when scoring.")
+
+
+@dataclass(frozen=True)
+class StoredReward:
+    """The reward version a session has after storing, and whether this call wrote it."""
+
+    session_id: str
+    version: int
+    new: bool
 
 
 class RewardEngine:
@@ -99,36 +109,35 @@ class RewardEngine:
                 learned.observe_steps(scenario_key(session), len(session.tool_calls))
         return vector
 
-    def score_and_store(self, store: SessionStore, session_id: str) -> int:
-        """Score a stored session and save the vector as a new reward version; return the version.
+    def score_and_store(self, store: SessionStore, session_id: str) -> StoredReward:
+        """Score a stored session and save the vector as a new reward version.
 
-        When the latest stored version was made under the same rules from the same session version, it is
-        returned as it is and nothing is written.
+        When the latest stored version was made under the same rules from the same session version, that
+        version is returned (`new=False`) and nothing is written.
         """
         session = store.get(session_id)
         history = store.rewards(session_id)
-        version = self.ruleset.version
-        if history and (history[-1].ruleset_version, history[-1].session_version) == (
-            version,
-            session.state_version,
-        ):
-            return history[-1].version
+        if history:
+            last = history[-1]
+            if (last.ruleset_version, last.session_version) == (self.ruleset.version, session.state_version):
+                return StoredReward(session_id, last.version, new=False)
         vector = self.score(session)
-        return store.save_reward(session_id, vector.model_dump(mode="json"), vector.ruleset_version)
+        version = store.save_reward(session_id, vector.model_dump(mode="json"), vector.ruleset_version)
+        return StoredReward(session_id, version, new=True)
 
-    def rescore(self, store: SessionStore, since: datetime) -> dict[str, int]:
-        """Re-score every session that received feedback at or after `since`; return id → reward version."""
+    def rescore(self, store: SessionStore, since: datetime) -> list[StoredReward]:
+        """Re-score every session that received feedback at or after `since`."""
         rows = store.sql(
             "SELECT DISTINCT session_id FROM feedback WHERE received_at >= ? ORDER BY session_id",
             (iso(since),),
         )
         return self.store_all(store, (str(r["session_id"]) for r in rows))
 
-    def follow(self, store: SessionStore, after: int = 0) -> tuple[int, dict[str, int]]:
+    def follow(self, store: SessionStore, after: int = 0) -> tuple[int, list[StoredReward]]:
         """Re-score the sessions that got feedback in the change feed after `after`.
 
-        Returns the cursor to pass next time and id → reward version. Delivery is at-least-once, which
-        storing tolerates: an unchanged session keeps its reward version.
+        Returns the cursor to pass next time and what was stored. Delivery is at-least-once, which storing
+        tolerates: an unchanged session keeps its reward version.
         """
         cursor, touched = after, dict[str, None]()
         while True:
@@ -139,11 +148,11 @@ class RewardEngine:
             cursor = batch.cursor
         return cursor, self.store_all(store, touched)
 
-    def store_all(self, store: SessionStore, session_ids: Iterable[str]) -> dict[str, int]:
+    def store_all(self, store: SessionStore, session_ids: Iterable[str]) -> list[StoredReward]:
         """`score_and_store` each session, then save the learned statistics."""
-        versions = {sid: self.score_and_store(store, sid) for sid in session_ids}
+        stored = [self.score_and_store(store, sid) for sid in session_ids]
         self.save_stats()
-        return versions
+        return stored
 
     def save_stats(self) -> None:
         """Persist layer statistics and best step counts (when a stats file is configured)."""

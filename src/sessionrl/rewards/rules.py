@@ -341,6 +341,7 @@ def _compile_terms(file: RuleFile, source: str) -> tuple[Term, ...]:
                 f"unknown variable(s) {', '.join(sorted(unknown))}; scope {spec.for_each} defines {known}"
             )
             raise RuleFileError(source, problem, spec.name)
+        _check_fields(spec, source)
         _check_on_sample(spec, when, value, source)
         compiled.append((spec, when, value, used))
     needs: dict[Scope, frozenset[str]] = {}
@@ -365,6 +366,21 @@ def _compile(spec: RuleSpec, part: str, source: str) -> cel.Program:
 def _free_variables(program: cel.Program) -> set[str]:
     """Variables an expression reads from its scope (names bound by macros such as `exists` left out)."""
     return set(program.variables()) - set(_BOUND.findall(program.source))
+
+
+_FIELD = re.compile(r"\b(call|feedback|session)\s*\.\s*([A-Za-z_]\w*)")
+
+
+def _check_fields(spec: RuleSpec, source: str) -> None:
+    """Fields read from `call`, `feedback` and `session` must be fields of their view (typos caught here)."""
+    views = sample_variables(spec.for_each)
+    for part in ("when", "value"):
+        for variable, name in _FIELD.findall(getattr(spec, part)):
+            if variable in views and name not in views[variable]:
+                known = ", ".join(sorted(views[variable]))
+                raise RuleFileError(
+                    source, f"{part}: {variable} has no field {name!r} (it has {known})", spec.name
+                )
 
 
 def _check_on_sample(spec: RuleSpec, when: cel.Program, value: cel.Program, source: str) -> None:

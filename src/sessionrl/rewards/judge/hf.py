@@ -1,4 +1,5 @@
-"""A judge backed by a local Hugging Face causal LM (loaded from a path; nothing is downloaded).
+"""A judge backed by a local Hugging Face causal LM (loaded from a path with `load_policy`; nothing is
+downloaded; on the first GPU when there is one).
 
 The model is prompted with `judge_messages` (through the tokenizer's chat template when it has one) and
 decoded greedily; its reply must be the JSON `parse_reply` accepts. Loading happens on first use, so
@@ -46,7 +47,7 @@ class HFJudge:
         try:
             import torch
 
-            inputs = tokenizer(prompt, return_tensors="pt")
+            inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
             with torch.no_grad():
                 out = model.generate(
@@ -64,12 +65,9 @@ class HFJudge:
     def _load(self) -> tuple[Any, Any]:
         if self._loaded is None:
             try:
-                from transformers import AutoModelForCausalLM, AutoTokenizer
+                from sessionrl.policy.tiny import load_policy
 
-                tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-                model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True)
+                self._loaded = load_policy(self.path)
             except Exception as exc:  # missing files, bad config, unknown architecture
                 raise JudgeError(f"{self.name}: cannot load the model: {exc}") from exc
-            model.train(False)
-            self._loaded = (model, tokenizer)
         return self._loaded
