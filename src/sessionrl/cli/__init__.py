@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from sessionrl.cli import demo
 from sessionrl.cli.rewards import app as rewards_app
 from sessionrl.cli.schema import app as schema_app
+from sessionrl.cli.serve import serve
+from sessionrl.cli.sessions import app as sessions_app
+from sessionrl.cli.store import app as store_app
 
 app = typer.Typer(
     name="sessionrl",
@@ -15,3 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(schema_app, name="schema")
 app.add_typer(rewards_app, name="rewards")
+app.add_typer(sessions_app, name="sessions")
+app.add_typer(store_app, name="store")
+app.command("demo")(demo.command)
+app.command("serve")(serve)

@@ -1,0 +1,459 @@
+"""`sessionrl sessions ...`: list, show, query, import and export Decision Sessions."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
+from sessionrl.session import codec
+from sessionrl.session.events import (
+    Event,
+    FeedbackAdded,
+    LLMCallRecorded,
+    OutputSet,
+    PlanSet,
+    SessionCreated,
+    StateChanged,
+    ToolCallRecorded,
+    apply,
+    invalid_from,
+    parse_event,
+)
+from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionCreate, SessionState
+from sessionrl.session.schema import load_session
+from sessionrl.store import SessionQuery, SessionStore
+from sessionrl.store.dialect import parse_url
+
+DEFAULT_DB = "sqlite:///runs/sessions.db"
+
+Db = Annotated[
+    str,
+    typer.Option("--db", envvar="SESSIONRL_DB", help="Store URL: sqlite:///path.db, or sqlite:// in memory."),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object per line instead of a table.")]
+
+app = typer.Typer(help="Browse, query, import and export Decision Sessions.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+
+def open_store(url: str) -> SessionStore:
+    """Open the store at `url`, creating the folder of a file database when it does not exist yet."""
+    path = parse_url(url).path
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return SessionStore.open(url)
+
+
+@contextmanager
+def reporting() -> Iterator[None]:
+    """Turn sessionrl and validation errors into a one-line message and exit status 1."""
+    try:
+        yield
+    except SessionRLError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from exc
+    except ValidationError as exc:
+        err.print(f"[red]error:[/red] {escape(str(invalid_from(exc)))}")
+        raise typer.Exit(1) from exc
+
+
+def emit_json(rows: list[dict[str, Any]]) -> None:
+    """Print rows as JSON lines (datetimes and enums as their JSON forms)."""
+    for row in rows:
+        typer.echo(orjson.dumps(row, option=orjson.OPT_NON_STR_KEYS).decode())
+
+
+def print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    """Print rows of any shape as a rich table with one column per key."""
+    table = Table(title=title)
+    for name in rows[0] if rows else ("(no rows)",):
+        table.add_column(str(name))
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row.values()))
+    out.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, tuple | list):
+        return ", ".join(map(str, value))
+    return escape("" if value is None else str(value))
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """Options are parsed without a zone; they are read as UTC."""
+    return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@app.command("list")
+def list_sessions(
+    db: Db = DEFAULT_DB,
+    state: Annotated[SessionState | None, typer.Option(help="Only sessions in this state.")] = None,
+    scenario: Annotated[str | None, typer.Option(help="Only sessions of this scenario.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="How many sessions to show.")] = 20,
+    as_json: Json = False,
+) -> None:
+    """The most recently created sessions."""
+    with reporting(), open_store(db) as store:
+        q = SessionQuery(state=state, scenario=scenario, limit=limit, order_by="created_at", descending=True)
+        rows = [dataclasses.asdict(r) for r in store.query(q)]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"{len(rows)} most recent sessions (calls: tool/LLM/feedback; created: UTC)")
+    widths = {"session": max((len(r["session_id"]) for r in rows), default=7), "state": 9}
+    widths |= {
+        "scenario": max((len(r["scenario"] or "-") for r in rows), default=8),
+        "calls": 6,
+        "created": 11,
+    }
+    for column, width in widths.items():
+        table.add_column(column, min_width=width, no_wrap=True)
+    room = out.width - sum(widths.values()) - 3 * len(widths) - 4  # what the borders and padding leave
+    table.add_column("query", overflow="ellipsis", no_wrap=True, max_width=max(room, 8))
+    for r in rows:
+        calls = f"{r['n_tool_calls']}/{r['n_llm_calls']}/{r['n_feedback']}"
+        created = f"{r['created_at']:%m-%d %H:%M}"
+        table.add_row(
+            escape(r["session_id"]),
+            r["state"],
+            escape(r["scenario"] or "-"),
+            calls,
+            created,
+            escape(r["user_query"]),
+        )
+    out.print(table)
+
+
+@app.command("show")
+def show(session_id: str, db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+    """One session as a tree: plan, tool calls, LLM calls, feedback and final output."""
+    with reporting(), open_store(db) as store:
+        session = store.get(session_id)
+    if as_json:
+        typer.echo(codec.dumps(session).decode())
+    else:
+        out.print(session_tree(session))
+
+
+def session_tree(s: Session) -> Tree:
+    """A readable tree of a session."""
+    v = s.versions
+    tree = Tree(
+        f"[bold]{escape(s.session_id)}[/bold] · {s.state.value} · {escape(s.scenario or '-')} "
+        f"(v{s.state_version}: plan {v.plan}, execution {v.execution}, feedback {v.feedback})"
+    )
+    tree.add(f"query: {escape(s.user_query)}")
+    if s.plan is not None:
+        plan = tree.add(f"plan: {escape(s.plan.root_goal)}")
+        for g in s.plan.subgoals:
+            after = f" (after {', '.join(g.depends_on)})" if g.depends_on else ""
+            plan.add(f"{escape(g.id)} {escape(g.description)} → {escape(g.tool or 'reasoning')}{after}")
+    calls = tree.add(f"tool calls ({len(s.tool_calls)})")
+    for c in s.tool_calls:
+        mark = "[green]✓[/green]" if c.status is CallStatus.SUCCESS else f"[red]✗ {c.status.value}[/red]"
+        detail = f" {escape(c.error_code or '')}: {escape(c.error_message or '')}" if c.error_code else ""
+        retry = " (retryable)" if c.retryable else ""
+        calls.add(f"{mark} {escape(c.call_id)} {escape(c.tool)} {c.latency_ms:.0f} ms{detail}{retry}")
+    llm = tree.add(f"LLM calls ({len(s.llm_calls)})")
+    for m in s.llm_calls:
+        llm.add(
+            f"{escape(m.call_id)} {escape(m.purpose)} · {m.tokens_used} tokens · policy v{m.policy_version}"
+        )
+    feedback = tree.add(f"feedback ({len(s.feedback)})")
+    for f in s.feedback:
+        score = "" if f.score is None else f" {f.score:g}"
+        said = f' "{escape(f.comment)}"' if f.comment else ""
+        feedback.add(
+            f"{f.type.value}{score} by {escape(f.annotator or '?')} on {escape(f.anchor.key)}{said}"
+            f" · happened {f.occurred_at:%Y-%m-%d %H:%M}, arrived {f.received_at:%Y-%m-%d %H:%M}"
+        )
+    if s.final_output is not None:
+        output = tree.add(f"output: {escape(s.final_output.text)}")
+        for claim in s.final_output.claims:
+            output.add(f"{escape(claim.text)} ← {escape(', '.join(claim.call_ids) or 'no source')}")
+    return tree
+
+
+@app.command("query")
+def query(
+    db: Db = DEFAULT_DB,
+    state: Annotated[SessionState | None, typer.Option(help="Sessions in this state.")] = None,
+    scenario: Annotated[str | None, typer.Option(help="Sessions of this scenario.")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Sessions carrying this tag (repeatable).")] = None,
+    user: Annotated[str | None, typer.Option(help="Sessions of this user id.")] = None,
+    tool: Annotated[str | None, typer.Option(help="Sessions that called this tool.")] = None,
+    failed_tool: Annotated[
+        str | None, typer.Option(help="Sessions where a call to this tool failed.")
+    ] = None,
+    feedback_type: Annotated[FeedbackType | None, typer.Option(help="Feedback of this type.")] = None,
+    comment_contains: Annotated[str | None, typer.Option(help="Feedback comment contains this text.")] = None,
+    min_score: Annotated[float | None, typer.Option(help="Feedback score at least this.")] = None,
+    max_score: Annotated[float | None, typer.Option(help="Feedback score at most this.")] = None,
+    created_after: Annotated[datetime | None, typer.Option(help="Created at or after (UTC).")] = None,
+    created_before: Annotated[datetime | None, typer.Option(help="Created before (UTC).")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="Most rows to list.")] = 50,
+    fraction_called: Annotated[
+        str | None,
+        typer.Option(help="Print how many sessions match and the fraction of them that called this tool."),
+    ] = None,
+    sql: Annotated[str | None, typer.Option("--sql", help="Run one read-only SELECT instead.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Sessions matching typed filters (feedback filters hold for one same feedback item), or raw SQL.
+
+    SQL sees the query tables `sessions`, `session_tags`, `tool_calls`, `llm_calls`, `feedback`,
+    `rewards` and the log `events`; statements that would write are refused.
+    """
+    filters = {
+        "state": state, "scenario": scenario, "tags": tuple(tag or ()), "user_id": user, "tool_called": tool,
+        "tool_failed": failed_tool, "feedback_type": feedback_type, "comment_contains": comment_contains,
+        "min_score": min_score, "max_score": max_score,
+        "created_after": _utc(created_after), "created_before": _utc(created_before),
+    }  # fmt: skip
+    given = {k: v for k, v in filters.items() if v not in (None, ())}
+    if sql is not None and (given or fraction_called):
+        raise typer.BadParameter("--sql cannot be combined with typed filters", param_hint="--sql")
+    with reporting(), open_store(db) as store:
+        if sql is not None:
+            rows = store.sql(sql)
+        elif fraction_called is not None:
+            of = SessionQuery(**given)
+            matched = store.count(of)
+            share = store.fraction(of, SessionQuery(tool_called=fraction_called))
+            rows = [{"matched": matched, "called": round(share * matched), "fraction": share}]
+        else:
+            rows = [dataclasses.asdict(r) for r in store.query(SessionQuery(**given, limit=limit))]
+    if as_json:
+        emit_json(rows)
+    else:
+        print_rows(rows, title=f"{len(rows)} row(s)")
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL file to import.")],
+    db: Db = DEFAULT_DB,
+) -> None:
+    """Import a JSONL file of events or session documents, all of it or nothing.
+
+    A line is either an event envelope `{"session_id": ..., "event": {...}}` (what `export` writes) or a
+    session document (what `export --documents` writes). Every line is checked against the store before
+    anything is written; bad lines are reported with their line number, field and rule.
+    """
+    with reporting(), open_store(db) as store:
+        plan = plan_import(store, path.read_bytes().splitlines())
+        if plan.problems:
+            table = Table(
+                "line", "field", "rule", title=f"{len(plan.problems)} bad line(s); nothing imported"
+            )
+            for p in plan.problems:
+                table.add_row(str(p.line), escape(p.field), escape(p.rule))
+            err.print(table)
+            raise typer.Exit(1)
+        written = apply_import(store, plan)
+    out.print(
+        f"imported {written} event(s) for {len(plan.sessions)} session(s); "
+        f"{plan.already_stored} already stored"
+    )
+
+
+@app.command("export")
+def export(
+    path: Annotated[Path, typer.Argument(dir_okay=False, help="JSONL file to write.")],
+    db: Db = DEFAULT_DB,
+    state: Annotated[SessionState | None, typer.Option(help="Only sessions in this state.")] = None,
+    documents: Annotated[
+        bool, typer.Option("--documents", help="Write session documents instead of event logs.")
+    ] = False,
+) -> None:
+    """Export sessions as event envelopes (lossless, re-importable) or as session documents."""
+    with reporting(), open_store(db) as store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            lines = export_lines(store, state=state, documents=documents)
+            count = sum(handle.write(line + b"\n") > 0 for line in lines)
+    out.print(f"wrote {count} line(s) to {path}")
+
+
+# import and export
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why one line of an import file was refused."""
+
+    line: int
+    field: str
+    rule: str
+
+
+@dataclass
+class ImportPlan:
+    """The events an import would append, in file order, or the problems that stop it."""
+
+    items: list[tuple[str, Event]] = field(default_factory=list)
+    sessions: set[str] = field(default_factory=set)
+    already_stored: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+
+S = SessionState
+STATE_PATH: dict[SessionState, tuple[SessionState, ...]] = {
+    S.CREATED: (),
+    S.PLANNING: (S.PLANNING,),
+    S.EXECUTING: (S.EXECUTING,),
+    S.FINISHED: (S.FINISHED,),
+    S.REJECTED: (S.REJECTED,),
+    S.ARCHIVED: (S.FINISHED, S.ARCHIVED),
+}
+"""State changes that bring an imported document from `created` to its state."""
+
+
+def document_events(s: Session) -> list[Event]:
+    """Events whose fold has the content of a session document.
+
+    Versions are renumbered by the fold, and an archived session is taken through `finished`. Event ids
+    are derived from the session id, so importing the same document twice stores it once.
+    """
+    create = SessionCreate(
+        user_query=s.user_query, session_id=s.session_id, trace_id=s.trace_id, scenario=s.scenario,
+        tags=s.tags, user_id=s.user_id, metadata=s.metadata,
+    )  # fmt: skip
+    events: list[Event] = [
+        SessionCreated(session_id=s.session_id, trace_id=s.trace_id, create=create, at=s.created_at)
+    ]
+    if s.plan is not None:
+        events.append(PlanSet(plan=s.plan, at=s.created_at))
+    events += [ToolCallRecorded(call=c, at=c.finished_at) for c in s.tool_calls]
+    events += [LLMCallRecorded(call=c, at=c.finished_at) for c in s.llm_calls]
+    if s.final_output is not None:
+        events.append(OutputSet(output=s.final_output, at=s.updated_at))
+    events += [StateChanged(state=state, at=s.updated_at) for state in STATE_PATH[s.state]]
+    events += [FeedbackAdded(feedback=f, at=f.received_at) for f in s.feedback]
+    key = hashlib.sha256(s.session_id.encode()).hexdigest()[:24]
+    return [e.model_copy(update={"event_id": f"imp_{key}_{i}"}) for i, e in enumerate(events)]
+
+
+def line_events(raw: bytes) -> list[tuple[str, Event]]:
+    """The (session id, event) pairs one import line stands for; `InvalidEvent` names what is wrong."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEvent("line", f"malformed JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidEvent("line", "expected a JSON object")
+    if "event" not in doc:
+        try:
+            session = load_session(doc)
+        except ValidationError as exc:
+            raise invalid_from(exc) from exc
+        return [(session.session_id, e) for e in document_events(session)]
+    unknown = sorted(set(doc) - {"session_id", "seq", "event"})
+    if unknown:
+        raise InvalidEvent(unknown[0], "unknown field in an event envelope")
+    sid = doc.get("session_id")
+    if not isinstance(sid, str) or not sid:
+        raise InvalidEvent("session_id", "a non-empty string is required")
+    if not isinstance(doc["event"], dict):
+        raise InvalidEvent("event", "expected a JSON object")
+    try:
+        event = parse_event(doc["event"])
+    except InvalidEvent as exc:
+        raise InvalidEvent(f"event.{exc.field}", exc.rule) from exc
+    if isinstance(event, SessionCreated) and event.session_id != sid:
+        raise InvalidEvent("session_id", f"the event creates {event.session_id!r}, not {sid!r}")
+    return [(sid, event)]
+
+
+def plan_import(store: SessionStore, lines: Sequence[bytes]) -> ImportPlan:
+    """Check every line against the store, as if appended in order; nothing is written."""
+    plan = ImportPlan()
+    parsed: list[tuple[int, str, Event]] = []
+    for number, raw in enumerate(lines, start=1):
+        if raw.strip():
+            try:
+                parsed += [(number, sid, event) for sid, event in line_events(raw)]
+            except InvalidEvent as exc:
+                plan.problems.append(Problem(number, exc.field, exc.rule))
+    owners = stored_owners(store, [event.event_id for _, _, event in parsed])
+    views: dict[str, Session | None] = {}
+    for number, sid, event in parsed:
+        owner = owners.get(event.event_id)
+        if owner is not None:
+            if owner == sid:
+                plan.already_stored += 1
+            else:
+                plan.problems.append(Problem(number, "event.event_id", f"already used by session {owner!r}"))
+            continue
+        if sid not in views:
+            views[sid] = _stored(store, sid)
+        try:
+            views[sid] = apply(views[sid], event)
+        except InvalidEvent as exc:
+            plan.problems.append(Problem(number, f"event.{exc.field}", exc.rule))
+            continue
+        except InvalidTransition as exc:
+            plan.problems.append(Problem(number, "event.type", str(exc)))
+            continue
+        owners[event.event_id] = sid
+        plan.items.append((sid, event))
+        plan.sessions.add(sid)
+    return plan
+
+
+def stored_owners(store: SessionStore, event_ids: Sequence[str]) -> dict[str, str]:
+    """The session each already-stored event id belongs to."""
+    owners: dict[str, str] = {}
+    unique = list(dict.fromkeys(event_ids))
+    for start in range(0, len(unique), 500):
+        part = unique[start : start + 500]
+        marks = ",".join("?" * len(part))
+        rows = store.sql(f"SELECT event_id, session_id FROM events WHERE event_id IN ({marks})", tuple(part))
+        owners.update((r["event_id"], r["session_id"]) for r in rows)
+    return owners
+
+
+def _stored(store: SessionStore, session_id: str) -> Session | None:
+    try:
+        return store.get(session_id)
+    except NotFound:
+        return None
+
+
+def apply_import(store: SessionStore, plan: ImportPlan) -> int:
+    """Append a checked import in one transaction; return how many events were written."""
+    results = store.append_batch([(sid, event, None) for sid, event in plan.items])
+    failed = [r for r in results if isinstance(r, SessionRLError)]
+    if failed:
+        raise failed[0]  # only possible when another writer changed the store after the check
+    return len(results)
+
+
+def export_lines(store: SessionStore, *, state: SessionState | None, documents: bool) -> Iterator[bytes]:
+    """Canonical JSON lines: event envelopes per session in log order, or session documents."""
+    if documents:
+        yield from (codec.dumps(s) for s in store.iter_sessions(state))
+        return
+    for sid in store.session_ids(state):
+        for e in store.events(sid):
+            yield codec.dumps({"session_id": sid, "seq": e.seq, "event": e.event.model_dump(mode="json")})
