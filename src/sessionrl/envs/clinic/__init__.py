@@ -1,0 +1,22 @@
+"""Anemia triage from lab results, with guideline retrieval and annotators whose ratings arrive late."""
+
+from sessionrl.envs.clinic.case import Case, Diagnosis, Panel
+from sessionrl.envs.clinic.env import ClinicEnv, ClinicEpisode
+from sessionrl.envs.clinic.feedback import PANEL, Annotator, annotate, deliver, schedule, validate
+from sessionrl.envs.clinic.tools import RISK_FLAGS, Chart
+
+__all__ = [
+    "PANEL",
+    "RISK_FLAGS",
+    "Annotator",
+    "Case",
+    "Chart",
+    "ClinicEnv",
+    "ClinicEpisode",
+    "Diagnosis",
+    "Panel",
+    "annotate",
+    "deliver",
+    "schedule",
+    "validate",
+]
