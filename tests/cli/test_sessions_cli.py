@@ -21,12 +21,10 @@ N = 300
 runner = CliRunner()
 
 CHRONIC_SQL = """
+WITH mentioning AS (SELECT DISTINCT session_id FROM feedback WHERE comment LIKE '%chronic disease%')
 SELECT COUNT(*) AS matched,
-       SUM(EXISTS (SELECT 1 FROM tool_calls c
-                   WHERE c.session_id = s.session_id AND c.tool = 'crp_test_request')) AS called
-FROM sessions s
-WHERE EXISTS (SELECT 1 FROM feedback f
-              WHERE f.session_id = s.session_id AND f.comment LIKE '%chronic disease%')
+       SUM(session_id IN (SELECT session_id FROM tool_calls WHERE tool = 'crp_test_request')) AS called
+FROM mentioning
 """
 
 

@@ -19,16 +19,18 @@ from sessionrl.store.dialect import contains_pattern
 from sessionrl.store.synthetic import ingest
 
 CHRONIC_SQL = """
-SELECT COUNT(*) AS matched,
-       COALESCE(SUM(EXISTS (
-           SELECT 1 FROM tool_calls c WHERE c.session_id = s.session_id AND c.tool = :tool
-       )), 0) AS called
-FROM sessions s
-WHERE EXISTS (
-    SELECT 1 FROM feedback f WHERE f.session_id = s.session_id AND f.comment LIKE :pattern ESCAPE '\\'
+WITH mentioning AS (
+    SELECT DISTINCT session_id FROM feedback WHERE comment LIKE :pattern ESCAPE '\\'
 )
+SELECT COUNT(*) AS matched,
+       COALESCE(SUM(session_id IN (SELECT session_id FROM tool_calls WHERE tool = :tool)), 0) AS called
+FROM mentioning
 """
-"""Of the sessions with a feedback comment matching `:pattern`, how many called `:tool`."""
+"""Of the sessions with a feedback comment matching `:pattern`, how many called `:tool`.
+
+Driven from the feedback rows, with the callers of the tool collected once: a correlated `EXISTS` per
+session would scan the tool's calls again for every match.
+"""
 
 FAILURE_RATES_SQL = """
 SELECT tool, COUNT(*) AS calls,
