@@ -1,0 +1,57 @@
+"""Lanes bound concurrency and waiting; the cache keeps the newest views; routing is stable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from sessionrl.orchestrator.config import LaneConfig
+from sessionrl.orchestrator.lanes import Lane, Overloaded, SessionCache, route
+from sessionrl.session import SessionCreate, StateChanged, apply, created
+
+
+async def test_a_lane_runs_at_most_its_concurrency_and_refuses_past_its_waiting_room() -> None:
+    lane = Lane("tool", LaneConfig(concurrency=2, max_waiting=1))
+    release = asyncio.Event()
+    peak = 0
+
+    async def hold() -> None:
+        nonlocal peak
+        async with lane.slot():
+            peak = max(peak, lane.running)
+            await release.wait()
+
+    holders = [asyncio.create_task(hold()) for _ in range(3)]  # two run, one waits
+    await asyncio.sleep(0)
+    assert lane.running == 2
+    with pytest.raises(Overloaded, match="1 steps already waiting"):
+        async with lane.slot():
+            pass
+    release.set()
+    await asyncio.gather(*holders)
+    assert peak == 2
+    assert lane.running == 0
+
+
+def test_the_cache_evicts_the_least_recently_used_and_keeps_newer_views() -> None:
+    cache = SessionCache(capacity=2)
+    views = [apply(None, created(SessionCreate(user_query="q", session_id=f"s{i}"))) for i in range(3)]
+    cache.put(views[0])
+    cache.put(views[1])
+    assert cache.get("s0") is views[0]  # s0 is now the most recent; s1 goes first
+    cache.put(views[2])
+    assert cache.get("s1") is None
+    assert len(cache) == 2
+    newer = apply(views[0], StateChanged(state="executing"))
+    cache.put(newer)
+    cache.put(views[0])  # an older view arriving late is ignored
+    assert cache.get("s0") is newer
+
+
+def test_routing_is_stable_and_spreads_sessions() -> None:
+    assert [route("s_abc", 4) for _ in range(3)] == [route("s_abc", 4)] * 3
+    counts = Counter(route(f"s_{i}", 4) for i in range(4000))
+    # 4000 sessions over 4 backends: about 1000 each; a stable hash stays well within ±20%
+    assert all(800 < n < 1200 for n in counts.values())
