@@ -62,13 +62,14 @@ SCHEMA = pa.schema(
 """Columns of every archive file. `tools` and `failed_tools` list one entry per call, in call order."""
 
 _LATEST = """
-SELECT * EXCLUDE (rank_) FROM (
+CREATE VIEW sessions AS SELECT * EXCLUDE (rank_) FROM (
     SELECT *, row_number() OVER (
         PARTITION BY session_id ORDER BY state_version DESC, written_at DESC
     ) AS rank_
-    FROM {source}
+    FROM session_rows
 ) WHERE rank_ = 1
 """
+"""The `sessions` view: of all rows written for a session, the latest view."""
 
 
 def session_row(session: Session, written_at: datetime) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class Archive:
             listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
             source = f"read_parquet([{listed}], hive_partitioning = false)"
             con.execute(f"CREATE VIEW session_rows AS SELECT * FROM {source}")
-        con.execute(f"CREATE VIEW sessions AS {_LATEST.format(source='session_rows')}")
+        con.execute(_LATEST)
 
     def read(self, session_id: str) -> Session:
         """The latest archived view of one session; `NotFound` when it was never archived."""

@@ -275,14 +275,14 @@ def session_events(seed: int, index: int) -> list[Event]:
     _open(b, scenario, chronic)
     plan = _plan(b, scenario, chronic)
     b.state(SessionState.EXECUTING)
-    calls = _run_tools(b, scenario, plan)
+    calls = _run_tools(b, plan)
     outcome = rng.random()
     if outcome < 0.02:
         return b.events  # still executing: in-flight traffic
     if outcome < 0.05:
         b.state(SessionState.REJECTED, "provenance check failed: a claim cites no executed call")
     else:
-        _answer(b, scenario, plan, calls)
+        _answer(b, scenario, calls)
         b.state(SessionState.FINISHED)
     _feedback(b, scenario, calls, chronic)
     return b.events
@@ -345,12 +345,11 @@ def _llm(b: _Builder, purpose: str, prompt: str, response: str) -> LLMCall:
     return call
 
 
-def _run_tools(b: _Builder, scenario: Scenario, plan: Plan) -> list[ToolCall]:
+def _run_tools(b: _Builder, plan: Plan) -> list[ToolCall]:
     """Call the tool of every tool sub-goal, retrying timeouts once or twice, within `MAX_TOOL_CALLS`."""
     calls: list[ToolCall] = []
     tool_goals = [g for g in plan.subgoals if g.tool is not None]
     for position, goal in enumerate(tool_goals):
-        assert goal.tool is not None
         reserved = len(tool_goals) - position - 1
         for _ in range(3):
             call = _tool_call(b, goal, len(calls))
@@ -405,7 +404,7 @@ def _tool_call(b: _Builder, goal: SubGoal, k: int) -> ToolCall:
     )
 
 
-def _answer(b: _Builder, scenario: Scenario, plan: Plan, calls: Sequence[ToolCall]) -> None:
+def _answer(b: _Builder, scenario: Scenario, calls: Sequence[ToolCall]) -> None:
     """The final LLM call and an output whose claims cite the successful calls they rest on."""
     ok = [c for c in calls if c.status is CallStatus.SUCCESS]
     final = _llm(b, "final", f"Answer: {scenario.root_goal}.", f"Final answer drawing on {len(ok)} results.")
