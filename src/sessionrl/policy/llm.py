@@ -1,0 +1,508 @@
+"""A Hugging Face causal LM as the orchestrator's policy backend: prompts, actions, batched sampling, LoRA.
+
+The policy speaks one small action language, compact JSON in the assistant's text::
+
+    {"tool":"inventory_check","params":{"sku":"A-1"}}     call a tool
+    {"final":"Your order ships tomorrow."}                 answer the user and end
+
+`system_prompt` tells the model the domain policy, this format and every tool (each contract's OpenAI
+schema); `tool_message` renders what a call returned as the next ``tool`` message. The expert
+demonstrations used for imitation are rendered with the same functions, so training and sampling see the
+same text.
+
+`HFPolicy` answers the orchestrator (`PolicyBackend`). Concurrent sessions ask one at a time; a small
+batcher gathers the requests that arrive within a few milliseconds and samples them as one left-padded
+batch with a key/value cache, dropping rows as they finish. Every reply carries the prompt's token ids,
+the sampled ids, the log-probability of each sampled token under the distribution it was drawn from
+(softmax of logits / temperature; plain softmax when greedy) and the policy version, which is what the
+trainer needs to compute importance ratios later.
+
+Nothing here depends on the tiny model: `HFPolicy.load` reads any local checkpoint (a Qwen folder on a
+GPU, say) on the device and dtype of `default_placement()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import orjson
+import torch
+from torch import Tensor
+
+from sessionrl.orchestrator.policy import PolicyError, PolicyReply
+from sessionrl.session.model import Message
+from sessionrl.skills.contract import SkillContract
+
+ACTION_INSTRUCTIONS = (
+    "Answer with one JSON object and nothing else. "
+    'To call a tool: {"tool":"<name>","params":{...}}. '
+    'To answer the user and finish: {"final":"<message>"}.'
+)
+
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
+# the action language
+
+
+def tool_action(tool: str, params: dict[str, Any]) -> str:
+    """The assistant text that calls `tool` with `params` (compact JSON, keys in a fixed order).
+
+    >>> tool_action("refund", {"order": "A1", "amount": 3})
+    '{"tool":"refund","params":{"order":"A1","amount":3}}'
+    """
+    return orjson.dumps({"tool": tool, "params": params}).decode()
+
+
+def final_action(text: str) -> str:
+    """The assistant text that answers the user and ends the episode.
+
+    >>> final_action("Done.")
+    '{"final":"Done."}'
+    """
+    return orjson.dumps({"final": text}).decode()
+
+
+def parse_final(text: str) -> str | None:
+    """The message of a final answer written in `text`, or None when `text` is not one.
+
+    >>> parse_final('{"final":"Refund issued."}'), parse_final('{"tool":"x","params":{}}')
+    ('Refund issued.', None)
+    """
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        data = orjson.loads(text[start : end + 1])
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(data, dict) and set(data) == {"final"} and isinstance(data["final"], str):
+        return data["final"]
+    return None
+
+
+def system_prompt(
+    domain_policy: str, contracts: Sequence[SkillContract], *, full_schemas: bool = True
+) -> str:
+    """The system message: the domain policy, the action format, then one line per tool.
+
+    Each tool line is the contract's OpenAI schema as compact JSON, or, with ``full_schemas=False`` (for
+    small models with short contexts), the same schema's name and parameter names only:
+    ``sms_send(template_id, phone, variables)``.
+    """
+    lines = []
+    for contract in sorted(contracts, key=_name):
+        tool = contract.to_openai_tool()
+        if full_schemas:
+            lines.append(orjson.dumps(tool).decode())
+        else:
+            function = tool["function"]
+            lines.append(f"{function['name']}({', '.join(function['parameters'].get('properties', {}))})")
+    return f"{domain_policy.strip()}\n\n{ACTION_INSTRUCTIONS}\nTools:\n" + "\n".join(lines)
+
+
+def _name(contract: SkillContract) -> str:
+    return contract.name
+
+
+def tool_message(
+    *,
+    ok: bool,
+    output: Any = None,
+    error_code: str | None = None,
+    error_message: str | None = None,
+    max_chars: int = 600,
+) -> Message:
+    """What a call returned, as the ``tool`` message the policy reads next (cut to `max_chars`).
+
+    >>> tool_message(ok=True, output={"stock": 3}).content
+    '{"ok":true,"output":{"stock":3}}'
+    >>> tool_message(ok=False, error_code="TIMEOUT", error_message="no answer").content
+    '{"ok":false,"error":"TIMEOUT","message":"no answer"}'
+    """
+    body: dict[str, Any] = (
+        {"ok": True, "output": output}
+        if ok
+        else {"ok": False, "error": error_code or "ERROR", "message": error_message or ""}
+    )
+    text = orjson.dumps(body, default=str).decode()
+    return Message(role="tool", content=text if len(text) <= max_chars else text[:max_chars] + "…")
+
+
+# configuration
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    """How replies are drawn."""
+
+    max_new_tokens: int = field(default=96, metadata={"help": "longest reply, in tokens"})
+    temperature: float = field(default=1.0, metadata={"help": "softmax temperature; 0 samples greedily"})
+    max_prompt_tokens: int = field(
+        default=1792, metadata={"help": "longest prompt; older turns are dropped to fit"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the sampling generator"})
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.max_prompt_tokens < 8:
+            raise ValueError("SamplingConfig needs max_new_tokens >= 1 and max_prompt_tokens >= 8")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when replies are the most likely tokens, not samples."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """How concurrent requests are gathered into one forward pass."""
+
+    max_batch: int = field(default=32, metadata={"help": "most conversations sampled together"})
+    gather_ms: float = field(default=5.0, metadata={"help": "how long the first request waits for company"})
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.gather_ms < 0:
+            raise ValueError("BatchingConfig needs max_batch >= 1 and gather_ms >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    """Low-rank adapters on the top blocks of the model (through peft)."""
+
+    rank: int = field(default=8, metadata={"help": "rank r of each adapter"})
+    alpha: int = field(default=16, metadata={"help": "scale numerator: updates are scaled by alpha / r"})
+    top_blocks: int = field(default=2, metadata={"help": "adapt only the last N transformer blocks"})
+    targets: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        metadata={"help": "names of the linear layers to adapt"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.rank < 1 or self.top_blocks < 1 or not self.targets:
+            raise ValueError("LoRAConfig needs rank >= 1, top_blocks >= 1 and at least one target")
+
+
+def with_lora(model: Any, config: LoRAConfig) -> Any:
+    """`model` wrapped with LoRA adapters on its top `config.top_blocks` blocks; only those train."""
+    from peft import LoraConfig, get_peft_model
+
+    n_blocks = int(model.config.num_hidden_layers)
+    first = max(n_blocks - config.top_blocks, 0)
+    lora = LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=0.0,
+        target_modules=list(config.targets),
+        layers_to_transform=list(range(first, n_blocks)),
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():  # peft probes an attribute transformers has renamed
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, lora)
+
+
+# sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sampled reply: its token ids and the log-probability of each under the sampling distribution."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Rows padded on the left to one length: ``(ids [B, T], attention_mask [B, T])``.
+
+    >>> ids, mask = left_pad([[5, 6], [7]], pad_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def sample(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    stop_ids: frozenset[int],
+    config: SamplingConfig,
+    generator: torch.Generator,
+) -> list[Sample]:
+    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch.
+
+    Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
+    The stop token, when reached, is the last id of a sample.
+    """
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in left_pad(prompts, pad_id))
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache, logits = out.cache, out.logits[:, -1]
+    active = list(range(len(prompts)))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    logps: list[list[float]] = [[] for _ in prompts]
+    stop = torch.tensor(sorted(stop_ids), device=device)
+    for _ in range(config.max_new_tokens):
+        chosen, chosen_logp = _draw(logits, config, generator)
+        for row, (tok, lp) in enumerate(zip(chosen.tolist(), chosen_logp.tolist(), strict=True)):
+            tokens[active[row]].append(tok)
+            logps[active[row]].append(lp)
+        going = ~torch.isin(chosen, stop)
+        if not bool(going.any()):
+            break
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            chosen, mask, positions = chosen[keep], mask[keep], positions[keep]
+            active = [active[i] for i in keep.tolist()]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
+        positions = positions[:, -1:] + 1
+        out = model(
+            input_ids=chosen[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+        )
+        cache, logits = out.cache, out.logits[:, -1]
+    return [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logps, strict=True)]
+
+
+def _draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Next token per row and its log-probability under the distribution it was drawn from."""
+    logits = logits.float()
+    if config.greedy:
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(logits / config.temperature, dim=-1)
+        draws = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)
+        chosen = draws.to(logits.device)
+    return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1)
+
+
+# the backend
+
+
+class HFPolicy:
+    """A local causal LM serving the orchestrator; the trainer updates its weights in place.
+
+    Not safe to train and sample at the same moment: the training loop alternates the two.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        sampling: SamplingConfig | None = None,
+        batching: BatchingConfig | None = None,
+        *,
+        version: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingConfig()
+        self.batching = batching or BatchingConfig()
+        self.version = version
+        """Policy version stamped on every reply; the trainer raises it after each update."""
+        self.generator = torch.Generator().manual_seed(self.sampling.seed)
+        self.stop_ids = _stop_ids(model, tokenizer)
+        self._batcher: Batcher[list[int], PolicyReply] = Batcher(
+            self.sample_prompts, self.batching.max_batch, self.batching.gather_ms
+        )
+        self.calls = 0
+        """Conversations answered so far."""
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        sampling: SamplingConfig | None = None,
+        batching: BatchingConfig | None = None,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> HFPolicy:
+        """A policy from a local checkpoint folder (device and dtype from `default_placement()`)."""
+        from sessionrl.policy.tiny import load_policy
+
+        model, tokenizer = load_policy(path, device=device, dtype=dtype)
+        return cls(model, tokenizer, sampling, batching)
+
+    def view(self, sampling: SamplingConfig) -> HFPolicy:
+        """Another backend over the same weights and version, sampling differently (greedy evaluation)."""
+        return HFPolicy(self.model, self.tokenizer, sampling, self.batching, version=self.version)
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """The prompt text of a conversation, ending where the assistant's reply begins."""
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the prompt; the oldest turns after the first two messages go until it fits."""
+        kept = list(messages)
+        while True:
+            ids: list[int] = self.tokenizer.encode(self.render(kept), add_special_tokens=False)
+            if len(ids) <= self.sampling.max_prompt_tokens:
+                return ids
+            if len(kept) <= 3:
+                raise PolicyError(
+                    f"prompt of {len(ids)} tokens exceeds max_prompt_tokens="
+                    f"{self.sampling.max_prompt_tokens} even without history"
+                )
+            del kept[2:4]
+
+    def encode_reply(self, text: str) -> list[int]:
+        """Ids of `text` written as a reply: its tokens, then the stop token that ends the turn."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return [*ids, int(self.tokenizer.eos_token_id)]
+
+    def generate_now(self, conversations: Sequence[Sequence[Message]]) -> list[PolicyReply]:
+        """Answer several conversations as one batch, right now (blocking)."""
+        return self.sample_prompts([self.encode_prompt(c) for c in conversations])
+
+    def sample_prompts(self, prompts: Sequence[Sequence[int]]) -> list[PolicyReply]:
+        """Continue several encoded prompts as one batch (blocking); the model is left as it was found."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            samples = sample(
+                self.model,
+                prompts,
+                pad_id=self.tokenizer.pad_token_id,
+                stop_ids=self.stop_ids,
+                config=self.sampling,
+                generator=self.generator,
+            )
+        finally:
+            self.model.train(was_training)
+        self.calls += len(prompts)
+        return [self._reply(p, s) for p, s in zip(prompts, samples, strict=True)]
+
+    def _reply(self, prompt: Sequence[int], drawn: Sample) -> PolicyReply:
+        ids = drawn.token_ids
+        body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
+        return PolicyReply(
+            text=self.tokenizer.decode(list(body), skip_special_tokens=False),
+            prompt_token_ids=tuple(prompt),
+            token_ids=ids,
+            logprobs=drawn.logprobs,
+            policy_version=self.version,
+            tokens_used=len(prompt) + len(ids),
+        )
+
+    async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
+        """Answer one conversation, batched with whatever other sessions ask at the same time."""
+        return await self._batcher.submit(self.encode_prompt(messages))
+
+    @property
+    def batches(self) -> int:
+        """Batches sampled through `generate` so far."""
+        return self._batcher.batches
+
+
+def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Ids that end a reply: the tokenizer's eos and whatever the model's generation config adds."""
+    ids = {int(tokenizer.eos_token_id)}
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list):
+        ids.update(int(i) for i in extra)
+    return frozenset(ids)
+
+
+class Batcher(Generic[X, Y]):
+    """Gathers single requests into batches for a blocking batch function run in a worker thread.
+
+    The first request of a batch waits `gather_ms` (or until `max_batch` requests are waiting), then the
+    batch runs; requests arriving meanwhile form the next one. One batch runs at a time.
+    """
+
+    def __init__(self, run: Callable[[list[X]], list[Y]], max_batch: int, gather_ms: float) -> None:
+        self._run = run
+        self._max_batch = max_batch
+        self._gather_s = gather_ms / 1000.0
+        self._pending: list[tuple[X, asyncio.Future[Y]]] = []
+        self._full = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.sizes: list[int] = []
+        """Size of every batch run, in order."""
+
+    async def submit(self, item: X) -> Y:
+        """The answer to `item`, computed in some batch."""
+        future: asyncio.Future[Y] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if len(self._pending) >= self._max_batch:
+            self._full.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            if len(self._pending) < self._max_batch:
+                self._full.clear()
+                deadline = time.monotonic() + self._gather_s
+                while len(self._pending) < self._max_batch and (left := deadline - time.monotonic()) > 0:
+                    try:
+                        await asyncio.wait_for(self._full.wait(), left)
+                    except TimeoutError:
+                        break
+            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            live = [(x, f) for x, f in batch if not f.cancelled()]
+            if not live:
+                continue
+            self.batches += 1
+            self.sizes.append(len(live))
+            try:
+                answers = await asyncio.to_thread(self._run, [x for x, _ in live])
+            except Exception as exc:  # every waiter learns why its batch failed
+                for _, f in live:
+                    if not f.done():
+                        f.set_exception(exc if isinstance(exc, PolicyError) else PolicyError(str(exc)))
+                continue
+            for (_, f), answer in zip(live, answers, strict=True):
+                if not f.done():
+                    f.set_result(answer)
+
+
+__all__ = [
+    "ACTION_INSTRUCTIONS",
+    "Batcher",
+    "BatchingConfig",
+    "HFPolicy",
+    "LoRAConfig",
+    "Sample",
+    "SamplingConfig",
+    "final_action",
+    "left_pad",
+    "parse_final",
+    "sample",
+    "system_prompt",
+    "tool_action",
+    "tool_message",
+    "with_lora",
+]

@@ -1,0 +1,325 @@
+"""Sessions as training data: token sequences with loss masks and advantages, packed by a token budget.
+
+A session holds one *turn* per policy call: the prompt's token ids and the ids the policy produced (with
+their log-probabilities under the sampling distribution). Consecutive turns of a session usually nest,
+each prompt being the previous prompt, the previous reply and the tool's answer; such turns share one
+sequence, so a session of six calls trains as one sequence rather than six copies of a growing prompt.
+Where a prompt does not extend the sequence (history dropped to fit, a reply re-tokenised differently),
+a new sequence starts. Only policy tokens are trained: `loss_mask` is set on the ids a turn produced
+and nowhere else (system prompt, request, tool output, padding).
+
+Expert sessions carry no tokens. `demonstration_turns` renders them as the conversation the policy would
+have seen and the JSON actions it should have written, with the same prompt functions the rollouts use.
+
+Batches are packed to a token budget: sequences are sorted longest first and each goes into the first
+micro-batch whose padded size (rows x longest row) stays within the budget (first-fit decreasing), so
+similar lengths share a micro-batch and little is padding. Every policy token weighs the same in the
+loss (token-level mean over the whole batch), so a session weighs in proportion to its policy tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from sessionrl.orchestrator.results import StepIds
+from sessionrl.policy.llm import final_action, tool_action, tool_message
+from sessionrl.session.model import CallStatus, Message, Session, ToolCall
+from sessionrl.train.losses import group_advantages
+
+
+class ChatEncoder(Protocol):
+    """Turns conversations and replies into token ids exactly as the policy does when it samples."""
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Ids of the prompt that asks for the assistant's next reply."""
+        ...
+
+    def encode_reply(self, text: str) -> list[int]:
+        """Ids of a reply as the policy would write it, its stop token included."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One policy call: its prompt, what it produced, and what that earned.
+
+    `logprobs` are the sampling-time log-probabilities of `completion` (None for demonstrations).
+    """
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    advantage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSequence:
+    """One training sequence; every per-token field has the length of `input_ids`.
+
+    `old_logprobs` and `advantages` are 0 where `loss_mask` is unset.
+    """
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[bool, ...]
+    old_logprobs: tuple[float, ...]
+    advantages: tuple[float, ...]
+    session_id: str = ""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def policy_tokens(self) -> int:
+        """How many tokens the loss counts."""
+        return sum(self.loss_mask)
+
+
+def merge_turns(turns: Sequence[Turn], session_id: str = "") -> list[TokenSequence]:
+    """The turns of one session as few sequences: a turn whose prompt extends the current sequence joins it.
+
+    >>> a = Turn(prompt=(1, 2), completion=(3,), logprobs=(-0.5,), advantage=1.0)
+    >>> b = Turn(prompt=(1, 2, 3, 4), completion=(5, 6), logprobs=(-0.1, -0.2), advantage=1.0)
+    >>> (seq,) = merge_turns([a, b])
+    >>> seq.input_ids, seq.loss_mask
+    ((1, 2, 3, 4, 5, 6), (False, False, True, False, True, True))
+    """
+    sequences: list[TokenSequence] = []
+    ids: list[int] = []
+    mask: list[bool] = []
+    old: list[float] = []
+    adv: list[float] = []
+    for turn in turns:
+        if not (ids and len(turn.prompt) >= len(ids) and tuple(ids) == turn.prompt[: len(ids)]):
+            if ids:
+                sequences.append(TokenSequence(tuple(ids), tuple(mask), tuple(old), tuple(adv), session_id))
+            ids, mask, old, adv = [], [], [], []
+        context = turn.prompt[len(ids) :]
+        ids += context
+        mask += [False] * len(context)
+        old += [0.0] * len(context)
+        adv += [0.0] * len(context)
+        ids += turn.completion
+        mask += [True] * len(turn.completion)
+        old += list(turn.logprobs) if turn.logprobs is not None else [0.0] * len(turn.completion)
+        adv += [turn.advantage] * len(turn.completion)
+    if ids:
+        sequences.append(TokenSequence(tuple(ids), tuple(mask), tuple(old), tuple(adv), session_id))
+    return sequences
+
+
+def policy_turns(session: Session, advantages: Mapping[str, float]) -> list[Turn]:
+    """The session's own policy calls (those with token ids), each with its advantage by call id."""
+    return [
+        Turn(
+            prompt=call.prompt_token_ids,
+            completion=call.token_ids,
+            logprobs=call.logprobs,
+            advantage=advantages.get(call.call_id, 0.0),
+        )
+        for call in session.llm_calls
+        if call.prompt_token_ids is not None and call.token_ids
+    ]
+
+
+def call_message(call: ToolCall, max_chars: int) -> Message:
+    """The tool message an agent reads after `call` (the same text a rollout shows)."""
+    return tool_message(
+        ok=call.status == CallStatus.SUCCESS,
+        output=call.output,
+        error_code=call.error_code,
+        error_message=call.error_message,
+        max_chars=max_chars,
+    )
+
+
+def demonstration_turns(
+    session: Session, system: str, encoder: ChatEncoder, max_tool_chars: int
+) -> list[Turn]:
+    """An expert session as the turns a policy should produce: one JSON action per tool call, then the
+    final answer, each prompted with the conversation so far (`system` is the rollouts' system prompt)."""
+    messages = [Message(role="system", content=system), Message(role="user", content=session.user_query)]
+    turns: list[Turn] = []
+    for call in session.tool_calls:
+        action = tool_action(call.tool, call.params)
+        turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(action))))
+        messages += [Message(role="assistant", content=action), call_message(call, max_tool_chars)]
+    if session.final_output is not None:
+        answer = final_action(session.final_output.text)
+        turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(answer))))
+    return turns
+
+
+# advantages
+
+
+def session_advantages(rewards: Mapping[str, float], groups: Mapping[str, str]) -> dict[str, float]:
+    """GRPO advantages by session id: each reward against the mean and std of its group's rewards.
+
+    >>> adv = session_advantages({"a": 1.0, "b": 0.0, "c": 5.0}, {"a": "g", "b": "g", "c": "h"})
+    >>> round(adv["a"], 3), round(adv["b"], 3), adv["c"]
+    (1.0, -1.0, 0.0)
+    """
+    ids = list(rewards)
+    labels = {name: i for i, name in enumerate(dict.fromkeys(groups[s] for s in ids))}
+    values = torch.tensor([rewards[s] for s in ids], dtype=torch.float64)
+    group_ids = torch.tensor([labels[groups[s]] for s in ids])
+    adv = group_advantages(values, group_ids) if ids else values
+    return {s: float(a) for s, a in zip(ids, adv.tolist(), strict=True)}
+
+
+def call_advantages(
+    session: Session, advantage: float, step_rewards: Mapping[str, float], step_coef: float
+) -> dict[str, float]:
+    """Advantage of each policy call of a session: the session's, plus `step_coef` times the step reward
+    credited to the call or to the tool call it chose (the two share the orchestrator's step id)."""
+    out = {}
+    for call in session.llm_calls:
+        base = call.call_id.removeprefix("l_")
+        step = step_rewards.get(call.call_id, 0.0) + step_rewards.get(StepIds(base).call, 0.0)
+        out[call.call_id] = advantage + step_coef * step
+    return out
+
+
+def lag(session: Session, version: int) -> int:
+    """How many versions behind `version` the oldest policy call of `session` was sampled."""
+    versions = [c.policy_version for c in session.llm_calls if c.policy_version is not None]
+    return version - min(versions) if versions else 0
+
+
+# packing
+
+
+def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped into micro-batches whose padded size (rows x longest) stays within `budget`.
+
+    First-fit decreasing: longest first, each into the first micro-batch it fits. A sequence longer
+    than the budget gets a micro-batch of its own.
+
+    >>> pack([5, 2, 4, 3], budget=8)
+    [[0], [2, 3], [1]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    widths: list[int] = []
+    for i in order:
+        for b, width in enumerate(widths):
+            if (len(batches[b]) + 1) * width <= budget:
+                batches[b].append(i)
+                break
+        else:
+            batches.append([i])
+            widths.append(lengths[i])
+    return batches
+
+
+def fixed_batches(count: int, size: int) -> list[list[int]]:
+    """Indices in arrival order, `size` per micro-batch (the usual fixed-count batching, for comparison).
+
+    >>> fixed_batches(5, 2)
+    [[0, 1], [2, 3], [4]]
+    """
+    return [list(range(start, min(start + size, count))) for start in range(0, count, size)]
+
+
+def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of the padded token slots that hold padding: ``1 - Σ len / Σ rows·longest``.
+
+    >>> padding_fraction([4, 2], [[0, 1]])  # 6 real tokens in 2 x 4 slots
+    0.25
+    """
+    slots = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    return 1.0 - sum(lengths[i] for b in batches for i in b) / slots if slots else 0.0
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Right-padded tensors of some sequences, all ``[B, T]``; `attention_mask` marks real tokens."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+
+    @property
+    def policy_tokens(self) -> int:
+        """How many tokens the loss counts in this micro-batch."""
+        return int(self.loss_mask.sum().item())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch on `device`."""
+        return MicroBatch(*(t.to(device) for t in self._tensors()))
+
+    def _tensors(self) -> tuple[Tensor, ...]:
+        return (self.input_ids, self.attention_mask, self.loss_mask, self.old_logprobs, self.advantages)
+
+
+def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
+    """Right-pad `sequences` into one micro-batch."""
+    width = max(len(s) for s in sequences)
+    shape = (len(sequences), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    loss = torch.zeros(shape, dtype=torch.bool)
+    old = torch.zeros(shape, dtype=torch.float32)
+    adv = torch.zeros(shape, dtype=torch.float32)
+    for row, s in enumerate(sequences):
+        n = len(s)
+        ids[row, :n] = torch.tensor(s.input_ids)
+        attention[row, :n] = 1
+        loss[row, :n] = torch.tensor(s.loss_mask)
+        old[row, :n] = torch.tensor(s.old_logprobs)
+        adv[row, :n] = torch.tensor(s.advantages)
+    return MicroBatch(ids, attention, loss, old, adv)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One optimiser step's data: its micro-batches and how much of them is padding."""
+
+    micro: tuple[MicroBatch, ...]
+    policy_tokens: int
+    tokens: int
+    padding: float
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        return iter(self.micro)
+
+
+def packed(sequences: Sequence[TokenSequence], budget: int, pad_id: int) -> PackedBatch:
+    """`sequences` packed by `budget` (see `pack`) and collated."""
+    lengths = [len(s) for s in sequences]
+    groups = pack(lengths, budget)
+    micro = tuple(collate([sequences[i] for i in g], pad_id) for g in groups)
+    return PackedBatch(
+        micro=micro,
+        policy_tokens=sum(s.policy_tokens for s in sequences),
+        tokens=sum(lengths),
+        padding=padding_fraction(lengths, groups),
+    )
+
+
+__all__ = [
+    "ChatEncoder",
+    "MicroBatch",
+    "PackedBatch",
+    "TokenSequence",
+    "Turn",
+    "call_advantages",
+    "call_message",
+    "collate",
+    "demonstration_turns",
+    "fixed_batches",
+    "lag",
+    "merge_turns",
+    "pack",
+    "packed",
+    "padding_fraction",
+    "policy_turns",
+    "session_advantages",
+]

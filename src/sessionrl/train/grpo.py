@@ -1,0 +1,112 @@
+"""GRPO: group-relative policy optimisation over sessions.
+
+K sessions attempt the same task with the same policy version; each session's advantage is its reward
+against the mean and std of its group (`losses.group_advantages`), spread over the tokens it produced
+(`sessionrl.train.data.call_advantages`). The update is the PPO clipped surrogate with the log-probabilities
+recorded at sampling time as the old policy, plus an optional KL penalty to a frozen reference (the
+imitation checkpoint) with a decaying coefficient.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from sessionrl.train.data import MicroBatch, PackedBatch, TokenSequence, packed
+from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
+from sessionrl.train.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class GRPOConfig:
+    """Reinforcement-learning settings."""
+
+    lr: float = field(default=5e-4, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    group_size: int = field(default=4, metadata={"help": "sessions per task and policy version (K)"})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε"})
+    epochs: int = field(default=1, metadata={"help": "optimiser steps per batch of sessions"})
+    kl_coef: float = field(default=0.0, metadata={"help": "β of the KL penalty to the reference (0: none)"})
+    kl_decay: float = field(default=1.0, metadata={"help": "β is multiplied by this after every update"})
+    step_coef: float = field(
+        default=0.0, metadata={"help": "weight of per-step rewards in a call's advantage"}
+    )
+    reward: Literal["session", "long_term"] = field(
+        default="long_term", metadata={"help": "which reward of the vector to rank a group by"}
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "sampling temperature the logprobs were taken at"}
+    )
+    token_budget: int = field(default=8192, metadata={"help": "padded tokens per micro-batch"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.group_size < 2 or self.epochs < 1 or self.temperature <= 0:
+            raise ValueError("GRPOConfig needs lr > 0, group_size >= 2, epochs >= 1 and temperature > 0")
+        if self.clip_eps <= 0 or self.kl_coef < 0 or not 0 < self.kl_decay <= 1 or self.token_budget < 16:
+            raise ValueError(
+                "GRPOConfig needs clip_eps > 0, kl_coef >= 0, 0 < kl_decay <= 1, token_budget >= 16"
+            )
+
+
+class GRPOTrainer:
+    """One `step` per batch of scored sessions (as token sequences carrying advantages and old logprobs)."""
+
+    def __init__(self, model: Any, config: GRPOConfig, pad_id: int, reference: Any | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.optimizer = build_optimizer(model, config.lr, config.weight_decay)
+        self.reference = reference
+        if config.kl_coef > 0 and reference is None:
+            self.reference = frozen_copy(model)
+        self.updates = 0
+        """Optimiser steps taken; the KL coefficient decays with it."""
+
+    @property
+    def beta(self) -> float:
+        """The KL coefficient now."""
+        return decaying_beta(self.updates, self.config.kl_coef, self.config.kl_decay)
+
+    def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+        """Clipped policy-gradient loss (plus β·KL to the reference) over the micro-batch's policy tokens."""
+        logp = token_logprobs(self.model, micro, self.config.temperature)
+        pg = clipped_pg_loss(
+            logp, micro.old_logprobs, micro.advantages, micro.loss_mask, self.config.clip_eps
+        )
+        parts = {"pg_loss": pg.loss.item(), "clip_fraction": pg.clip_fraction, "approx_kl": pg.approx_kl}
+        loss = pg.loss
+        if self.reference is not None and self.beta > 0:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference, micro, self.config.temperature)
+            kl = kl_penalty(logp, ref, micro.loss_mask)
+            loss = loss + self.beta * kl
+            parts["kl_ref"] = kl.item()
+        return loss, parts
+
+    def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
+        """`config.epochs` optimiser steps on `sequences`; returns the last step's statistics."""
+        batch = packed(sequences, self.config.token_budget, self.pad_id)
+        return [self._update(batch) for _ in range(self.config.epochs)][-1]
+
+    def _update(self, batch: PackedBatch) -> UpdateStats:
+        stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+        self.updates += 1
+        return stats
+
+
+def frozen_copy(model: Any) -> Any:
+    """A copy of `model` with gradients off, in eval mode (the KL reference)."""
+    reference = copy.deepcopy(model)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "frozen_copy"]

@@ -1,0 +1,56 @@
+"""Supervised fine-tuning (imitation): raise the likelihood of the expert's actions, token by token.
+
+The data are expert sessions rendered as the turns a policy should produce
+(`sessionrl.train.data.demonstration_turns`); only the action tokens are trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from sessionrl.train.data import MicroBatch, TokenSequence, packed
+from sessionrl.train.losses import masked_mean
+from sessionrl.train.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class SFTConfig:
+    """Imitation settings."""
+
+    lr: float = field(default=2e-3, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    steps: int = field(default=60, metadata={"help": "optimiser steps of the imitation stage"})
+    batch_sessions: int = field(default=16, metadata={"help": "demonstration sessions per optimiser step"})
+    token_budget: int = field(default=8192, metadata={"help": "padded tokens per micro-batch"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.steps < 0 or self.batch_sessions < 1 or self.token_budget < 16:
+            raise ValueError("SFTConfig needs lr > 0, steps >= 0, batch_sessions >= 1 and token_budget >= 16")
+
+
+class SFTTrainer:
+    """Cross-entropy on policy tokens; one `step` is one optimiser step over a batch of sequences."""
+
+    def __init__(self, model: Any, config: SFTConfig, pad_id: int) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.optimizer = build_optimizer(model, config.lr, config.weight_decay)
+
+    def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+        """Mean negative log-likelihood of the micro-batch's policy tokens."""
+        nll = -masked_mean(token_logprobs(self.model, micro), micro.loss_mask)
+        return nll, {}
+
+    def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
+        """One optimiser step on `sequences`, packed by the token budget."""
+        batch = packed(sequences, self.config.token_budget, self.pad_id)
+        return accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+
+
+__all__ = ["SFTConfig", "SFTTrainer"]
