@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -77,12 +78,23 @@ def write_v1_session(path: Path, sid: str, root_goal: str, subgoals: list[str]) 
 
     The log has the session's creation and its v1 plan; the materialised document is v1 throughout.
     """
-    create = {"user_query": "old question", "session_id": sid, "tags": [], "metadata": {}}
-    created = {"type": "session_created", "event_id": f"{sid}.e1", "at": V1_AT, "session_id": sid}
+    create: dict[str, Any] = {"user_query": "old question", "session_id": sid, "tags": [], "metadata": {}}
+    created: dict[str, Any] = {
+        "type": "session_created",
+        "event_id": f"{sid}.e1",
+        "at": V1_AT,
+        "session_id": sid,
+    }
     created |= {"trace_id": "0" * 31 + "1", "create": create}
-    plan = {"root_goal": root_goal, "subgoals": subgoals}
-    plan_set = {"type": "plan_set", "event_id": f"{sid}.e2", "at": V1_AT, "plan": plan}
-    head = {"session_id": sid, "trace_id": created["trace_id"], "scenario": None, "tags": [], "user_id": None}
+    plan: dict[str, Any] = {"root_goal": root_goal, "subgoals": subgoals}
+    plan_set: dict[str, Any] = {"type": "plan_set", "event_id": f"{sid}.e2", "at": V1_AT, "plan": plan}
+    head: dict[str, Any] = {
+        "session_id": sid,
+        "trace_id": created["trace_id"],
+        "scenario": None,
+        "tags": [],
+        "user_id": None,
+    }
     head |= {"user_query": "old question", "metadata": {}, "created_at": V1_AT, "updated_at": V1_AT}
     shards = {
         "plan": {"plan": plan},

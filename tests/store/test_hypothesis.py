@@ -108,7 +108,7 @@ def next_event(draw: st.DrawFn, session: Session) -> Event | None:
         return feedback(draw, session)
     if kind == "patch":
         return SessionPatched(patch=SessionPatch(tags=draw(st.none() | st.tuples(TEXT))), at=draw(TIMES))
-    builders = {"tool": tool_call, "llm": llm_call, "plan": plan_set}
+    builders: dict[str, Callable[[st.DrawFn], Event]] = {"tool": tool_call, "llm": llm_call, "plan": plan_set}
     event_type = {"tool": "tool_call", "llm": "llm_call", "plan": "plan_set", "output": "output_set"}[kind]
     if not accepts(session.state, event_type):
         return None

@@ -103,7 +103,7 @@ def test_every_filter_matches_what_the_sessions_say(traffic: SessionStore, sessi
     ]
     for filters, predicate in cases:
         expected = {s.session_id for s in sessions if predicate(s)}
-        got = {r.session_id for r in traffic.query(SessionQuery(limit=1000, **filters))}  # type: ignore[arg-type]
+        got = {r.session_id for r in traffic.query(SessionQuery(limit=1000, **filters))}
         assert got == expected, filters
         assert 0 < len(expected) < len(sessions), filters  # each case really filters
 

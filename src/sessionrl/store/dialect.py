@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from sessionrl.errors import InvalidEvent
 
@@ -112,7 +113,7 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     finished_at TEXT NOT NULL,
     PRIMARY KEY (session_id, call_id)
 );
-CREATE INDEX IF NOT EXISTS tool_calls_tool ON tool_calls (tool, status, session_id);
+CREATE INDEX IF NOT EXISTS tool_calls_tool ON tool_calls (tool, session_id, status);
 CREATE TABLE IF NOT EXISTS llm_calls (
     session_id TEXT NOT NULL,
     call_id TEXT NOT NULL,
@@ -226,7 +227,7 @@ class Database:
         if location.path is None:
             self.reader, self.reader_lock = self.writer, self.lock
         else:
-            self.reader = _connect(f"file:{location.path}?mode=ro", uri=True)
+            self.reader = _connect(f"{Path(location.path).resolve().as_uri()}?mode=ro", uri=True)
             self.reader_lock = threading.RLock()
 
     def _create_tables(self) -> None:
