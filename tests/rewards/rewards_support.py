@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sessionrl.session import (
     Anchor,
@@ -85,7 +86,7 @@ def feedback(
     )
 
 
-def build(
+def events(
     tools: Sequence[ToolCall] = (),
     fb: Sequence[Feedback] = (),
     *,
@@ -94,22 +95,25 @@ def build(
     scenario: str | None = "demo",
     answer: bool = True,
     session_id: str = "s1",
-) -> Session:
-    """Fold a finished session from its parts."""
+) -> list[Event]:
+    """The events of a finished session built from its parts."""
     create = SessionCreate(user_query="q", session_id=session_id, scenario=scenario)
-    events: list[Event] = [SessionCreated(session_id=session_id, trace_id="ab" * 16, create=create, at=T0)]
-    events.append(StateChanged(state=SessionState.EXECUTING, at=at(0.5)))
+    log: list[Event] = [SessionCreated(session_id=session_id, trace_id="ab" * 16, create=create, at=T0)]
+    log.append(StateChanged(state=SessionState.EXECUTING, at=at(0.5)))
     if plan is not None:
-        events.append(PlanSet(plan=plan, at=at(0.6)))
-    events += [ToolCallRecorded(call=c, at=c.finished_at) for c in tools]
-    events += [LLMCallRecorded(call=c, at=c.finished_at) for c in llm]
+        log.append(PlanSet(plan=plan, at=at(0.6)))
+    log += [ToolCallRecorded(call=c, at=c.finished_at) for c in tools]
+    log += [LLMCallRecorded(call=c, at=c.finished_at) for c in llm]
     if answer:
-        events.append(
-            OutputSet(output=FinalOutput(text="a", claims=(Claim(text="a", call_ids=()),)), at=at(50))
-        )
-    events.append(StateChanged(state=SessionState.FINISHED, at=at(60)))
-    events += [FeedbackAdded(feedback=f, at=f.received_at) for f in fb]
-    return fold(events)
+        log.append(OutputSet(output=FinalOutput(text="a", claims=(Claim(text="a", call_ids=()),)), at=at(50)))
+    log.append(StateChanged(state=SessionState.FINISHED, at=at(60)))
+    log += [FeedbackAdded(feedback=f, at=f.received_at) for f in fb]
+    return log
+
+
+def build(*args: Any, **kwargs: Any) -> Session:
+    """Fold a finished session from its parts (the arguments of `events`)."""
+    return fold(events(*args, **kwargs))
 
 
 def plan_of(*goals: tuple[str, str | None]) -> Plan:

@@ -9,6 +9,7 @@ import pytest
 from rewards_support import build, tool
 
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
+from sessionrl.rewards.judge import Severity
 from sessionrl.rewards.rules import RuleFileError
 from sessionrl.rewards.source import RuleSource
 from sessionrl.session import CallStatus
@@ -120,7 +121,7 @@ def test_a_penalty_table_edit_is_picked_up(tmp_path: Path, rule_file: Path) -> N
     write(table, shipped.replace("high: -0.2}", "high: -0.4}", 1), 2)
     after = source.current()
     assert after.version != before
-    assert after.penalties.default_penalties["high"] == -0.4
+    assert after.penalties.default_penalties[Severity.HIGH] == -0.4
 
 
 def test_the_first_load_must_succeed(tmp_path: Path) -> None:

@@ -118,7 +118,9 @@ def test_assembly_with_normalisation(tmp_path: Path) -> None:
     stats = {"completion": RunningStats().update(0.0).update(-2.0)}  # mean -1, variance 1
     v = assemble(session, rules, results, stats, T0)
     layer = v.layers["completion"]
-    assert (layer.raw, layer.normalised, layer.scale) == (-1.0, pytest.approx(0.0), pytest.approx(1.0))
+    assert layer.raw == -1.0
+    assert layer.normalised == pytest.approx(0.0)  # (-1 - -1) / 1
+    assert layer.scale == pytest.approx(1.0)
     assert v.step_rewards == pytest.approx({"t1": 2.0 * -1.0 / 1.0})  # w · a / σ, not centred
     high = assemble(session, rules, [fixed("a", TermKind.RULE, "completion", 9.0, {})], stats, T0)
     assert high.layers["completion"].normalised == 2.0  # (9 + 1) / 1 = 10, clipped to clip = 2

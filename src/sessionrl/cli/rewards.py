@@ -35,6 +35,9 @@ Stats = Annotated[
         "--stats", help="Layer statistics file [default: <rules>.stats.json or runs/reward_stats.json]"
     ),
 ]
+Contracts = Annotated[
+    Path | None, typer.Option("--contracts", help="Folder of skill contracts (SLA p95 = latency budget).")
+]
 JudgeBackend = Annotated[Backend, typer.Option("--judge", help="Comment judge backend.")]
 JudgeModel = Annotated[Path | None, typer.Option("--judge-model", help="Local model folder (--judge hf).")]
 JudgeUrl = Annotated[str | None, typer.Option("--judge-url", help="Endpoint root (--judge openai).")]
@@ -45,13 +48,19 @@ def _db(db: str | None) -> str:
 
 
 def _engine(
-    rules: Path | None, stats: Path | None, judge: Backend, model: Path | None, url: str | None
+    rules: Path | None,
+    stats: Path | None,
+    contracts: Path | None,
+    judge: Backend,
+    model: Path | None,
+    url: str | None,
 ) -> RewardEngine:
     """An engine from the command-line options; bad options and bad rule files exit with their message."""
     stats_path = stats or (rules.with_suffix(".stats.json") if rules is not None else DEFAULT_STATS)
     try:
         judge_config = JudgeConfig(backend=judge, model_path=model, base_url=url)
-        return RewardEngine(RewardConfig(rules=rules, stats_path=stats_path, judge=judge_config))
+        config = RewardConfig(rules=rules, stats_path=stats_path, contracts=contracts, judge=judge_config)
+        return RewardEngine(config)
     except (ValueError, SessionRLError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -79,13 +88,14 @@ def score(
     db: Db = None,
     rules: Rules = None,
     stats: Stats = None,
+    contracts: Contracts = None,
     judge: JudgeBackend = Backend.OFFLINE,
     judge_model: JudgeModel = None,
     judge_url: JudgeUrl = None,
 ) -> None:
     """Score every finished session of the store; a session gets a new reward version only if it changed."""
     console = Console()
-    engine = _engine(rules, stats, judge, judge_model, judge_url)
+    engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
     stored: list[StoredReward] = []
     with SessionStore.open(_db(db)) as store, _progress(console, "score") as bar:
         ids = store.session_ids(SessionState.FINISHED)
@@ -105,6 +115,7 @@ def rescore(
     db: Db = None,
     rules: Rules = None,
     stats: Stats = None,
+    contracts: Contracts = None,
     judge: JudgeBackend = Backend.OFFLINE,
     judge_model: JudgeModel = None,
     judge_url: JudgeUrl = None,
@@ -115,7 +126,7 @@ def rescore(
     except ValueError as exc:
         raise typer.BadParameter(f"--since: {exc}; use e.g. 2025-03-01T12:00:00Z") from exc
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    engine = _engine(rules, stats, judge, judge_model, judge_url)
+    engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
     with SessionStore.open(_db(db)) as store:
         stored = engine.rescore(store, moment)
     _summary(Console(), stored, engine.ruleset.version)

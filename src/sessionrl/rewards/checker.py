@@ -14,10 +14,11 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 
 from sessionrl.errors import SessionRLError
 from sessionrl.rewards.judge.runner import JudgeRunner
-from sessionrl.rewards.judge.table import load_penalty_table
+from sessionrl.rewards.judge.table import PenaltyTable, load_penalty_table
 from sessionrl.rewards.terms import ScoringContext, TermFn, TermResult
 from sessionrl.session.codec import digest
 from sessionrl.session.events import fold
@@ -36,12 +37,12 @@ def sample_sessions(n: int = 40, seed: int = 7) -> list[Session]:
     return [fold(session_events(seed, i)) for i in range(n)]
 
 
-def default_context() -> ScoringContext:
-    """A context with the shipped penalty table, the offline judge and a known best step count."""
+def default_context(penalties: PenaltyTable | None = None) -> ScoringContext:
+    """A fresh context with the (shipped) penalty table, the offline judge and known best step counts."""
     return ScoringContext(
         now=datetime(2025, 6, 1, tzinfo=UTC),
         best_steps={"clinical_triage": 3, "customer_service": 2, "finance_research": 3},
-        penalties=load_penalty_table(),
+        penalties=penalties or load_penalty_table(),
         judge=JudgeRunner(),
     )
 
@@ -49,11 +50,17 @@ def default_context() -> ScoringContext:
 def check_reward_term(
     term: TermFn,
     sessions: Sequence[Session] | None = None,
-    context: Callable[[], ScoringContext] = default_context,
+    context: Callable[[], ScoringContext] | None = None,
 ) -> None:
-    """Raise `TermCheckError` at the first way `term` breaks the contract, on any of `sessions`."""
+    """Raise `TermCheckError` at the first way `term` breaks the contract, on any of `sessions`.
+
+    `context` makes a fresh context per call (default: `default_context` around the shipped table).
+    """
     name = getattr(term, "__name__", type(term).__name__)
     check_signature(term, name)
+    if context is None:
+        table = load_penalty_table()
+        context = partial(default_context, table)
     for session in sessions if sessions is not None else sample_sessions():
         before = digest(session)
         result = term(session, context())

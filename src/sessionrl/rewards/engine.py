@@ -24,6 +24,7 @@ from sessionrl.rewards.rules import RuleSet
 from sessionrl.rewards.source import RuleSource
 from sessionrl.rewards.stats import StatsBook
 from sessionrl.rewards.terms import (
+    Params,
     RatingPredictor,
     ScoringContext,
     Term,
@@ -33,6 +34,7 @@ from sessionrl.rewards.terms import (
 )
 from sessionrl.rewards.vector import RewardVector, assemble
 from sessionrl.session.model import Session, utcnow
+from sessionrl.skills.contract import load_contracts
 from sessionrl.store import SessionStore
 from sessionrl.store.documents import iso
 
@@ -44,6 +46,9 @@ class RewardConfig(BaseModel):
 
     rules: Path | None = Field(default=None, description="Rule file (YAML); the shipped rules when unset.")
     stats_path: Path | None = Field(default=None, description="JSON file of layer stats; memory when unset.")
+    contracts: Path | None = Field(
+        default=None, description="Folder of skill contracts; their SLA p95_ms are latency budgets."
+    )
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="How comments are judged.")
     learn: bool = Field(default=True, description="Update layer stats and best step counts when scoring.")
 
@@ -78,6 +83,8 @@ class RewardEngine:
         self.rating_model = rating_model
         self.clock = clock
         self.stats = StatsBook(self.config.stats_path)
+        self.budgets = contract_budgets(self.config.contracts) if self.config.contracts else {}
+        self._merged: dict[str, Params] = {}
 
     @property
     def ruleset(self) -> RuleSet:
@@ -88,12 +95,24 @@ class RewardEngine:
         """A fresh scoring context under `ruleset`."""
         return ScoringContext(
             now=self.clock(),
-            params=ruleset.file,
+            params=self._params(ruleset),
             best_steps=dict(self.stats.get(ruleset.version).best_steps),
             penalties=ruleset.penalties,
             judge=self.judge,
             rating_model=self.rating_model,
         )
+
+    def _params(self, ruleset: RuleSet) -> Params:
+        """The rule file's settings, with contract budgets for tools the file gives no budget."""
+        if not self.budgets:
+            return ruleset.file
+        cached = self._merged.get(ruleset.version)
+        if cached is None:
+            budgets = self.budgets | ruleset.file.latency_budget_ms
+            cached = self._merged[ruleset.version] = ruleset.file.model_copy(
+                update={"latency_budget_ms": budgets}
+            )
+        return cached
 
     def score(self, session: Session) -> RewardVector:
         """The reward vector of a session under the rules in force; learns from it when `config.learn`."""
@@ -157,6 +176,12 @@ class RewardEngine:
     def save_stats(self) -> None:
         """Persist layer statistics and best step counts (when a stats file is configured)."""
         self.stats.save()
+
+
+def contract_budgets(folder: Path) -> dict[str, float]:
+    """p95 latency budgets (ms) of the skill contracts in a folder, by skill name."""
+    contracts = load_contracts(folder)
+    return {name: c.sla.p95_ms for name, c in contracts.items() if c.sla.p95_ms is not None}
 
 
 FEEDBACK_EVENT = "feedback"

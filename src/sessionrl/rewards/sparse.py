@@ -89,8 +89,8 @@ def _number(value: object) -> float:
 class RewardModelConfig:
     """Gradient boosting settings and the held-out split."""
 
-    n_estimators: int = 150
-    max_depth: int = 3
+    n_estimators: int = 100
+    max_depth: int = 2
     learning_rate: float = 0.05
     test_fraction: float = 0.25
     """Share of rated sessions held out for the report."""

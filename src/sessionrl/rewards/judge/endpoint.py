@@ -36,11 +36,11 @@ class EndpointJudge:
             response.raise_for_status()
             content = response.json()["choices"][0]["message"]["content"]
         except httpx.HTTPError as exc:
-            raise JudgeError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise JudgeError(f"{type(exc).__name__}: {exc}") from exc
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise JudgeError(f"{self.name}: unexpected response body: {exc!r}") from exc
+            raise JudgeError(f"unexpected response body: {exc!r}") from exc
         if not isinstance(content, str):
-            raise JudgeError(f"{self.name}: message content is not text")
+            raise JudgeError("message content is not text")
         return parse_reply(content)
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ class HFJudge:
             new_tokens = out[0, inputs["input_ids"].shape[1] :]
             return str(tokenizer.decode(new_tokens, skip_special_tokens=True))
         except Exception as exc:  # a third-party model can fail in many ways; all of them mean "fall back"
-            raise JudgeError(f"{self.name}: generation failed: {exc}") from exc
+            raise JudgeError(f"generation failed: {exc}") from exc
 
     def _load(self) -> tuple[Any, Any]:
         if self._loaded is None:
@@ -69,5 +69,5 @@ class HFJudge:
 
                 self._loaded = load_policy(self.path)
             except Exception as exc:  # missing files, bad config, unknown architecture
-                raise JudgeError(f"{self.name}: cannot load the model: {exc}") from exc
+                raise JudgeError(f"cannot load the model: {exc}") from exc
         return self._loaded

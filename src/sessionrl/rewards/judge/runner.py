@@ -100,7 +100,8 @@ class JudgeRunner:
         try:
             result = Judgement(self.backend.extract(comment, table), self.backend.name)
         except JudgeError as exc:
-            return Judgement(self.offline.extract(comment, table), self.offline.name, fallback=str(exc))
+            reason = f"{self.backend.name} failed: {exc}"
+            return Judgement(self.offline.extract(comment, table), self.offline.name, fallback=reason)
         self._remember(key, result)
         return result
 
