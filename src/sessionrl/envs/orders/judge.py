@@ -40,12 +40,13 @@ def normal_text(text: str) -> str:
 
 
 def said(fact: str, message: str) -> bool:
-    """True when `fact` appears in `message` as a whole token run (both folded by `normal_text`).
+    """True when `fact` appears in `message` (both folded by `normal_text`), not inside a longer word or
+    number: no ASCII letter or digit touches it, and a number is not cut from a longer decimal.
 
     >>> said("23.4", "we refunded 23.40 yuan"), said("23.40", "we refunded 23.40 yuan")
     (False, True)
     """
-    pattern = rf"(?<![\w.]){re.escape(normal_text(fact))}(?![\w]|\.\d)"
+    pattern = rf"(?<![A-Za-z0-9_.]){re.escape(normal_text(fact))}(?![A-Za-z0-9_]|\.\d)"
     return re.search(pattern, normal_text(message)) is not None
 
 
