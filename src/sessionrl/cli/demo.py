@@ -37,10 +37,10 @@ SELECT tool, COUNT(*) AS calls,
        SUM(status <> 'success') AS failed,
        ROUND(AVG(status <> 'success'), 4) AS failure_rate,
        SUM(status = 'timeout') AS timeouts,
-       SUM(error_code = 'invalid_params') AS bad_params
+       SUM(status = 'error') AS errors
 FROM tool_calls GROUP BY tool ORDER BY failure_rate DESC, tool
 """
-"""Per-tool failure rate, split into timeouts and bad parameters."""
+"""Per-tool failure rate, split into timeouts and errors (both read from the `(tool, status)` index)."""
 
 RATINGS_SQL = """
 SELECT s.scenario,
