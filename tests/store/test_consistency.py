@@ -10,7 +10,7 @@ import pytest
 
 from sessionrl.session import SessionCreate, fold
 from sessionrl.session.codec import digest
-from sessionrl.store import SessionStore, consistency
+from sessionrl.store import SessionStore
 from sessionrl.store.synthetic import ingest
 
 
@@ -120,8 +120,13 @@ def test_an_archive_is_compared_by_digest(traffic: SessionStore) -> None:
     assert report.repaired == ()  # the store does not rewrite the archive
 
 
-def test_sessions_waiting_for_projection_are_not_drift(store: SessionStore) -> None:
-    store.create(SessionCreate(user_query="q", session_id="fresh"))
-    report = consistency.check(store._db, repair=False, archive=None)
+def test_sessions_waiting_for_projection_are_not_drift_and_a_check_writes_nothing(
+    file_store: SessionStore, db_path: Path
+) -> None:
+    file_store.create(SessionCreate(user_query="q", session_id="fresh"))
+    report = file_store.consistency_check()
     assert report.clean
     assert report.sessions == 1
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (0,)
+    conn.close()

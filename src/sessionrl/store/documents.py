@@ -31,8 +31,10 @@ SHARDS: dict[str, set[str]] = {
 }
 """The session fields each shard row holds."""
 
-HEAD_FIELDS = {"session_id", "trace_id", "scenario", "tags", "user_id", "user_query", "metadata"}
-HEAD_FIELDS |= {"created_at", "updated_at"}
+HEAD_FIELDS = {
+    *("session_id", "trace_id", "scenario", "tags", "user_id", "user_query", "metadata"),
+    *("created_at", "updated_at"),
+}
 """Session fields kept in the head row's document (state and versions have columns of their own)."""
 
 

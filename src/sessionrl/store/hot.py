@@ -28,7 +28,8 @@ from sessionrl.errors import InvalidEvent, NotFound, SessionRLError, StaleState
 from sessionrl.session.events import created
 from sessionrl.session.model import Session, SessionCreate, SessionState, utcnow
 from sessionrl.session.schema import load_session
-from sessionrl.store import consistency, projector, query
+from sessionrl.store import consistency, projector
+from sessionrl.store import query as queries
 from sessionrl.store.consistency import ConsistencyReport, DigestSource
 from sessionrl.store.dialect import Database, parse_url
 from sessionrl.store.documents import chunks, decode_event, iso, read_documents
@@ -205,20 +206,20 @@ class SessionStore:
         """Sessions matching typed filters (see `SessionQuery`), from the query tables."""
         self.project()
         with self._db.snapshot() as conn:
-            return query.select_rows(conn, q)
+            return queries.select_rows(conn, q)
 
     def count(self, q: SessionQuery) -> int:
         """How many sessions match `q` (its order, limit and offset are ignored)."""
         self.project()
         with self._db.snapshot() as conn:
-            return query.count(conn, q)
+            return queries.count(conn, q)
 
     def fraction(self, of: SessionQuery, having: SessionQuery) -> float:
         """Of the sessions matching `of`, the fraction that also match `having` (0.0 when none match `of`)."""
         self.project()
         with self._db.snapshot() as conn:
-            whole = query.count(conn, of)
-            part = query.count(conn, of, having)
+            whole = queries.count(conn, of)
+            part = queries.count(conn, of, having)
         return part / whole if whole else 0.0
 
     def sql(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
@@ -281,10 +282,10 @@ class SessionStore:
     ) -> ConsistencyReport:
         """Compare the log with the materialised sessions, the query tables and (if given) an archive.
 
-        With `repair=True`, sessions that drifted from their log are rebuilt from it (see
-        `sessionrl.store.consistency`).
+        Sessions still waiting in the outbox are not compared with the query tables (they are behind,
+        not wrong). Without `repair` nothing is written; with `repair=True`, sessions that drifted
+        from their log are rebuilt from it (see `sessionrl.store.consistency`).
         """
-        self.project()
         report = consistency.check(self._db, repair=repair, archive=archive)
         for sid in report.repaired:
             self._cache.drop(sid)
