@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,17 @@ def test_typed_filters_select_what_they_say(db: str, sessions: list[Session]) ->
         if s.scenario == "clinical_triage"
         and any(f.type == "human_rating" and (f.score or 0) <= 2 for f in s.feedback)
     }
+
+
+def test_tag_and_time_filters(db: str, sessions: list[Session]) -> None:
+    cut = datetime(2025, 3, 20, tzinfo=UTC)
+    rows = json_lines(
+        run("sessions", "query", "--db", db, "--tag", "clinic", "--tag", "triage",
+            "--created-after", "2025-03-20T00:00:00", "--limit", "1000", "--json")
+    )  # fmt: skip
+    expected = {s.session_id for s in sessions if s.scenario == "clinical_triage" and s.created_at >= cut}
+    assert expected
+    assert {r["session_id"] for r in rows} == expected
 
 
 def test_sql_is_read_only_and_exclusive_with_filters(db: str) -> None:
