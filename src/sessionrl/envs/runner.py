@@ -265,9 +265,9 @@ def run_many(
 ) -> RunSummary:
     """Run `agent` on the first `n` tasks of `split` (all with None), `concurrency` at a time, into `store`.
 
-    Runs its own event loop, so call it from synchronous code. Each task's episode gets
-    `episode_seed(seed, task_id)`. The engine's plan limit is raised to the longest plan of the batch,
-    since an expert's plan is as long as its task needs.
+    Runs its own event loop, so call it from synchronous code; the progress bar goes to stderr. Each
+    task's episode gets `episode_seed(seed, task_id)`. The engine's plan limit is raised to the longest
+    plan of the batch, since an expert's plan is as long as its task needs.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -320,5 +320,4 @@ def _progress(enabled: bool, label: str) -> Progress:
         TimeElapsedColumn(),
         console=Console(stderr=True),
         disable=not enabled,
-        transient=False,
     )
