@@ -134,6 +134,12 @@ def test_tag_and_time_filters(db: str, sessions: list[Session]) -> None:
     assert {r["session_id"] for r in rows} == expected
 
 
+def test_contradictory_filters_are_refused(db: str) -> None:
+    result = run("sessions", "query", "--db", db, "--min-score", "4", "--max-score", "2")
+    assert result.exit_code == 1
+    assert "options: Value error, min_score is greater than max_score" in result.output
+
+
 def test_sql_is_read_only_and_exclusive_with_filters(db: str) -> None:
     refused = run("sessions", "query", "--db", db, "--sql", "DELETE FROM sessions")
     assert refused.exit_code == 1

@@ -69,7 +69,9 @@ def reporting() -> Iterator[None]:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from exc
     except ValidationError as exc:
-        err.print(f"[red]error:[/red] {escape(str(invalid_from(exc)))}")
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "options"
+        err.print(f"[red]error:[/red] {escape(where)}: {escape(first['msg'])}")
         raise typer.Exit(1) from exc
 
 
