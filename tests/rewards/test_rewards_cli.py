@@ -27,9 +27,10 @@ def test_score_then_explain_then_rescore(db: str, tmp_path: Path, monkeypatch: p
     stats = tmp_path / "stats.json"
     with SessionStore.open(db) as store:
         finished = store.session_ids(SessionState.FINISHED)
+        ended = len(finished) + len(store.session_ids(SessionState.REJECTED))
     first = runner.invoke(app, ["score", "--db", db, "--stats", str(stats)])
     assert first.exit_code == 0, first.output
-    assert f"{len(finished)} new reward versions" in first.output
+    assert f"{ended} sessions: {ended} new reward versions" in first.output
     assert stats.exists()
 
     monkeypatch.setenv("SESSIONRL_DB", db)  # --db falls back to the environment
@@ -41,6 +42,10 @@ def test_score_then_explain_then_rescore(db: str, tmp_path: Path, monkeypatch: p
     assert explained.exit_code == 0, explained.output
     for name in ("tool_failure", "human_rating", "judge_correction", "completion", "session reward"):
         assert name in explained.output
+
+    fresh = runner.invoke(app, ["explain", finished[0], "--fresh", "--stats", str(stats)], terminal_width=200)
+    assert fresh.exit_code == 0, fresh.output
+    assert "session reward" in fresh.output
 
     later = runner.invoke(app, ["rescore", "--since", "2025-03-01T00:00:00Z", "--stats", str(stats)])
     assert later.exit_code == 0, later.output

@@ -150,3 +150,12 @@ def test_a_rule_that_breaks_on_real_data_names_rule_item_and_session(tmp_path: P
     ctx = ScoringContext(now=session.updated_at, params=rules.file)
     with pytest.raises(RuleEvalError, match=r"rule 'rating'.*'f9'.*session 's1'"):
         rules.terms[1].fn(session, ctx)
+
+
+def test_one_context_reused_for_two_sessions_does_not_mix_them(tmp_path: Path) -> None:
+    rules = compile_rules(GOOD.encode(), "good", tmp_path)
+    failed = build([tool("t1", "db_query", CallStatus.ERROR)])
+    fine = build([tool("t1", "db_query")])  # same ids, different content
+    ctx = ScoringContext(now=failed.updated_at, params=rules.file)
+    assert rules.terms[0].fn(failed, ctx).value == -2.0
+    assert rules.terms[0].fn(fine, ctx).value == 0.0

@@ -16,7 +16,7 @@ from sessionrl.errors import SessionRLError
 from sessionrl.rewards.engine import RewardConfig, RewardEngine, StoredReward
 from sessionrl.rewards.judge.runner import Backend, JudgeConfig
 from sessionrl.rewards.vector import RewardVector
-from sessionrl.session.model import SessionState
+from sessionrl.session.lifecycle import TERMINAL
 from sessionrl.store import SessionStore
 
 app = typer.Typer(help="Reward shaping: score, explain, re-score.", no_args_is_help=True)
@@ -54,12 +54,16 @@ def _engine(
     judge: Backend,
     model: Path | None,
     url: str | None,
+    *,
+    learn: bool = True,
 ) -> RewardEngine:
     """An engine from the command-line options; bad options and bad rule files exit with their message."""
     stats_path = stats or (rules.with_suffix(".stats.json") if rules is not None else DEFAULT_STATS)
     try:
         judge_config = JudgeConfig(backend=judge, model_path=model, base_url=url)
-        config = RewardConfig(rules=rules, stats_path=stats_path, contracts=contracts, judge=judge_config)
+        config = RewardConfig(
+            rules=rules, stats_path=stats_path, contracts=contracts, judge=judge_config, learn=learn
+        )
         return RewardEngine(config)
     except (ValueError, SessionRLError) as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -93,12 +97,13 @@ def score(
     judge_model: JudgeModel = None,
     judge_url: JudgeUrl = None,
 ) -> None:
-    """Score every finished session of the store; a session gets a new reward version only if it changed."""
+    """Score every session that has ended (finished, rejected or archived); a session gets a new reward
+    version only if it, or the rules, changed since its last one."""
     console = Console()
     engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
     stored: list[StoredReward] = []
     with SessionStore.open(_db(db)) as store, _progress(console, "score") as bar:
-        ids = store.session_ids(SessionState.FINISHED)
+        ids = sorted(sid for state in sorted(TERMINAL) for sid in store.session_ids(state))
         task = bar.add_task("sessions", total=len(ids))
         for session_id in ids:
             stored.append(engine.score_and_store(store, session_id))
@@ -143,12 +148,14 @@ def explain(
         bool, typer.Option("--fresh", help="Score now with the current rules, store nothing.")
     ] = False,
     rules: Rules = None,
+    stats: Stats = None,
+    contracts: Contracts = None,
 ) -> None:
     """Show a session's reward term by term: value, layer, credited steps and why."""
     with SessionStore.open(_db(db)) as store:
         try:
             if fresh:
-                engine = RewardEngine(RewardConfig(rules=rules, learn=False))
+                engine = _engine(rules, stats, contracts, Backend.OFFLINE, None, None, learn=False)
                 vector = engine.score(store.get(session_id))
             else:
                 vector = RewardVector.model_validate(store.reward(session_id, version).vector)

@@ -198,10 +198,10 @@ class RuleTerm:
                 add_steps(steps, anchor_steps(session, item, value))
             elif self.spec.for_each is not Scope.SESSION:
                 add_steps(steps, {key: value})
-        shown = ", ".join(hits[:4]) + (f", +{len(hits) - 4} more" if len(hits) > 4 else "")
-        return TermResult(
-            total, steps, f"fired on {len(hits)}/{seen} {self.spec.for_each}" + (f": {shown}" * bool(hits))
-        )
+        explanation = f"fired on {len(hits)}/{seen} {self.spec.for_each}"
+        if hits:
+            explanation += ": " + ", ".join(hits[:4]) + (f", +{len(hits) - 4} more" if len(hits) > 4 else "")
+        return TermResult(total, steps, explanation)
 
     def _fires(self, variables: cel.Context, session: Session, key: str) -> bool:
         result = self._run(self.when, variables, session, key, "when")
@@ -243,16 +243,22 @@ def _items(scope: Scope, session: Session) -> Iterator[tuple[str, Any]]:
 def _variables(
     scope: Scope, needs: frozenset[str], session: Session, item: Any, key: str, ctx: ScoringContext
 ) -> cel.Context:
-    """The CEL variables of one item, built once per scoring and shared by every rule of the scope."""
+    """The CEL variables of one item, built once per scoring and shared by every rule of the scope.
+
+    The memo belongs to one session: a context handed a different session starts it afresh.
+    """
+    if ctx.memo.get("session") is not session:
+        ctx.memo.clear()
+        ctx.memo["session"] = session
     memo_key = ("cel", scope, key)
     cached = ctx.memo.get(memo_key)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     values: dict[str, Any] = {}
     if "session" in needs:
-        values["session"] = ctx.memo.get("session_view") or ctx.memo.setdefault(
-            "session_view", session_view(session)
-        )
+        if "session_view" not in ctx.memo:
+            ctx.memo["session_view"] = session_view(session)
+        values["session"] = ctx.memo["session_view"]
     if "call" in needs:
         values["call"] = tool_call_view(item) if scope is Scope.TOOL_CALL else llm_call_view(item)
     if "feedback" in needs:
