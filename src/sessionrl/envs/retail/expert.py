@@ -173,12 +173,15 @@ def _add_actions(
         target = action["kwargs"].get("order_id", "user")
         deps = [profile, plan.reads.get(target, profile), last_on.get(target, profile)]
         deps += [plan.reads[p] for p in products]
-        last_on[target] = plan.add(_wording(action, done=False), action["name"], action["kwargs"], deps)
+        step = plan.add(_wording(action, done=False), action["name"], action["kwargs"], deps)
         try:
             TOOLS[action["name"]](db, **action["kwargs"])
-            done.append(_wording(action, done=True))
         except SkillError as error:
+            # a later action on the same order must not wait on one the expert knows will fail
             failed.append(f"I could not {_wording(action, done=False)} ({error.message})")
+            continue
+        last_on[target] = step
+        done.append(_wording(action, done=True))
     return done, failed
 
 
