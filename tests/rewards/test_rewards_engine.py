@@ -169,3 +169,12 @@ def test_contract_sla_budgets_fill_in_where_the_rule_file_has_none() -> None:
     assert sla.steps == {"t1": -0.2}
     without = RewardEngine().score(build(calls))  # default budget 4000 ms for unlisted tools
     assert next(t for t in without.terms if t.name == "sla_breach").steps == {}
+
+
+def test_a_rescored_session_is_counted_once_in_the_stats(engine: RewardEngine, store: SessionStore) -> None:
+    put(store, events([tool("t1")], [feedback(FT.HUMAN_RATING, 2.0)]))
+    engine.score_and_store(store, "s1")
+    store.append("s1", FeedbackAdded(feedback=feedback(FT.TASK_OUTCOME, 1.0), at=at(300)))
+    assert engine.score_and_store(store, "s1").version == 2
+    layers = engine.stats.get(engine.ruleset.version).layers
+    assert layers["experience"].count == 1

@@ -114,14 +114,19 @@ class RewardEngine:
             )
         return cached
 
-    def score(self, session: Session) -> RewardVector:
-        """The reward vector of a session under the rules in force; learns from it when `config.learn`."""
+    def score(self, session: Session, *, learn: bool = True) -> RewardVector:
+        """The reward vector of a session under the rules in force.
+
+        The session is folded into the layer statistics and best step counts when both `learn` and
+        `config.learn` are true (storing passes `learn=False` for sessions it scored before, so a session
+        re-scored after late feedback is not counted twice).
+        """
         ruleset = self.source.current()
         ctx = self.context(ruleset)
         results: list[tuple[Term, TermResult]] = [(t, t.fn(session, ctx)) for t in ruleset.terms]
         learned = self.stats.get(ruleset.version)
         vector = assemble(session, ruleset, results, learned.layers, ctx.now)
-        if self.config.learn:
+        if learn and self.config.learn:
             for name, layer in vector.layers.items():
                 learned.observe_layer(name, layer.raw)
             if succeeded(session):
@@ -140,7 +145,7 @@ class RewardEngine:
             last = history[-1]
             if (last.ruleset_version, last.session_version) == (self.ruleset.version, session.state_version):
                 return StoredReward(session_id, last.version, new=False)
-        vector = self.score(session)
+        vector = self.score(session, learn=not history)
         version = store.save_reward(session_id, vector.model_dump(mode="json"), vector.ruleset_version)
         return StoredReward(session_id, version, new=True)
 
