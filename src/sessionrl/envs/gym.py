@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sessionrl.envs.base import Episode, Split, Task
+from sessionrl.envs.base import DecisionEnv, Episode, Split, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.skills import ManualClock, Skill, SkillContract, SkillError
 from sessionrl.skills.schema import validation_errors, validator_for
@@ -76,25 +76,12 @@ class StructuredEpisode(Episode, Protocol):
         ...
 
 
-class StructuredEnv(Protocol):
-    """A `DecisionEnv` whose episodes are `StructuredEpisode`s and which names its features."""
-
-    @property
-    def name(self) -> str:
-        """A short identifier of the domain."""
-        ...
+class StructuredEnv(DecisionEnv, Protocol):
+    """A `DecisionEnv` whose episodes are `StructuredEpisode`s and which names their features."""
 
     @property
     def feature_names(self) -> Sequence[str]:
         """Names of the episodes' features, in order."""
-        ...
-
-    def contracts(self) -> Sequence[SkillContract]:
-        """The contracts of every skill the domain offers."""
-        ...
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        """The tasks of one split."""
         ...
 
     def episode(self, task: Task, *, seed: int = 0, faults: Faults | None = None) -> StructuredEpisode:
