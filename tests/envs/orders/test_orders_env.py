@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 from collections import Counter
 
 import pytest
 
-from sessionrl.envs import Faults, FaultSchedule, Split
+from sessionrl.envs import Faults, FaultSchedule, Split, inject_plan_faults
 from sessionrl.envs.check import check_env, replay, run_plan
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
 from sessionrl.envs.orders.expert import pattern
@@ -214,6 +215,18 @@ def test_injected_faults_decay_with_the_schedule(env: OrdersEnv) -> None:
     assert shares[0] == pytest.approx(1 - 0.2**2, abs=0.08)
     assert shares[1] == pytest.approx(1 - 0.6**2, abs=0.1)
     assert shares[2] == 0.0
+
+
+def test_plan_order_faults_break_every_multi_step_resolution(env: OrdersEnv) -> None:
+    rng = random.Random(0)
+    solved: Counter[str] = Counter()
+    for task in env.tasks(Split.TRAIN)[:30]:
+        expert = env.expert(task)
+        plan = inject_plan_faults(expert, Faults(plan_order=1.0), rng)
+        assert plan.steps == tuple(reversed(expert.steps))
+        solved[task.payload["issue"]] += replay(env.episode(task), plan)
+    # a reversed plan runs each step before what it depends on; only the one-step stock inquiry survives
+    assert {issue for issue, count in solved.items() if count} == {IssueType.STOCK_INQUIRY}
 
 
 async def test_injected_tool_errors_are_garbled_and_change_nothing(env: OrdersEnv) -> None:

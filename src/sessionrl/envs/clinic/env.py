@@ -50,7 +50,7 @@ class ClinicEnv:
         self._tasks = {split: generate(self.config.seed, split, self.config.size(split)) for split in Split}
 
     def system_prompt(self) -> str:
-        """The triage policy the agent follows."""
+        """The triage rules a policy follows."""
         return SYSTEM_PROMPT
 
     def contracts(self) -> Sequence[SkillContract]:

@@ -55,7 +55,7 @@ class OrdersEnv:
         self._tasks = {split: generate(self.config.seed, split, self.config.size(split)) for split in Split}
 
     def system_prompt(self) -> str:
-        """The fulfilment policy the agent follows."""
+        """The fulfilment rules a policy follows."""
         return SYSTEM_PROMPT
 
     def contracts(self) -> Sequence[SkillContract]:

@@ -1,6 +1,6 @@
 """What one fulfilment ticket is about: the issue, the customer, the item, the order, and the hidden truth.
 
-A `Ticket` is the typed view of a task's payload. Some of its fields are visible to the agent through
+A `Ticket` is the typed view of a task's payload. Some of its fields are visible to the policy through
 the ticket header and the tools (order number, SKU, phone, waybill); others are the ground truth that only
 the tools reveal or the judge uses (whether the parcel is lost, the code the customer will read back).
 Values derived from the policy (refund amounts, new waybill numbers) are functions here, so the expert
