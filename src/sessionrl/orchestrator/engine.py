@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
-from sessionrl.errors import InvalidTransition, SessionRLError, StaleState
+from sessionrl.errors import InvalidEvent, InvalidTransition, SessionRLError, StaleState
 from sessionrl.orchestrator.commit import GroupCommitter
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.guards import check_plan, check_tool_step, missing_citations, unverified_subgoals
@@ -90,6 +90,14 @@ Build = Callable[[Session], list[Event]]
 """Builds a step's unit of events on the session as it stands (called again after a lost race)."""
 
 
+class KeyReused(SessionRLError):
+    """An idempotency key already served a different request (here: a create naming another session)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__("this Idempotency-Key was already used for a different request")
+        self.key = key
+
+
 class Executor(Protocol):
     """What the engine needs of a skill executor (`sessionrl.skills.SkillExecutor` is one)."""
 
@@ -150,6 +158,8 @@ class Orchestrator:
             raise InvalidTransition(create.session_id, state, "session_created")
         event = created(create, event_id=ids.event())
         (result,) = await self.committer.commit([(event.session_id, event, None)])
+        if isinstance(result, InvalidEvent) and result.field == "event_id" and key is not None:
+            raise KeyReused(key) from result
         session = _raise_first([result])
         self.cache.put(session)
         return session.session_id

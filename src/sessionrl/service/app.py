@@ -94,12 +94,27 @@ class _Measured:
 
 
 def _document_problems(app: FastAPI) -> None:
-    """Make the generated OpenAPI document include the `Problem` schema the error responses refer to."""
+    """Make the generated OpenAPI document include the `Problem` schema the error responses refer to,
+    and describe optional parameters as they travel: absent or a value, never a `null`."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = problems.add_problem_schema(generate())
+            app.openapi_schema = _parameters_without_null(problems.add_problem_schema(generate()))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _parameters_without_null(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Drop the `null` alternative of optional query, header and path parameters (a header or a query
+    parameter cannot carry a JSON null; leaving it out is how a client says none)."""
+    for methods in openapi.get("paths", {}).values():
+        for operation in methods.values():
+            for parameter in operation.get("parameters", []):
+                schema = parameter.get("schema", {})
+                options = [o for o in schema.get("anyOf", []) if o != {"type": "null"}]
+                if len(options) == 1 and len(schema["anyOf"]) == 2:
+                    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+                    parameter["schema"] = {**options[0], **rest}
+    return openapi

@@ -15,7 +15,7 @@ from sessionrl.service.config import Scope
 from sessionrl.service.problems import ProblemError
 
 
-def _engine(request: Request) -> Orchestrator:
+async def _engine(request: Request) -> Orchestrator:
     engine = request.app.state.engine
     assert isinstance(engine, Orchestrator)
     return engine

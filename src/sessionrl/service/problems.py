@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Route
 
 from sessionrl.errors import (
     EventTooLarge,
@@ -24,6 +25,7 @@ from sessionrl.errors import (
     SessionRLError,
     StaleState,
 )
+from sessionrl.orchestrator.engine import KeyReused
 from sessionrl.orchestrator.lanes import Overloaded
 from sessionrl.service.schemas import FieldProblem, Problem
 
@@ -33,6 +35,7 @@ log = logging.getLogger("sessionrl.service")
 STATUS: tuple[tuple[type[SessionRLError], int, str], ...] = (
     (NotFound, 404, "not_found"),
     (StaleState, 409, "stale_state"),
+    (KeyReused, 409, "idempotency_key_reused"),
     (InvalidTransition, 409, "invalid_transition"),
     (EventTooLarge, 413, "too_large"),
     (InvalidEvent, 422, "invalid"),
@@ -41,6 +44,7 @@ STATUS: tuple[tuple[type[SessionRLError], int, str], ...] = (
 """Named errors, most specific first: the HTTP status and code each becomes."""
 
 TITLES = {
+    400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
@@ -54,8 +58,8 @@ TITLES = {
     503: "Service Unavailable",
 }
 
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-"""Codes of the problems made from framework HTTP errors (unknown path, wrong method, body too large)."""
+HTTP_CODES = {400: "malformed", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+"""Codes of problems made from framework HTTP errors (unreadable body, unknown path, wrong method, ...)."""
 
 
 class ProblemError(Exception):
@@ -138,6 +142,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = HTTP_CODES.get(exc.status_code, "http_error")
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:
+            headers = {"Allow": ", ".join(allowed_methods(request))}
         return problem_response(
             exc.status_code, code, str(exc.detail), instance=request.url.path, headers=headers
         )
@@ -151,6 +157,15 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route accepts at the request's path (the framework names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -6,14 +6,34 @@ Requests reuse `SessionCreate`, `FinalOutput` and the step payloads; responses r
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from sessionrl.orchestrator.results import LLMPayload, PlanPayload, ToolPayload
 from sessionrl.session.model import Anchor, Feedback, FeedbackType, Input, SessionState, utcnow
 from sessionrl.skills.contract import RiskLevel
+
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def _rfc3339(value: Any) -> Any:
+    """Only RFC 3339 text (what the schema promises) may become a datetime; numbers are not timestamps here.
+
+    >>> _rfc3339("2025-03-01T08:00:00Z")
+    '2025-03-01T08:00:00Z'
+    """
+    if isinstance(value, str) and RFC3339.match(value):
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise ValueError("expected an RFC 3339 date-time such as 2025-03-01T08:00:00Z")
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
+"""A datetime given as RFC 3339 text."""
 
 
 class PlanStepRequest(Input):
@@ -47,8 +67,12 @@ class FeedbackIn(Input):
     score: float | None = Field(default=None, allow_inf_nan=False)
     comment: str | None = Field(default=None, max_length=20_000)
     annotator: str | None = Field(default=None, max_length=200)
-    anchor: Anchor = Anchor()
-    occurred_at: datetime | None = Field(default=None, description="When it happened; default: now.")
+    anchor: Anchor = Field(
+        default_factory=Anchor,
+        description="What it is about: one of call_id, subgoal_id or at; none for the whole session.",
+        json_schema_extra={"maxProperties": 1},
+    )
+    occurred_at: Timestamp | None = Field(default=None, description="When it happened; default: now.")
     data: dict[str, Any] = Field(default_factory=dict)
 
     def to_feedback(self) -> Feedback:

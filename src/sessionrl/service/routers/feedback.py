@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1/sessions", tags=["feedback"])
     "/{session_id}/feedback",
     status_code=201,
     response_model=FeedbackResult,
-    responses=problems.responses(401, 403, 404, 409, 413, 422, 429),
+    responses=problems.responses(400, 401, 403, 404, 409, 413, 422, 429),
 )
 async def add_feedback(
     session_id: str,

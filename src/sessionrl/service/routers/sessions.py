@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -20,7 +19,7 @@ from sessionrl.service.deps import (
     precondition,
     scoped_key,
 )
-from sessionrl.service.schemas import SessionPage, SessionSummary
+from sessionrl.service.schemas import SessionPage, SessionSummary, Timestamp
 from sessionrl.session.model import FeedbackType, FinalOutput, Session, SessionCreate, SessionState
 from sessionrl.store import SessionQuery
 
@@ -28,7 +27,9 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 AUTH = (401, 403, 429)
 
 
-@router.post("", status_code=201, response_model=Session, responses=problems.responses(*AUTH, 409, 413, 422))
+@router.post(
+    "", status_code=201, response_model=Session, responses=problems.responses(*AUTH, 400, 409, 413, 422)
+)
 async def create_session(
     body: SessionCreate,
     request: Request,
@@ -64,8 +65,8 @@ async def list_sessions(
     tool_called: str | None = None,
     tool_failed: str | None = None,
     feedback_type: FeedbackType | None = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    created_after: Timestamp | None = None,
+    created_before: Timestamp | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> SessionPage:
@@ -110,7 +111,7 @@ async def list_sessions(
 @router.post(
     "/{session_id}/finish",
     response_model=FinishResult,
-    responses=problems.responses(*AUTH, 404, 409, 412, 413, 422),
+    responses=problems.responses(*AUTH, 400, 404, 409, 412, 413, 422),
 )
 async def finish_session(
     session_id: str,

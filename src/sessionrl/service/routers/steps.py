@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/sessions", tags=["steps"])
 @router.post(
     "/{session_id}/steps",
     response_model=StepResult,
-    responses=problems.responses(401, 403, 404, 409, 412, 413, 422, 429, 503),
+    responses=problems.responses(400, 401, 403, 404, 409, 412, 413, 422, 429, 503),
 )
 async def run_step(
     session_id: str,
