@@ -172,8 +172,12 @@ def order_update_address(world: World, order_id: str, new_address: str, verifica
 
 
 def refund_trigger(world: World, order_id: str, amount: float, reason: str) -> Json:
-    """Refund up to what is left of the order amount (in cents), once the item was checked in inventory."""
+    """Refund up to what is left of the order amount, once the item was checked in inventory.
+
+    Amounts are money: they are rounded to cents first.
+    """
     ticket = world.order(order_id)
+    amount = round(amount, 2)
     if not world.inventory_checked:
         raise SkillError("PRECONDITION_FAILED", f"check {ticket.sku} in inventory before refunding")
     left = round(ticket.amount - world.refunded(), 2)
@@ -183,11 +187,7 @@ def refund_trigger(world: World, order_id: str, amount: float, reason: str) -> J
         world.flag(REFUND_BEFORE_RETURN)
     if world.refunds:
         world.flag(DUPLICATE_REFUND)
-    refund = {
-        "refund_id": f"RF-{len(world.refunds) + 1:04d}",
-        "order_id": order_id,
-        "amount": round(amount, 2),
-    }
+    refund = {"refund_id": f"RF-{len(world.refunds) + 1:04d}", "order_id": order_id, "amount": amount}
     world.refunds.append({**refund, "reason": reason})
     return {**refund, "reason": reason, "state": "approved"}
 
