@@ -1,0 +1,259 @@
+"""A structured actor-critic: a masked skill head, bounded parameter heads, a reward critic and a risk critic.
+
+It acts on the action space of `sessionrl.envs.gym.DecisionGymEnv`: a skill index (the last one finishes
+the episode) and a vector of parameters in [-1, 1], where slot ``j`` of a skill's parameters feeds its
+``j``-th `ParamSpec`. The policy owns one head per (skill, parameter):
+
+* a **number** gets a Gaussian head over an unbounded ``u``; the environment receives ``tanh(u)`` and maps it
+  linearly onto the parameter's range, so the value is ``low + (high - low) · (tanh(u) + 1) / 2``, inside
+  the bounds for every ``u`` (episode bounds such as "at most what is left to refund" included);
+* a **choice** (an enum, a boolean) gets a categorical head; the chosen index ``j`` of ``k`` is sent as the
+  centre of its bin, ``-1 + (2j + 1) / k``, which the environment decodes back to ``j``.
+
+The **skill head** fills the logits of masked skills with ``-inf`` before the softmax, so a masked skill
+has probability exactly 0 and is never sampled. The log-probability of an action is that of its skill plus
+those of the chosen skill's own parameters (the other heads are drawn but do not count).
+
+State: the observation's parts (`OBS_KEYS`) flattened in order, plus a text embedding of the task query
+(`sessionrl.policy.encoder`). The actor and the two critics have separate trunks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from sessionrl.envs.gym import ParamSpec
+
+OBS_KEYS: Final = ("step", "succeeded", "failed", "features", "action_mask")
+"""Observation parts fed to the networks, in this order."""
+
+LOG_2PI: Final = math.log(2 * math.pi)
+LOG_STD_RANGE: Final = (-5.0, 2.0)
+"""Bounds of the Gaussian heads' log standard deviation."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionLayout:
+    """Which head feeds which (skill, parameter slot).
+
+    `numeric[h] = (skill, slot)` for Gaussian head ``h``; `choices[h] = (skill, slot, k)` for categorical
+    head ``h`` with ``k`` options. Skill index ``len(skills)`` is *finish*.
+    """
+
+    skills: tuple[str, ...]
+    numeric: tuple[tuple[int, int], ...]
+    choices: tuple[tuple[int, int, int], ...]
+    width: int
+
+    @classmethod
+    def of(cls, skills: Sequence[str], specs: Mapping[str, Sequence[ParamSpec]], width: int) -> ActionLayout:
+        """The layout for `skills` (in action-index order) with their parameter specs."""
+        numeric, choices = [], []
+        for s, name in enumerate(skills):
+            for slot, spec in enumerate(specs[name]):
+                if spec.choices:
+                    choices.append((s, slot, len(spec.choices)))
+                else:
+                    numeric.append((s, slot))
+        return cls(tuple(skills), tuple(numeric), tuple(choices), width)
+
+    @property
+    def actions(self) -> int:
+        """Size of the skill head: every skill and finish."""
+        return len(self.skills) + 1
+
+
+@dataclass(frozen=True)
+class StructuredAction:
+    """A batch of actions: skill ``[B]`` (long), raw Gaussian draws ``[B, H_num]``, choice indices
+    ``[B, H_choice]`` (long)."""
+
+    skill: Tensor
+    raw: Tensor
+    choice: Tensor
+
+    def __getitem__(self, index: Tensor | slice) -> StructuredAction:
+        return StructuredAction(self.skill[index], self.raw[index], self.choice[index])
+
+
+def masked_logits(logits: Tensor, mask: Tensor) -> Tensor:
+    """`logits` with ``-inf`` wherever `mask` is 0/False (every row needs one allowed entry).
+
+    >>> masked_logits(torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 0]])).softmax(-1).tolist()
+    [[1.0, 0.0]]
+    """
+    return logits.masked_fill(~mask.bool(), float("-inf"))
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """Entropy over the last axis; entries of ``-inf`` (probability 0) add nothing, gradients included.
+
+    >>> round(categorical_entropy(torch.tensor([0.0, 0.0, float("-inf")])).item(), 4)  # ln 2
+    0.6931
+    """
+    logp = torch.log_softmax(logits, dim=-1).clamp_min(torch.finfo(logits.dtype).min)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class StructuredDist:
+    """The policy's action distribution for a batch of states (see the module doc)."""
+
+    def __init__(
+        self, layout: ActionLayout, skill_logits: Tensor, mean: Tensor, log_std: Tensor, choice_logits: Tensor
+    ) -> None:
+        self.layout = layout
+        self.skill_logits = skill_logits
+        self.mean = mean
+        self.std = log_std.exp().expand_as(mean)
+        self.choice_logits = list(torch.split(choice_logits, [k for _, _, k in layout.choices], dim=-1))
+        device = skill_logits.device
+        self._num_owner = torch.tensor([s for s, _ in layout.numeric], dtype=torch.long, device=device)
+        self._choice_owner = torch.tensor([s for s, _, _ in layout.choices], dtype=torch.long, device=device)
+
+    def sample(self, generator: torch.Generator | None = None) -> StructuredAction:
+        """Draw one action per state (masked skills have probability 0)."""
+        skill = torch.multinomial(self.skill_logits.softmax(-1), 1, generator=generator).squeeze(-1)
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype)
+        raw = self.mean + self.std * noise.to(self.mean.device)
+        picks = [
+            torch.multinomial(c.softmax(-1), 1, generator=generator).squeeze(-1) for c in self.choice_logits
+        ]
+        return StructuredAction(skill, raw, self._stack(picks, skill))
+
+    def mode(self) -> StructuredAction:
+        """The most likely action per state (greedy evaluation)."""
+        skill = self.skill_logits.argmax(-1)
+        return StructuredAction(
+            skill, self.mean, self._stack([c.argmax(-1) for c in self.choice_logits], skill)
+        )
+
+    def _stack(self, picks: list[Tensor], skill: Tensor) -> Tensor:
+        if not picks:
+            return torch.zeros((skill.shape[0], 0), dtype=torch.long, device=skill.device)
+        return torch.stack(picks, dim=-1)
+
+    def _owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, H]`` masks of the numeric and choice heads that belong to each row's skill."""
+        return skill[:, None] == self._num_owner[None, :], skill[:, None] == self._choice_owner[None, :]
+
+    def log_prob(self, action: StructuredAction) -> Tensor:
+        """``[B]`` log-probability of each action: its skill plus its skill's own parameters."""
+        logp = torch.log_softmax(self.skill_logits, -1).gather(-1, action.skill[:, None]).squeeze(-1)
+        own_num, own_choice = self._owned(action.skill)
+        gauss = -0.5 * ((action.raw - self.mean) / self.std) ** 2 - self.std.log() - 0.5 * LOG_2PI
+        logp = logp + (gauss * own_num).sum(-1)
+        for h, logits in enumerate(self.choice_logits):
+            chosen = torch.log_softmax(logits, -1).gather(-1, action.choice[:, h : h + 1]).squeeze(-1)
+            logp = logp + chosen * own_choice[:, h]
+        return logp
+
+    def entropy(self, skill: Tensor) -> Tensor:
+        """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
+        own_num, own_choice = self._owned(skill)
+        gauss = 0.5 + 0.5 * LOG_2PI + self.std.log()
+        total = categorical_entropy(self.skill_logits) + (gauss * own_num).sum(-1)
+        for h, logits in enumerate(self.choice_logits):
+            total = total + categorical_entropy(logits) * own_choice[:, h]
+        return total
+
+    def env_params(self, action: StructuredAction) -> Tensor:
+        """``[B, width]`` parameter vectors for the environment: ``tanh(u)`` for numbers, bin centres for
+        choices, each in its skill's slot; slots the skill does not use stay 0."""
+        params = torch.zeros((action.skill.shape[0], self.layout.width), device=action.raw.device)
+        own_num, own_choice = self._owned(action.skill)
+        for h, (_, slot) in enumerate(self.layout.numeric):
+            params[:, slot] += torch.tanh(action.raw[:, h]) * own_num[:, h]
+        for h, (_, slot, k) in enumerate(self.layout.choices):
+            centre = -1.0 + (2.0 * action.choice[:, h].to(params.dtype) + 1.0) / k
+            params[:, slot] += centre * own_choice[:, h]
+        return params
+
+
+def _trunk(inputs: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    """One forward pass: the action distribution and both critics' values (``[B]`` each)."""
+
+    dist: StructuredDist
+    value: Tensor
+    risk_value: Tensor
+
+
+class StructuredPolicy(nn.Module):
+    """An actor (masked skill head, Gaussian and categorical parameter heads) and two critics."""
+
+    def __init__(self, layout: ActionLayout, obs_dim: int, text_dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.layout = layout
+        self.obs_dim = obs_dim
+        self.text_dim = text_dim
+        inputs = obs_dim + text_dim
+        self.actor = _trunk(inputs, hidden)
+        self.skill_head = nn.Linear(hidden, layout.actions)
+        self.mean_head = nn.Linear(hidden, len(layout.numeric))
+        self.log_std = nn.Parameter(torch.full((len(layout.numeric),), -0.5))
+        self.choice_head = nn.Linear(hidden, sum(k for _, _, k in layout.choices))
+        self.critic = _trunk(inputs, hidden)
+        self.value_head = nn.Linear(hidden, 1)
+        self.risk_head = nn.Linear(hidden, 1)
+        for head in (self.skill_head, self.mean_head, self.choice_head):
+            nn.init.orthogonal_(head.weight, gain=0.01)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs: Tensor, text: Tensor, mask: Tensor) -> PolicyOutput:
+        """`obs` ``[B, obs_dim]``, `text` ``[B, text_dim]``, `mask` ``[B, actions]`` (1 = allowed)."""
+        state = torch.cat([obs, text], dim=-1)
+        hidden = self.actor(state)
+        log_std = self.log_std.clamp(*LOG_STD_RANGE)
+        dist = StructuredDist(
+            self.layout,
+            masked_logits(self.skill_head(hidden), mask),
+            self.mean_head(hidden),
+            log_std,
+            self.choice_head(hidden),
+        )
+        critic = self.critic(state)
+        return PolicyOutput(dist, self.value_head(critic).squeeze(-1), self.risk_head(critic).squeeze(-1))
+
+
+def flatten_observation(obs: Mapping[str, Any]) -> np.ndarray:
+    """One observation's parts (`OBS_KEYS`) as a flat float32 vector."""
+    return np.concatenate([np.asarray(obs[key], np.float32).ravel() for key in OBS_KEYS])
+
+
+def observation_size(space: Any) -> int:
+    """Length of `flatten_observation` for a Gymnasium Dict observation space."""
+    return sum(int(np.prod(space[key].shape)) for key in OBS_KEYS)
+
+
+def build_policy(gym_env: Any, text_dim: int, hidden: int = 64) -> StructuredPolicy:
+    """A policy shaped for a `DecisionGymEnv` (its skills, parameter specs and observation space)."""
+    width = int(gym_env.action_space["params"].shape[0])
+    layout = ActionLayout.of(gym_env.skill_names, gym_env.param_specs, width)
+    return StructuredPolicy(layout, observation_size(gym_env.observation_space), text_dim, hidden)
+
+
+__all__ = [
+    "LOG_STD_RANGE",
+    "OBS_KEYS",
+    "ActionLayout",
+    "PolicyOutput",
+    "StructuredAction",
+    "StructuredDist",
+    "StructuredPolicy",
+    "build_policy",
+    "categorical_entropy",
+    "flatten_observation",
+    "masked_logits",
+    "observation_size",
+]

@@ -1,0 +1,362 @@
+"""Rollouts of a `StructuredPolicy` on Gymnasium views of an environment, for PPO and AAAC, and evaluation.
+
+`Collector` steps ``num_envs`` `DecisionGymEnv`s in turn (one batched forward pass per step), resets each
+as its episode ends, and returns a `Rollout` of ``[N, T]`` tensors (env-major, time last, as
+`sessionrl.train.losses.gae` expects). Besides the environment's reward it records a *risk* signal per step,
+``-(new risk flags)``, for the risk critic. Finished episodes are kept as `EpisodeStats`.
+
+`evaluate` runs every task of a split once (greedy by default) and reports completion, steps per task and
+the share of risky calls. A *risky call* is a skill call that raised at least one of the domain's risk
+flags (a refund before the return was confirmed, a second refund, a reshipment before a loss or return was
+confirmed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv, GymConfig, Observation, StructuredEnv
+from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
+from sessionrl.policy.structured import (
+    PolicyOutput,
+    StructuredAction,
+    StructuredPolicy,
+    build_policy,
+    flatten_observation,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredRunConfig:
+    """The shape of a structured training run, shared by PPO and AAAC."""
+
+    iterations: int = field(default=40, metadata={"help": "rollout-then-update rounds"})
+    num_envs: int = field(default=8, metadata={"help": "environments stepped side by side"})
+    rollout_steps: int = field(default=64, metadata={"help": "steps per environment per round"})
+    epochs: int = field(default=4, metadata={"help": "passes over each round's data"})
+    minibatches: int = field(default=4, metadata={"help": "minibatches per pass"})
+    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    gamma: float = field(default=0.99, metadata={"help": "discount per step"})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε"})
+    value_coef: float = field(default=0.5, metadata={"help": "weight of the critic loss(es)"})
+    entropy_coef: float = field(default=0.01, metadata={"help": "weight of the entropy bonus"})
+    max_grad_norm: float = field(default=0.5, metadata={"help": "gradient norm clip"})
+    hidden: int = field(default=64, metadata={"help": "width of the actor and critic trunks"})
+    encoder: EncoderKind = field(default="hash", metadata={"help": "task-query encoder: hash, minilm, auto"})
+    text_dim: int = field(default=32, metadata={"help": "width of the hashed query embedding"})
+    gym: GymConfig = field(default_factory=GymConfig, metadata={"help": "episode length and reward weights"})
+    seed: int = field(default=0, metadata={"help": "seeds the networks, the sampling and the task draws"})
+
+    def __post_init__(self) -> None:
+        counts = ("iterations", "num_envs", "rollout_steps", "epochs", "minibatches", "hidden", "text_dim")
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise ValueError(f"StructuredRunConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.lr <= 0 or not 0 < self.gamma <= 1 or self.clip_eps <= 0 or self.max_grad_norm <= 0:
+            raise ValueError(
+                "StructuredRunConfig needs lr > 0, 0 < gamma <= 1, clip_eps > 0, max_grad_norm > 0"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        """Steps gathered per round."""
+        return self.num_envs * self.rollout_steps
+
+    @property
+    def total_steps(self) -> int:
+        """Environment steps over the whole run."""
+        return self.iterations * self.batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeStats:
+    """One finished episode: solved or not, policy steps (finish included), skill calls, risky calls."""
+
+    task_id: str
+    success: bool
+    steps: int
+    calls: int
+    risky_calls: int
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One round of experience; every tensor is ``[N, T, ...]``, plus the bootstrap values ``[N]``."""
+
+    obs: Tensor
+    text: Tensor
+    mask: Tensor
+    action: StructuredAction
+    logp: Tensor
+    rewards: Tensor
+    risks: Tensor
+    dones: Tensor
+    episode_step: Tensor
+    """Steps the episode had taken before each step (0 at an episode's first step)."""
+    values: Tensor
+    risk_values: Tensor
+    next_value: Tensor
+    next_risk_value: Tensor
+
+    def flat(self, x: Tensor) -> Tensor:
+        """`x` ``[N, T, ...]`` as ``[N·T, ...]``."""
+        return x.reshape(-1, *x.shape[2:])
+
+    def flat_action(self) -> StructuredAction:
+        """The actions as one batch of ``N·T``."""
+        a = self.action
+        return StructuredAction(self.flat(a.skill), self.flat(a.raw), self.flat(a.choice))
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Completion, mean policy steps per episode and risky-call share over some episodes."""
+
+    episodes: int
+    completion: float
+    mean_steps: float
+    risk_share: float
+
+    @classmethod
+    def of(cls, episodes: Sequence[EpisodeStats]) -> Summary:
+        """The summary of `episodes` (zeros when there are none)."""
+        n = len(episodes)
+        calls = sum(e.calls for e in episodes)
+        return cls(
+            episodes=n,
+            completion=sum(e.success for e in episodes) / n if n else 0.0,
+            mean_steps=sum(e.steps for e in episodes) / n if n else 0.0,
+            risk_share=sum(e.risky_calls for e in episodes) / calls if calls else 0.0,
+        )
+
+
+def encode_queries(encoder: TextEncoder, queries: Sequence[str]) -> Tensor:
+    """``[len(queries), dim]`` embeddings of the task queries."""
+    return encoder.encode(list(queries))
+
+
+def policy_step(
+    policy: StructuredPolicy, obs: Sequence[Observation], text: Tensor
+) -> tuple[PolicyOutput, Tensor, Tensor]:
+    """One batched forward pass over observations: the output, the flat observations and the masks."""
+    flat = torch.from_numpy(np.stack([flatten_observation(o) for o in obs]))
+    mask = torch.from_numpy(np.stack([np.asarray(o["action_mask"], np.int64) for o in obs]))
+    return policy(flat, text, mask), flat, mask
+
+
+def env_action(params: Tensor, skill: Tensor, row: int) -> dict[str, Any]:
+    """The Gymnasium action of batch row `row`."""
+    return {"skill": int(skill[row]), "params": params[row].numpy()}
+
+
+class Collector:
+    """Steps `num_envs` Gymnasium views of `env` (split `split`) with a policy; see the module doc."""
+
+    def __init__(
+        self,
+        env: StructuredEnv,
+        config: StructuredRunConfig,
+        encoder: TextEncoder,
+        split: Split = Split.TRAIN,
+    ) -> None:
+        self.config = config
+        self.encoder = encoder
+        self.envs = [
+            DecisionGymEnv(env, split, seed=config.seed * 1000 + i, config=config.gym)
+            for i in range(config.num_envs)
+        ]
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.obs: list[Observation] = []
+        queries, self.task_ids = [], []
+        for gym_env in self.envs:
+            obs, info = gym_env.reset()
+            self.obs.append(obs)
+            queries.append(info["instruction"])
+            self.task_ids.append(info["task_id"])
+        self.text = encode_queries(encoder, queries)
+        self._counts = np.zeros((config.num_envs, 3), np.int64)  # steps, calls, risky calls
+        self.episodes: list[EpisodeStats] = []
+        """Every episode finished so far, in order."""
+        self.env_steps = 0
+
+    def _step_env(self, i: int, action: dict[str, Any]) -> tuple[float, float, bool]:
+        """Step env `i`; returns reward, risk signal and done, resetting the env when its episode ends."""
+        gym_env = self.envs[i]
+        flags = len(gym_env.episode.risk_flags)
+        obs, reward, terminated, truncated, info = gym_env.step(action)
+        new_flags = len(gym_env.episode.risk_flags) - flags
+        finishing = int(action["skill"]) == gym_env.finish_action
+        self._counts[i] += (1, 0 if finishing else 1, 1 if new_flags else 0)
+        done = terminated or truncated
+        if done:
+            steps, calls, risky = (int(c) for c in self._counts[i])
+            success = bool(info.get("success", False))
+            self.episodes.append(EpisodeStats(self.task_ids[i], success, steps, calls, risky))
+            self._counts[i] = 0
+            obs, reset_info = gym_env.reset()
+            self.task_ids[i] = reset_info["task_id"]
+            self.text[i] = encode_queries(self.encoder, [reset_info["instruction"]])[0]
+        self.obs[i] = obs
+        return float(reward), -float(new_flags), done
+
+    @torch.no_grad()
+    def collect(self, policy: StructuredPolicy) -> Rollout:
+        """`config.rollout_steps` steps of every environment, sampled from `policy`."""
+        n, t = self.config.num_envs, self.config.rollout_steps
+        rows: dict[str, list[Tensor]] = {k: [] for k in ("obs", "text", "mask", "skill", "raw", "choice")}
+        rows |= {
+            k: [] for k in ("logp", "values", "risk_values", "rewards", "risks", "dones", "episode_step")
+        }
+        for _ in range(t):
+            out, flat, mask = policy_step(policy, self.obs, self.text)
+            action = out.dist.sample(self.generator)
+            params = out.dist.env_params(action)
+            for key, value in (("obs", flat), ("text", self.text.clone()), ("mask", mask)):
+                rows[key].append(value)
+            rows["skill"].append(action.skill)
+            rows["raw"].append(action.raw)
+            rows["choice"].append(action.choice)
+            rows["logp"].append(out.dist.log_prob(action))
+            rows["values"].append(out.value)
+            rows["risk_values"].append(out.risk_value)
+            rows["episode_step"].append(torch.from_numpy(self._counts[:, 0].copy()))
+            steps = [self._step_env(i, env_action(params, action.skill, i)) for i in range(n)]
+            rows["rewards"].append(torch.tensor([s[0] for s in steps]))
+            rows["risks"].append(torch.tensor([s[1] for s in steps]))
+            rows["dones"].append(torch.tensor([float(s[2]) for s in steps]))
+        self.env_steps += n * t
+        last, _, _ = policy_step(policy, self.obs, self.text)
+        stacked = {k: torch.stack(v, dim=1) for k, v in rows.items()}
+        return Rollout(
+            obs=stacked["obs"],
+            text=stacked["text"],
+            mask=stacked["mask"],
+            action=StructuredAction(stacked["skill"], stacked["raw"], stacked["choice"]),
+            logp=stacked["logp"],
+            rewards=stacked["rewards"],
+            risks=stacked["risks"],
+            dones=stacked["dones"],
+            episode_step=stacked["episode_step"],
+            values=stacked["values"],
+            risk_values=stacked["risk_values"],
+            next_value=last.value,
+            next_risk_value=last.risk_value,
+        )
+
+
+def minibatches(size: int, count: int, generator: torch.Generator) -> list[Tensor]:
+    """A random split of ``range(size)`` into `count` near-equal index tensors."""
+    return list(torch.randperm(size, generator=generator).tensor_split(count))
+
+
+def normalise(x: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / (std + eps)``; a single element is only centred.
+
+    >>> normalise(torch.tensor([1.0, 3.0])).tolist()
+    [-0.7071067690849304, 0.7071067690849304]
+    """
+    if x.numel() < 2:
+        return x - x.mean()
+    return (x - x.mean()) / (x.std() + eps)
+
+
+@torch.no_grad()
+def evaluate(
+    policy: StructuredPolicy,
+    encoder: TextEncoder,
+    env: StructuredEnv,
+    split: Split = Split.TEST,
+    *,
+    gym: GymConfig | None = None,
+    greedy: bool = True,
+    seed: int = 0,
+    limit: int | None = None,
+) -> Summary:
+    """Run the first `limit` tasks of `split` (all by default) once each; summarise the episodes."""
+    gym_env = DecisionGymEnv(env, split, seed=seed, config=gym)
+    generator = torch.Generator().manual_seed(seed)
+    episodes = []
+    for task in list(env.tasks(split))[:limit]:
+        obs, info = gym_env.reset(options={"task_id": task.task_id})
+        text = encode_queries(encoder, [info["instruction"]])
+        steps = calls = risky = 0
+        done, success = False, False
+        while not done:
+            out, _, _ = policy_step(policy, [obs], text)
+            action = out.dist.mode() if greedy else out.dist.sample(generator)
+            flags = len(gym_env.episode.risk_flags)
+            obs, _, terminated, truncated, step_info = gym_env.step(
+                env_action(out.dist.env_params(action), action.skill, 0)
+            )
+            steps += 1
+            calls += int(action.skill[0]) != gym_env.finish_action
+            risky += len(gym_env.episode.risk_flags) > flags
+            done, success = terminated or truncated, bool(step_info.get("success", False))
+        episodes.append(EpisodeStats(task.task_id, success, steps, calls, risky))
+    return Summary.of(episodes)
+
+
+def build_run(
+    env: StructuredEnv, config: StructuredRunConfig
+) -> tuple[StructuredPolicy, TextEncoder, Collector, torch.optim.Optimizer]:
+    """The seeded pieces every structured trainer starts from: policy, encoder, collector, optimiser."""
+    encoder = build_encoder(config.encoder, dim=config.text_dim)
+    collector = Collector(env, config, encoder)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        policy = build_policy(collector.envs[0], encoder.dim, config.hidden)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-5)
+    return policy, encoder, collector, optimizer
+
+
+@dataclass(frozen=True, slots=True)
+class IterationLog:
+    """One round of a structured trainer: data, training-episode results and update diagnostics."""
+
+    iteration: int
+    env_steps: int
+    train: Summary
+    """Episodes that finished during this round's rollout."""
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+    mean_lambda: float
+    """Mean λ of the advantage estimate over the round's steps."""
+    kl_beta: float
+    """KL coefficient at the end of the round (0 for PPO)."""
+
+
+@dataclass(frozen=True)
+class StructuredRun:
+    """What a structured trainer returns: the trained policy, its query encoder and one log per round."""
+
+    policy: StructuredPolicy
+    encoder: TextEncoder
+    history: tuple[IterationLog, ...]
+
+
+__all__ = [
+    "Collector",
+    "EpisodeStats",
+    "IterationLog",
+    "Rollout",
+    "StructuredRun",
+    "StructuredRunConfig",
+    "Summary",
+    "build_run",
+    "encode_queries",
+    "env_action",
+    "evaluate",
+    "minibatches",
+    "normalise",
+    "policy_step",
+]
