@@ -113,6 +113,7 @@ class SessionStore:
             writer = BatchWriter(conn, self._cache)
             for item in prepared:
                 results.append(item if isinstance(item, SessionRLError) else _attempt(writer, item))
+            writer.flush()
         for session in writer.touched.values():
             self._cache.put(session)
         return results

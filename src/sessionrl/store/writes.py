@@ -114,13 +114,17 @@ def prepare(session_id: str, raw: EventInput, expected: int | None, max_bytes: i
 
 
 class BatchWriter:
-    """Writes prepared events inside one open transaction; `touched` holds the resulting sessions."""
+    """Writes prepared events inside one open transaction; `touched` holds the resulting sessions.
+
+    Call `flush()` before the transaction commits: it writes the materialised views.
+    """
 
     def __init__(self, conn: sqlite3.Connection, cache: SessionCache) -> None:
         self.conn = conn
         self.cache = cache
         self.touched: dict[str, Session] = {}
         self._legacy: set[str] = set()
+        self._dirty: dict[str, set[str]] = {}
 
     def write(self, item: Prepared) -> Session:
         """Append one event; raise (having written nothing) if it is a duplicate, stale or not allowed."""
@@ -142,7 +146,7 @@ class BatchWriter:
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (sid, new.state_version, event.event_id, event.type, SCHEMA_VERSION, at, item.payload),
         )
-        write_session(self.conn, new, changed_shards(old, new, legacy=sid in self._legacy))
+        self._dirty.setdefault(sid, set()).update(changed_shards(old, new, legacy=sid in self._legacy))
         self.conn.execute(
             "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)",
             (sid, new.state_version, event.type, at),
@@ -150,6 +154,16 @@ class BatchWriter:
         self._legacy.discard(sid)
         self.touched[sid] = new
         return new
+
+    def flush(self) -> None:
+        """Write each touched session's view once, with every shard any of its events changed.
+
+        Deferring the view to the end of the batch keeps a batch of many events of one session (an import,
+        a replay) linear: each shard is encoded once, not once per event.
+        """
+        for sid, shards in self._dirty.items():
+            write_session(self.conn, self.touched[sid], sorted(shards))
+        self._dirty.clear()
 
     def _session(self, session_id: str) -> Session | None:
         if session_id in self.touched:
