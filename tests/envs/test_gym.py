@@ -13,7 +13,7 @@ from sessionrl.envs.clinic import ClinicEnv
 from sessionrl.envs.gym import DecisionGymEnv, GymConfig, ParamSpec, StructuredEnv, param_specs
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv
 
-CONFIG = DomainConfig(train=24, dev=6, test=6, time_factor=0.0, transient_failures=False)
+CONFIG = DomainConfig(train=24, dev=6, test=6, time_factor=0.0)
 
 
 @pytest.fixture(scope="module", params=["orders", "clinic"])
@@ -26,7 +26,7 @@ def test_passes_the_gymnasium_checker(domain: StructuredEnv) -> None:
 
 
 def test_passes_the_checker_with_transient_failures_and_faults() -> None:
-    noisy = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0))
+    noisy = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0, transient_failures=True))
     faults = Faults(tool_error=0.3, garbled_output=0.2)
     check_env(DecisionGymEnv(noisy, seed=1, faults=faults), skip_render_check=True)
 

@@ -19,7 +19,7 @@ from sessionrl.skills import ErrorCode, SkillError, check_skill
 
 @pytest.fixture(scope="module")
 def env() -> ClinicEnv:
-    return ClinicEnv(DomainConfig(time_factor=0.0, transient_failures=False))
+    return ClinicEnv(DomainConfig(time_factor=0.0))
 
 
 def cases(env: ClinicEnv) -> list[Case]:

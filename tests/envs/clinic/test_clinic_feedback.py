@@ -34,7 +34,7 @@ FINISHED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def env() -> ClinicEnv:
-    return ClinicEnv(DomainConfig(train=20, dev=0, test=0, time_factor=0.0, transient_failures=False))
+    return ClinicEnv(DomainConfig(train=20, dev=0, test=0, time_factor=0.0))
 
 
 def task_of(env: ClinicEnv, diagnosis: Diagnosis) -> Task:

@@ -15,7 +15,7 @@ from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
 from sessionrl.envs.orders.expert import pattern
 from sessionrl.skills import ErrorCode, ExecutorConfig, ManualClock, SkillError, SkillExecutor, check_skill
 
-INSTANT = DomainConfig(time_factor=0.0, transient_failures=False)
+INSTANT = DomainConfig(time_factor=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_episodes_are_independent_and_reproducible(env: OrdersEnv) -> None:
 
 
 async def test_logistics_latency_follows_its_profile() -> None:
-    env = OrdersEnv(DomainConfig(train=6, dev=0, test=0, transient_failures=False))
+    env = OrdersEnv(DomainConfig(train=6, dev=0, test=0))
     task = next(t for t in env.tasks(Split.TRAIN) if t.payload["issue"] == IssueType.LOST_PARCEL)
     latencies = []
     for seed in range(300):
@@ -136,8 +136,8 @@ async def test_logistics_latency_follows_its_profile() -> None:
 
 
 async def test_time_factor_scales_latency_and_zero_means_no_sleep() -> None:
-    half = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.5, transient_failures=False))
-    instant = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0, transient_failures=False))
+    half = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.5))
+    instant = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0))
     assert {c.name: c.simulation.mean_ms for c in half.contracts() if c.simulation}[
         "express_contact"
     ] == 410.0
@@ -149,7 +149,7 @@ async def test_time_factor_scales_latency_and_zero_means_no_sleep() -> None:
 
 
 async def test_transient_failures_are_retryable_and_change_nothing() -> None:
-    env = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0))
+    env = OrdersEnv(DomainConfig(train=6, dev=0, test=0, time_factor=0.0, transient_failures=True))
     task = next(t for t in env.tasks(Split.TRAIN) if t.payload["issue"] == IssueType.LATE_DELIVERY)
     params = {"waybill": task.payload["waybill"], "request_type": "expedite"}
     codes: Counter[str] = Counter()
@@ -172,7 +172,7 @@ async def test_transient_failures_are_retryable_and_change_nothing() -> None:
 
 
 async def test_expert_through_the_executor_survives_transient_failures() -> None:
-    env = OrdersEnv(DomainConfig(train=30, dev=0, test=0))
+    env = OrdersEnv(DomainConfig(train=30, dev=0, test=0, transient_failures=True))
     solved = 0
     for task in env.tasks(Split.TRAIN):
         episode = env.episode(task, seed=1)
@@ -239,6 +239,13 @@ async def test_injected_tool_errors_are_garbled_and_change_nothing(env: OrdersEn
         await skill.invoke(dict(step.params), ManualClock())
     assert caught.value.code == ErrorCode.UNAVAILABLE
     assert episode.state_hash() == before
+
+
+def test_defaults_keep_real_latencies_and_no_transient_failures() -> None:
+    profiles = {c.name: c.simulation for c in OrdersEnv(DomainConfig(train=1, dev=0, test=0)).contracts()}
+    assert profiles["express_contact"] is not None
+    assert (profiles["express_contact"].mean_ms, profiles["express_contact"].std_ms) == (820.0, 340.0)
+    assert all(p is not None and p.fail_rate == 0.0 for p in profiles.values())
 
 
 def test_config_is_validated() -> None:

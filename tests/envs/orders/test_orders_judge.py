@@ -17,7 +17,7 @@ from sessionrl.envs.orders.judge import said, tolerance
 
 @pytest.fixture(scope="module")
 def env() -> OrdersEnv:
-    return OrdersEnv(DomainConfig(train=60, dev=0, test=0, time_factor=0.0, transient_failures=False))
+    return OrdersEnv(DomainConfig(train=60, dev=0, test=0, time_factor=0.0))
 
 
 def task_of(env: OrdersEnv, issue: IssueType) -> Task:

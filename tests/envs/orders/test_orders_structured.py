@@ -18,7 +18,7 @@ from sessionrl.skills.schema import validation_errors, validator_for
 
 @pytest.fixture(scope="module")
 def env() -> OrdersEnv:
-    return OrdersEnv(DomainConfig(train=12, dev=0, test=0, time_factor=0.0, transient_failures=False))
+    return OrdersEnv(DomainConfig(train=12, dev=0, test=0, time_factor=0.0))
 
 
 def test_features_start_from_the_ticket(env: OrdersEnv) -> None:

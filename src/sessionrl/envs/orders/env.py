@@ -2,7 +2,8 @@
 
 Skills are simulated stand-ins (see `orders.simulated`) whose answers come from the episode's `World`. The
 logistics API (`express_contact`) is the slow one, 820 ± 340 ms; the others answer in 60–300 ms.
-`DomainConfig(time_factor=0, transient_failures=False)` gives instant, deterministic episodes for tests.
+`DomainConfig(time_factor=0)` gives instant episodes for tests; `transient_failures=True` adds the
+contracts' failure rates.
 """
 
 from __future__ import annotations

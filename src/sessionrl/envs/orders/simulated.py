@@ -35,9 +35,9 @@ class DomainConfig:
     """Number of test tasks."""
     time_factor: float = 1.0
     """Multiplies every simulated latency before it is slept on the caller's clock (0: no sleeping)."""
-    transient_failures: bool = True
-    """Whether skills fail at their contracts' rates with retryable codes (False: episodes without
-    `faults` are deterministic)."""
+    transient_failures: bool = False
+    """Whether skills also fail at their contracts' rates with retryable codes, as real back ends do. Off by
+    default, so an episode without `faults` is deterministic and the expert always succeeds."""
 
     def __post_init__(self) -> None:
         if self.train < 1:
