@@ -1,4 +1,4 @@
-"""Bearer-token auth and per-token rate limiting, as one route dependency: `Depends(require(Scope.WRITE))`.
+"""Bearer-token auth and per-token rate limiting, as one route dependency: `Depends(ScopedBearer(...))`.
 
 A request without a known token gets 401 (with `WWW-Authenticate: Bearer`), a token without the scope
 403, and a token over its rate 429 with `Retry-After`. Tokens are looked up by their SHA-256 digest, so
@@ -10,16 +10,15 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from fastapi import Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Request
+from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
+from fastapi.security.base import SecurityBase
 
 from sessionrl.service.config import Scope
 from sessionrl.service.problems import ProblemError
-
-bearer = HTTPBearer(auto_error=False, description="A token from SESSIONRL_TOKENS or `--tokens`.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +65,31 @@ class RateLimiter:
         return (1.0 - tokens) / self._rate
 
 
-def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
-    """A dependency that admits a known, in-scope, in-rate token and returns its principal."""
+class ScopedBearer(SecurityBase):
+    """A dependency that admits a known, in-scope, in-rate bearer token and returns its principal.
 
-    async def dependency(
-        request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)
-    ) -> Principal:
+    It is the security scheme itself (documented in OpenAPI as `HTTPBearer`), so a route pays for one
+    dependency, not a scheme plus a checker.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        self.model = HTTPBearerModel(description="A token from SESSIONRL_TOKENS or `--tokens`.")
+        self.scheme_name = "HTTPBearer"
+        self.scope = scope
+
+    async def __call__(self, request: Request) -> Principal:
         challenge = {"WWW-Authenticate": 'Bearer realm="sessionrl"'}
-        if credentials is None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
             raise ProblemError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
-        principal = request.app.state.tokens.lookup(credentials.credentials)
-        if principal is None:
+        principal = request.app.state.tokens.lookup(token.strip())
+        if not isinstance(principal, Principal):
             raise ProblemError(401, "unauthorized", "unknown token", headers=challenge)
-        if scope not in principal.scopes:
-            raise ProblemError(403, "forbidden", f"this token lacks the {scope.value!r} scope")
+        if self.scope not in principal.scopes:
+            raise ProblemError(403, "forbidden", f"this token lacks the {self.scope.value!r} scope")
         wait = request.app.state.limiter.check(principal.name)
         if wait > 0:
             retry = str(max(1, math.ceil(wait)))
-            raise ProblemError(
-                429, "rate_limited", f"too many requests; retry in {retry} s", headers={"Retry-After": retry}
-            )
-        assert isinstance(principal, Principal)
+            detail = f"too many requests; retry in {retry} s"
+            raise ProblemError(429, "rate_limited", detail, headers={"Retry-After": retry})
         return principal
-
-    return dependency

@@ -2,7 +2,7 @@
 
 Tokens come from the config or from the environment (`SESSIONRL_TOKENS="tok1:read,write;tok2:read"`).
 
->>> sorted(parse_tokens("tok1:read,write;tok2:read")["tok1"])
+>>> sorted(scope.value for scope in parse_tokens("tok1:read,write;tok2:read")["tok1"])
 ['read', 'write']
 """
 

@@ -10,7 +10,7 @@ from fastapi import Depends, Header, Request
 
 from sessionrl.errors import StaleState
 from sessionrl.orchestrator.engine import Orchestrator
-from sessionrl.service.auth import Principal, require
+from sessionrl.service.auth import Principal, ScopedBearer
 from sessionrl.service.config import Scope
 from sessionrl.service.problems import ProblemError
 
@@ -22,8 +22,8 @@ async def _engine(request: Request) -> Orchestrator:
 
 
 Engine = Annotated[Orchestrator, Depends(_engine)]
-Reader = Annotated[Principal, Depends(require(Scope.READ))]
-Writer = Annotated[Principal, Depends(require(Scope.WRITE))]
+Reader = Annotated[Principal, Depends(ScopedBearer(Scope.READ))]
+Writer = Annotated[Principal, Depends(ScopedBearer(Scope.WRITE))]
 
 IdempotencyKey = Annotated[
     str | None,
