@@ -9,7 +9,8 @@ from rewards_support import build, feedback, tool
 
 from sessionrl.rewards.rules import RuleEvalError, RuleFileError, RuleSet, compile_rules, load_rules
 from sessionrl.rewards.terms import ScoringContext
-from sessionrl.session import CallStatus, FeedbackType
+from sessionrl.rewards.views import SAMPLE_VIEWS, feedback_view, llm_call_view, session_view, tool_call_view
+from sessionrl.session import CallStatus, FeedbackType, LLMCall
 
 GOOD = """
 name: tiny
@@ -159,3 +160,22 @@ def test_one_context_reused_for_two_sessions_does_not_mix_them(tmp_path: Path) -
     ctx = ScoringContext(now=failed.updated_at, params=rules.file)
     assert rules.terms[0].fn(failed, ctx).value == -2.0
     assert rules.terms[0].fn(fine, ctx).value == 0.0
+
+
+def test_sample_views_have_exactly_the_fields_of_real_views() -> None:
+    session = build([tool("t1")], [feedback(FeedbackType.HUMAN_RATING, 3.0)])
+    assert SAMPLE_VIEWS["call_tool"].keys() == tool_call_view(session.tool_calls[0]).keys()
+    assert SAMPLE_VIEWS["call_llm"].keys() == llm_call_view(LLMCall(call_id="l1")).keys()
+    assert SAMPLE_VIEWS["feedback"].keys() == feedback_view(session.feedback[0]).keys()
+    assert SAMPLE_VIEWS["session"].keys() == session_view(session).keys()
+
+
+def test_rules_see_only_the_fields_they_read_but_bare_use_gets_everything(tmp_path: Path) -> None:
+    rules = compile_rules(GOOD.encode(), "good", tmp_path)
+    assert rules.terms[0].fn.needs["call"] == {"ok"}  # type: ignore[attr-defined]
+    bare = GOOD.replace('"!call.ok"', '"!call.ok && size(call) > 3"')
+    rules = compile_rules(bare.encode(), "bare", tmp_path)
+    assert rules.terms[0].fn.needs["call"] is None  # type: ignore[attr-defined]
+    session = build([tool("t1", "db_query", CallStatus.ERROR)])
+    ctx = ScoringContext(now=session.updated_at, params=rules.file)
+    assert rules.terms[0].fn(session, ctx).value == -2.0

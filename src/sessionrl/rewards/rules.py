@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -170,6 +170,9 @@ class RuleSet:
         return self.file.name
 
 
+Needs = Mapping[str, frozenset[str] | None]
+"""Variables a scope's rules read, each with the view fields read (None: the whole value)."""
+
 _BOUND = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 
 
@@ -180,7 +183,7 @@ class RuleTerm:
     spec: RuleSpec
     when: cel.Program
     value: cel.Program
-    needs: frozenset[str]
+    needs: Needs
 
     def __call__(self, session: Session, ctx: ScoringContext) -> TermResult:
         total, steps, hits, seen = 0.0, dict[str, float](), list[str](), 0
@@ -241,10 +244,11 @@ def _items(scope: Scope, session: Session) -> Iterator[tuple[str, Any]]:
 
 
 def _variables(
-    scope: Scope, needs: frozenset[str], session: Session, item: Any, key: str, ctx: ScoringContext
+    scope: Scope, needs: Needs, session: Session, item: Any, key: str, ctx: ScoringContext
 ) -> cel.Context:
     """The CEL variables of one item, built once per scoring and shared by every rule of the scope.
 
+    Views carry only the fields the scope's rules read (converting values into CEL is the costly part).
     The memo belongs to one session: a context handed a different session starts it afresh.
     """
     if ctx.memo.get("session") is not session:
@@ -255,23 +259,29 @@ def _variables(
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     values: dict[str, Any] = {}
-    if "session" in needs:
-        if "session_view" not in ctx.memo:
-            ctx.memo["session_view"] = session_view(session)
-        values["session"] = ctx.memo["session_view"]
-    if "call" in needs:
-        values["call"] = tool_call_view(item) if scope is Scope.TOOL_CALL else llm_call_view(item)
-    if "feedback" in needs:
-        values["feedback"] = feedback_view(item)
-    if "weight" in needs:
-        values["weight"] = ctx.params.tool_weight(item.tool)
-    if "budget_ms" in needs:
-        values["budget_ms"] = ctx.params.latency_budget(item.tool)
-    if "best_steps" in needs:
-        values["best_steps"] = ctx.best_steps.get(scenario_key(session), 0)
+    for name, fields in needs.items():
+        value = _variable(name, scope, session, item, ctx)
+        values[name] = value if fields is None else {f: value[f] for f in fields}
     context = cel.Context(values)
     ctx.memo[memo_key] = context
     return context
+
+
+def _variable(name: str, scope: Scope, session: Session, item: Any, ctx: ScoringContext) -> Any:
+    """The full value of one scope variable for one item."""
+    if name == "session":
+        if "session_view" not in ctx.memo:
+            ctx.memo["session_view"] = session_view(session)
+        return ctx.memo["session_view"]
+    if name == "call":
+        return tool_call_view(item) if scope is Scope.TOOL_CALL else llm_call_view(item)
+    if name == "feedback":
+        return feedback_view(item)
+    if name == "weight":
+        return ctx.params.tool_weight(item.tool)
+    if name == "budget_ms":
+        return ctx.params.latency_budget(item.tool)
+    return ctx.best_steps.get(scenario_key(session), 0)  # best_steps
 
 
 DEFAULT_RULES = "default_rules.yaml"
@@ -349,10 +359,10 @@ def _compile_terms(file: RuleFile, source: str) -> tuple[Term, ...]:
             raise RuleFileError(source, problem, spec.name)
         _check_fields(spec, source)
         _check_on_sample(spec, when, value, source)
-        compiled.append((spec, when, value, used))
-    needs: dict[Scope, frozenset[str]] = {}
-    for spec, _, _, used in compiled:
-        needs[spec.for_each] = needs.get(spec.for_each, frozenset()) | used
+        compiled.append((spec, when, value, _reads(spec, used)))
+    needs: dict[Scope, Needs] = {}
+    for spec, _, _, reads in compiled:
+        needs[spec.for_each] = _merge(needs.get(spec.for_each, {}), reads)
     rules = [
         Term(spec.name, RuleTerm(spec, when, value, needs[spec.for_each]), TermKind.RULE, spec.layer)
         for spec, when, value, _ in compiled
@@ -374,6 +384,27 @@ def _free_variables(program: cel.Program) -> set[str]:
     return set(program.variables()) - set(_BOUND.findall(program.source))
 
 
+def _reads(spec: RuleSpec, used: set[str]) -> Needs:
+    """What a rule reads of each variable: the view fields it names, or None for the whole value."""
+    text = f"{spec.when}\n{spec.value}"
+    reads: dict[str, frozenset[str] | None] = {}
+    for name in used:
+        bare = re.search(rf"\b{name}\b(?!\s*\.)", text)
+        fields = frozenset(f for v, f in _FIELD.findall(text) if v == name)
+        reads[name] = fields if name in _VIEWS and fields and not bare else None
+    return reads
+
+
+def _merge(a: Needs, b: Needs) -> Needs:
+    """Reads of two rules of a scope together (the whole value wins over fields)."""
+    merged = dict(a)
+    for name, fields in b.items():
+        old = merged.get(name, frozenset())
+        merged[name] = None if fields is None or old is None else old | fields
+    return merged
+
+
+_VIEWS = frozenset({"call", "feedback", "session"})
 _FIELD = re.compile(r"\b(call|feedback|session)\s*\.\s*([A-Za-z_]\w*)")
 
 
