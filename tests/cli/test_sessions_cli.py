@@ -22,10 +22,10 @@ N = 300
 runner = CliRunner()
 
 CHRONIC_SQL = """
-WITH mentioning AS (SELECT DISTINCT session_id FROM feedback WHERE comment LIKE '%chronic disease%')
 SELECT COUNT(*) AS matched,
-       SUM(session_id IN (SELECT session_id FROM tool_calls WHERE tool = 'crp_test_request')) AS called
-FROM mentioning
+       SUM(s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = 'crp_test_request')) AS called
+FROM sessions s
+WHERE s.session_id IN (SELECT session_id FROM feedback WHERE comment LIKE '%chronic disease%')
 """
 
 

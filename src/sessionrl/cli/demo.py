@@ -19,17 +19,15 @@ from sessionrl.store.dialect import contains_pattern
 from sessionrl.store.synthetic import ingest
 
 CHRONIC_SQL = """
-WITH mentioning AS (
-    SELECT DISTINCT session_id FROM feedback WHERE comment LIKE :pattern ESCAPE '\\'
-)
 SELECT COUNT(*) AS matched,
-       COALESCE(SUM(session_id IN (SELECT session_id FROM tool_calls WHERE tool = :tool)), 0) AS called
-FROM mentioning
+       COALESCE(SUM(s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = :tool)), 0) AS called
+FROM sessions s
+WHERE s.session_id IN (SELECT session_id FROM feedback WHERE comment LIKE :pattern ESCAPE '\\')
 """
 """Of the sessions with a feedback comment matching `:pattern`, how many called `:tool`.
 
-Driven from the feedback rows, with the callers of the tool collected once: a correlated `EXISTS` per
-session would scan the tool's calls again for every match.
+Both sub-queries are uncorrelated, so each is evaluated once (one pass over the feedback, one range of
+the tool index); a correlated `EXISTS` per session would probe the tool's calls again for every match.
 """
 
 FAILURE_RATES_SQL = """
