@@ -69,6 +69,17 @@ class ActionLayout:
         """Size of the skill head: every skill and finish."""
         return len(self.skills) + 1
 
+    def action(self, skill: int, raw: Mapping[int, float], picks: Mapping[int, int]) -> StructuredAction:
+        """One action (a batch of one): `skill`, the Gaussian draw ``u`` of each numeric slot in `raw` and
+        the index of each choice slot in `picks`; heads the skill does not own are 0."""
+        numbers = [raw.get(slot, 0.0) if s == skill else 0.0 for s, slot in self.numeric]
+        choices = [picks.get(slot, 0) if s == skill else 0 for s, slot, _ in self.choices]
+        return StructuredAction(
+            torch.tensor([skill]),
+            torch.tensor([numbers], dtype=torch.float32),
+            torch.tensor([choices], dtype=torch.long),
+        )
+
 
 @dataclass(frozen=True)
 class StructuredAction:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from sessionrl.envs.gym import StructuredEnv
+from sessionrl.policy.structured import StructuredPolicy
 from sessionrl.train.losses import (
     adaptive_lambda,
     clipped_pg_loss,
@@ -39,6 +40,7 @@ from sessionrl.train.structured_rollout import (
     build_run,
     minibatches,
     normalise,
+    torch_threads,
 )
 
 
@@ -147,85 +149,93 @@ def adaptive_gae(
 
 
 def train_aaac(
-    env: StructuredEnv, config: AAACConfig, *, on_log: Callable[[IterationLog], None] | None = None
+    env: StructuredEnv,
+    config: AAACConfig,
+    *,
+    policy: StructuredPolicy | None = None,
+    on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
-    """Train a fresh structured policy on the training tasks of `env`; `on_log` sees every round's log."""
+    """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
+    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log."""
     cfg = config.run
-    policy, encoder, collector, optimizer = build_run(env, cfg)
+    policy, encoder, collector, optimizer = build_run(env, cfg, policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
-    history, updates = [], 0
-    for iteration in range(cfg.iterations):
-        # rollout
-        seen = len(collector.episodes)
-        batch = collector.collect(policy)
+    with torch_threads(cfg.threads):
+        history, updates = [], 0
+        for iteration in range(cfg.iterations):
+            # rollout
+            seen = len(collector.episodes)
+            batch = collector.collect(policy)
 
-        # advantages
-        adv_reward, ret_reward, lams = adaptive_gae(
-            batch.rewards,
-            batch.values,
-            batch.dones,
-            batch.episode_step,
-            batch.next_value,
-            cfg.gamma,
-            config.lam,
-        )
-        adv_risk, ret_risk, _ = adaptive_gae(
-            batch.risks,
-            batch.risk_values,
-            batch.dones,
-            batch.episode_step,
-            batch.next_risk_value,
-            cfg.gamma,
-            config.lam,
-        )
-        advantages = batch.flat(dual_critic_advantage(adv_reward, adv_risk, config.w_reward, config.w_risk))
-        ret_reward, ret_risk = batch.flat(ret_reward), batch.flat(ret_risk)
-        obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
-        action, old_logp = batch.flat_action(), batch.flat(batch.logp)
+            # advantages
+            adv_reward, ret_reward, lams = adaptive_gae(
+                batch.rewards,
+                batch.values,
+                batch.dones,
+                batch.episode_step,
+                batch.next_value,
+                cfg.gamma,
+                config.lam,
+            )
+            adv_risk, ret_risk, _ = adaptive_gae(
+                batch.risks,
+                batch.risk_values,
+                batch.dones,
+                batch.episode_step,
+                batch.next_risk_value,
+                cfg.gamma,
+                config.lam,
+            )
+            advantages = batch.flat(
+                dual_critic_advantage(adv_reward, adv_risk, config.w_reward, config.w_risk)
+            )
+            ret_reward, ret_risk = batch.flat(ret_reward), batch.flat(ret_risk)
+            obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
+            action, old_logp = batch.flat_action(), batch.flat(batch.logp)
 
-        # update
-        stats = torch.zeros(5)
-        beta = decaying_beta(updates, config.beta0, config.beta_decay)
-        for _ in range(cfg.epochs):
-            for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
-                out = policy(obs[idx], text[idx], mask[idx])
-                taken = action[idx]
-                ones = torch.ones(len(idx))
-                logp = out.dist.log_prob(taken)
-                pg = clipped_pg_loss(logp, old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps)
-                kl = kl_penalty(old_logp[idx], logp, ones)  # KL(π_old ‖ π_θ) on π_old's samples
-                beta = decaying_beta(updates, config.beta0, config.beta_decay)
-                critics = value_loss(out.value, ret_reward[idx], ones) + value_loss(
-                    out.risk_value, ret_risk[idx], ones
-                )
-                entropy = out.dist.entropy(taken.skill).mean()
-                loss = pg.loss + beta * kl + cfg.value_coef * critics - cfg.entropy_coef * entropy
-                optimizer.zero_grad(set_to_none=True)
-                torch.autograd.backward(loss)
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                updates += 1
-                stats += torch.tensor(
-                    [pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
-                )
+            # update
+            stats = torch.zeros(5)
+            beta = decaying_beta(updates, config.beta0, config.beta_decay)
+            for _ in range(cfg.epochs):
+                for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
+                    out = policy(obs[idx], text[idx], mask[idx])
+                    taken = action[idx]
+                    ones = torch.ones(len(idx))
+                    logp = out.dist.log_prob(taken)
+                    pg = clipped_pg_loss(logp, old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps)
+                    kl = kl_penalty(old_logp[idx], logp, ones)  # KL(π_old ‖ π_θ) on π_old's samples
+                    beta = decaying_beta(updates, config.beta0, config.beta_decay)
+                    critics = value_loss(out.value, ret_reward[idx], ones) + value_loss(
+                        out.risk_value, ret_risk[idx], ones
+                    )
+                    entropy = out.dist.entropy(taken.skill).mean()
+                    loss = pg.loss + beta * kl + cfg.value_coef * critics - cfg.entropy_coef * entropy
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.autograd.backward(loss)
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    updates += 1
+                    stats += torch.tensor(
+                        [pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
+                    )
 
-        # log
-        stats /= cfg.epochs * cfg.minibatches
-        log = IterationLog(
-            iteration=iteration,
-            env_steps=collector.env_steps,
-            train=Summary.of(collector.episodes[seen:]),
-            policy_loss=float(stats[0]),
-            value_loss=float(stats[1]),
-            entropy=float(stats[2]),
-            approx_kl=float(stats[3]),
-            clip_fraction=float(stats[4]),
-            mean_lambda=float(lams.mean()),
-            kl_beta=beta,
-        )
-        history.append(log)
-        if on_log is not None:
-            on_log(log)
+            # log
+            stats /= cfg.epochs * cfg.minibatches
+            log = IterationLog(
+                iteration=iteration,
+                env_steps=collector.env_steps,
+                train=Summary.of(collector.episodes[seen:]),
+                policy_loss=float(stats[0]),
+                value_loss=float(stats[1]),
+                entropy=float(stats[2]),
+                approx_kl=float(stats[3]),
+                clip_fraction=float(stats[4]),
+                mean_lambda=float(lams.mean()),
+                kl_beta=beta,
+            )
+            history.append(log)
+            if on_log is not None:
+                on_log(log)
     return StructuredRun(policy, encoder, tuple(history))
 
 

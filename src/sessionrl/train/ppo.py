@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sessionrl.envs.gym import StructuredEnv
+from sessionrl.policy.structured import StructuredPolicy
 from sessionrl.train.losses import clipped_pg_loss, gae, value_loss
 from sessionrl.train.structured_rollout import (
     IterationLog,
@@ -22,6 +23,7 @@ from sessionrl.train.structured_rollout import (
     build_run,
     minibatches,
     normalise,
+    torch_threads,
 )
 
 
@@ -40,64 +42,83 @@ class PPOConfig:
 
 
 def train_ppo(
-    env: StructuredEnv, config: PPOConfig, *, on_log: Callable[[IterationLog], None] | None = None
+    env: StructuredEnv,
+    config: PPOConfig,
+    *,
+    policy: StructuredPolicy | None = None,
+    on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
-    """Train a fresh structured policy on the training tasks of `env`; `on_log` sees every round's log."""
+    """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
+    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log."""
     cfg = config.run
-    policy, encoder, collector, optimizer = build_run(env, cfg)
+    policy, encoder, collector, optimizer = build_run(env, cfg, policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
-    history = []
-    for iteration in range(cfg.iterations):
-        # rollout
-        seen = len(collector.episodes)
-        batch = collector.collect(policy)
+    with torch_threads(cfg.threads):
+        history = []
+        for iteration in range(cfg.iterations):
+            # rollout
+            seen = len(collector.episodes)
+            batch = collector.collect(policy)
 
-        # advantages
-        advantages, returns = gae(
-            batch.rewards, batch.values, batch.dones, cfg.gamma, config.gae_lambda, bootstrap=batch.next_value
-        )
-        obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
-        action = batch.flat_action()
-        old_logp, advantages, returns = batch.flat(batch.logp), batch.flat(advantages), batch.flat(returns)
+            # advantages
+            advantages, returns = gae(
+                batch.rewards,
+                batch.values,
+                batch.dones,
+                cfg.gamma,
+                config.gae_lambda,
+                bootstrap=batch.next_value,
+            )
+            obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
+            action = batch.flat_action()
+            old_logp, advantages, returns = (
+                batch.flat(batch.logp),
+                batch.flat(advantages),
+                batch.flat(returns),
+            )
 
-        # update
-        stats = torch.zeros(5)
-        for _ in range(cfg.epochs):
-            for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
-                out = policy(obs[idx], text[idx], mask[idx])
-                taken = action[idx]
-                ones = torch.ones(len(idx))
-                pg = clipped_pg_loss(
-                    out.dist.log_prob(taken), old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps
-                )
-                critic = value_loss(out.value, returns[idx], ones)
-                entropy = out.dist.entropy(taken.skill).mean()
-                loss = pg.loss + cfg.value_coef * critic - cfg.entropy_coef * entropy
-                optimizer.zero_grad(set_to_none=True)
-                torch.autograd.backward(loss)
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                stats += torch.tensor(
-                    [pg.loss.item(), critic.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
-                )
+            # update
+            stats = torch.zeros(5)
+            for _ in range(cfg.epochs):
+                for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
+                    out = policy(obs[idx], text[idx], mask[idx])
+                    taken = action[idx]
+                    ones = torch.ones(len(idx))
+                    pg = clipped_pg_loss(
+                        out.dist.log_prob(taken),
+                        old_logp[idx],
+                        normalise(advantages[idx]),
+                        ones,
+                        cfg.clip_eps,
+                    )
+                    critic = value_loss(out.value, returns[idx], ones)
+                    entropy = out.dist.entropy(taken.skill).mean()
+                    loss = pg.loss + cfg.value_coef * critic - cfg.entropy_coef * entropy
+                    optimizer.zero_grad(set_to_none=True)
+                    torch.autograd.backward(loss)
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                    optimizer.step()
+                    stats += torch.tensor(
+                        [pg.loss.item(), critic.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
+                    )
 
-        # log
-        stats /= cfg.epochs * cfg.minibatches
-        log = IterationLog(
-            iteration=iteration,
-            env_steps=collector.env_steps,
-            train=Summary.of(collector.episodes[seen:]),
-            policy_loss=float(stats[0]),
-            value_loss=float(stats[1]),
-            entropy=float(stats[2]),
-            approx_kl=float(stats[3]),
-            clip_fraction=float(stats[4]),
-            mean_lambda=config.gae_lambda,
-            kl_beta=0.0,
-        )
-        history.append(log)
-        if on_log is not None:
-            on_log(log)
+            # log
+            stats /= cfg.epochs * cfg.minibatches
+            log = IterationLog(
+                iteration=iteration,
+                env_steps=collector.env_steps,
+                train=Summary.of(collector.episodes[seen:]),
+                policy_loss=float(stats[0]),
+                value_loss=float(stats[1]),
+                entropy=float(stats[2]),
+                approx_kl=float(stats[3]),
+                clip_fraction=float(stats[4]),
+                mean_lambda=config.gae_lambda,
+                kl_beta=0.0,
+            )
+            history.append(log)
+            if on_log is not None:
+                on_log(log)
     return StructuredRun(policy, encoder, tuple(history))
 
 

@@ -5,15 +5,17 @@ as its episode ends, and returns a `Rollout` of ``[N, T]`` tensors (env-major, t
 `sessionrl.train.losses.gae` expects). Besides the environment's reward it records a *risk* signal per step,
 ``-(new risk flags)``, for the risk critic. Finished episodes are kept as `EpisodeStats`.
 
-`evaluate` runs every task of a split once (greedy by default) and reports completion, steps per task and
-the share of risky calls. A *risky call* is a skill call that raised at least one of the domain's risk
-flags (a refund before the return was confirmed, a second refund, a reshipment before a loss or return was
-confirmed).
+`evaluate` runs every task of a split once (greedy by default); `Summary` reports completion, steps per
+task and the share of risky calls. A *risky call* is a skill call that raised at least one of the domain's
+risk flags (a refund before the return was confirmed, a second refund, a reshipment before a loss or
+return was confirmed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +55,21 @@ class StructuredRunConfig:
     text_dim: int = field(default=32, metadata={"help": "width of the hashed query embedding"})
     gym: GymConfig = field(default_factory=GymConfig, metadata={"help": "episode length and reward weights"})
     seed: int = field(default=0, metadata={"help": "seeds the networks, the sampling and the task draws"})
+    threads: int = field(
+        default=1, metadata={"help": "torch CPU threads while training (small nets: 1 is fastest)"}
+    )
 
     def __post_init__(self) -> None:
-        counts = ("iterations", "num_envs", "rollout_steps", "epochs", "minibatches", "hidden", "text_dim")
+        counts = (
+            "iterations",
+            "num_envs",
+            "rollout_steps",
+            "epochs",
+            "minibatches",
+            "hidden",
+            "text_dim",
+            "threads",
+        )
         for name in counts:
             if getattr(self, name) < 1:
                 raise ValueError(f"StructuredRunConfig.{name} must be at least 1, got {getattr(self, name)}")
@@ -135,6 +149,21 @@ class Summary:
             mean_steps=sum(e.steps for e in episodes) / n if n else 0.0,
             risk_share=sum(e.risky_calls for e in episodes) / calls if calls else 0.0,
         )
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` torch CPU threads, then restore the caller's setting.
+
+    Networks this small spend more time synchronising threads than computing: one thread trains several
+    times faster than two on a laptop.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def encode_queries(encoder: TextEncoder, queries: Sequence[str]) -> Tensor:
@@ -278,8 +307,8 @@ def evaluate(
     greedy: bool = True,
     seed: int = 0,
     limit: int | None = None,
-) -> Summary:
-    """Run the first `limit` tasks of `split` (all by default) once each; summarise the episodes."""
+) -> list[EpisodeStats]:
+    """Run the first `limit` tasks of `split` (all by default) once each (see `Summary.of` to sum up)."""
     gym_env = DecisionGymEnv(env, split, seed=seed, config=gym)
     generator = torch.Generator().manual_seed(seed)
     episodes = []
@@ -300,18 +329,28 @@ def evaluate(
             risky += len(gym_env.episode.risk_flags) > flags
             done, success = terminated or truncated, bool(step_info.get("success", False))
         episodes.append(EpisodeStats(task.task_id, success, steps, calls, risky))
-    return Summary.of(episodes)
+    return episodes
 
 
 def build_run(
-    env: StructuredEnv, config: StructuredRunConfig
+    env: StructuredEnv, config: StructuredRunConfig, policy: StructuredPolicy | None = None
 ) -> tuple[StructuredPolicy, TextEncoder, Collector, torch.optim.Optimizer]:
-    """The seeded pieces every structured trainer starts from: policy, encoder, collector, optimiser."""
+    """The seeded pieces every structured trainer starts from: policy, encoder, collector, optimiser.
+
+    With `policy` (say, one cloned from the expert), a copy of it is trained instead of a fresh one.
+    """
     encoder = build_encoder(config.encoder, dim=config.text_dim)
     collector = Collector(env, config, encoder)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        policy = build_policy(collector.envs[0], encoder.dim, config.hidden)
+    if policy is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            policy = build_policy(collector.envs[0], encoder.dim, config.hidden)
+    else:
+        if policy.text_dim != encoder.dim:
+            raise ValueError(
+                f"the policy reads {policy.text_dim}-wide queries; the encoder gives {encoder.dim}"
+            )
+        policy = copy.deepcopy(policy)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-5)
     return policy, encoder, collector, optimizer
 
@@ -359,4 +398,5 @@ __all__ = [
     "minibatches",
     "normalise",
     "policy_step",
+    "torch_threads",
 ]

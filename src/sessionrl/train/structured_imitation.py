@@ -1,0 +1,188 @@
+"""Imitation for the structured policy: expert plans replayed as Gymnasium actions, then behaviour cloning.
+
+The expert of a `DecisionEnv` writes plans of tool calls with full parameters. `demonstrations` replays
+each plan on a `DecisionGymEnv` and records, before every step, the observation, the query embedding, the
+mask and the action the policy would have had to take: the tool's skill index and, for each of its
+bounded parameters (`ParamSpec`), the value written back into the policy's coordinates:
+
+* a number ``v`` in the episode's range ``[low, high]`` becomes ``x = 2 (v - low) / (high - low) - 1`` and
+  the Gaussian draw ``u = atanh(x)`` (``x`` kept within ``±(1 - 1e-6)`` so ``u`` is finite);
+* a choice becomes its index among the spec's choices.
+
+The plan ends with *finish*. `clone` then fits a policy to those actions by maximum likelihood
+(``-mean log π(a|s)``), which is the imitation stage that RL (`ppo`, `aaac`) continues from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sessionrl.envs.base import ExpertPlan, Split, Task
+from sessionrl.envs.gym import DecisionGymEnv, StructuredEnv
+from sessionrl.policy.encoder import TextEncoder
+from sessionrl.policy.structured import StructuredAction, StructuredPolicy, flatten_observation
+from sessionrl.train.structured_rollout import (
+    StructuredRun,
+    StructuredRunConfig,
+    build_run,
+    encode_queries,
+    env_action,
+    minibatches,
+    torch_threads,
+)
+
+EDGE = 1.0 - 1e-6
+"""Largest ``|x|`` written back for a number, so ``atanh(x)`` stays finite."""
+
+
+class ExpertEnv(StructuredEnv, Protocol):
+    """A structured environment whose expert writes plans."""
+
+    def expert(self, task: Task) -> ExpertPlan:
+        """A plan that solves `task`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ImitationConfig:
+    """How the structured policy imitates the expert."""
+
+    demos: int = field(default=60, metadata={"help": "training tasks demonstrated (the first ones)"})
+    epochs: int = field(default=30, metadata={"help": "passes over the demonstrations"})
+    batch_size: int = field(default=64, metadata={"help": "steps per gradient step"})
+    lr: float = field(default=3e-3, metadata={"help": "Adam learning rate"})
+
+    def __post_init__(self) -> None:
+        if self.demos < 1 or self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError("ImitationConfig needs demos, epochs and batch_size >= 1 and lr > 0")
+
+
+@dataclass(frozen=True)
+class Demonstrations:
+    """Expert steps as one batch: flat observations, query embeddings, masks and actions (``[S, ...]``)."""
+
+    obs: Tensor
+    text: Tensor
+    mask: Tensor
+    action: StructuredAction
+    solved: int
+    """Replayed plans the environment judged solved."""
+    tasks: int
+
+
+def expert_action(
+    gym_env: DecisionGymEnv, policy: StructuredPolicy, tool: str, params: dict[str, object]
+) -> StructuredAction:
+    """The policy's action for a call to `tool` with `params`, in the current episode (see module doc)."""
+    skill = gym_env.skill_names.index(tool)
+    bounds = gym_env.episode.param_bounds().get(tool, {})
+    raw: dict[int, float] = {}
+    picks: dict[int, int] = {}
+    for slot, spec in enumerate(gym_env.param_specs[tool]):
+        value = params[spec.name]
+        if spec.choices:
+            picks[slot] = spec.choices.index(value)
+            continue
+        low, high = bounds.get(spec.name, (spec.low, spec.high))
+        x = 2.0 * (float(value) - low) / (high - low) - 1.0 if high > low else 0.0  # type: ignore[arg-type]
+        raw[slot] = math.atanh(min(max(x, -EDGE), EDGE))
+    return policy.layout.action(skill, raw, picks)
+
+
+def demonstrations(
+    env: ExpertEnv,
+    tasks: Sequence[Task],
+    policy: StructuredPolicy,
+    encoder: TextEncoder,
+    config: StructuredRunConfig,
+) -> Demonstrations:
+    """Replay the expert's plan of every task on a Gymnasium view of `env` and record each step."""
+    gym_env = DecisionGymEnv(
+        env, tasks[0].split if tasks else Split.TRAIN, seed=config.seed, config=config.gym
+    )
+    obs_rows, text_rows, mask_rows, actions = [], [], [], []
+    solved = 0
+    for task in tasks:
+        obs, info = gym_env.reset(options={"task_id": task.task_id})
+        text = encode_queries(encoder, [info["instruction"]])
+        plan = env.expert(task)
+        calls = [(step.tool, dict(step.params)) for step in plan.steps]
+        for tool, params in [*calls, (None, {})]:
+            action = (
+                expert_action(gym_env, policy, tool, params)
+                if tool is not None
+                else policy.layout.action(gym_env.finish_action, {}, {})
+            )
+            obs_rows.append(torch.from_numpy(flatten_observation(obs)))
+            text_rows.append(text[0])
+            mask_rows.append(torch.from_numpy(np.asarray(obs["action_mask"], np.int64)))
+            actions.append(action)
+            params_vector = policy(obs_rows[-1][None], text, mask_rows[-1][None]).dist.env_params(action)
+            obs, _, terminated, truncated, step_info = gym_env.step(
+                env_action(params_vector.detach(), action.skill, 0)
+            )
+            if terminated or truncated:
+                solved += bool(step_info.get("success", False))
+                break
+    return Demonstrations(
+        obs=torch.stack(obs_rows),
+        text=torch.stack(text_rows),
+        mask=torch.stack(mask_rows),
+        action=StructuredAction(
+            *(torch.cat([getattr(a, k) for a in actions]) for k in ("skill", "raw", "choice"))
+        ),
+        solved=solved,
+        tasks=len(tasks),
+    )
+
+
+def clone(
+    policy: StructuredPolicy, demos: Demonstrations, config: ImitationConfig, seed: int = 0
+) -> list[float]:
+    """Fit `policy` to `demos` by maximum likelihood; returns the mean loss of every epoch."""
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    generator = torch.Generator().manual_seed(seed)
+    size = demos.obs.shape[0]
+    losses = []
+    for _ in range(config.epochs):
+        total = 0.0
+        parts = minibatches(size, max(1, size // config.batch_size), generator)
+        for idx in parts:
+            out = policy(demos.obs[idx], demos.text[idx], demos.mask[idx])
+            loss = -out.dist.log_prob(demos.action[idx]).mean()
+            optimizer.zero_grad(set_to_none=True)
+            torch.autograd.backward(loss)
+            optimizer.step()
+            total += loss.item()
+        losses.append(total / len(parts))
+    return losses
+
+
+def imitate(env: ExpertEnv, run: StructuredRunConfig, config: ImitationConfig) -> StructuredRun:
+    """A fresh policy (built as the RL trainers build theirs) cloned on the first `config.demos` training
+    tasks; its `history` is empty. Pass `result.policy` to `train_ppo` / `train_aaac` with the same `run`."""
+    policy, encoder, _, _ = build_run(env, run)
+    tasks = list(env.tasks(Split.TRAIN))[: config.demos]
+    with torch_threads(run.threads):
+        with torch.no_grad():
+            demos = demonstrations(env, tasks, policy, encoder, run)
+        clone(policy, demos, config, seed=run.seed)
+    return StructuredRun(policy, encoder, ())
+
+
+__all__ = [
+    "Demonstrations",
+    "ExpertEnv",
+    "ImitationConfig",
+    "clone",
+    "demonstrations",
+    "expert_action",
+    "imitate",
+]
