@@ -9,6 +9,10 @@ commute); a longer unit is checked by folding it locally, then appended with cha
 so it is written whole or not at all. A unit that lost a race (`StaleState`) is rebuilt on the fresh
 session and tried again.
 
+The cache trusts that this engine is the only writer of the sessions it serves (one orchestrator per
+store); a unit that finds the store ahead of the cache still commits correctly (see above), and the
+fresh session replaces the cached one.
+
 Idempotency: a caller may pass `key`. Every id the request writes is derived from it (`StepIds`), the
 store ignores an event id it already holds, and a request whose last event is already in the log is
 answered from the log without running anything again.

@@ -1,0 +1,343 @@
+"""Benchmark of `sessionrl serve` on loopback with the durable store (SQLite, WAL, synchronous=FULL).
+
+1. Step throughput: tool steps on a zero-latency simulated skill from 64 concurrent keep-alive
+   connections; steps/s, p50, p99. The same load on a bare FastAPI endpoint served the same way is the
+   framework's ceiling; the ratio says how much of it the orchestrator keeps.
+2. Slow tools: 1,000 sessions in flight, 5 tool steps each on a skill of 820 ± 340 ms; sessions/s
+   against the ideal (concurrency ÷ mean session time, 1000 / 4.1 s). The same workload run by one
+   synchronous loop per CPU core (one step at a time per worker) gives the speed-up.
+
+The load comes from a small raw HTTP/1.1 client on asyncio (keep-alive, one request in flight per
+connection), so the client costs little of the machine's two cores. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+TOKEN = "bench-token"
+HOST = "127.0.0.1"
+CONCURRENCY = 64
+STEPS_PER_SESSION = 8
+SLOW_SESSIONS = 1000
+SLOW_STEPS = 5
+SLOW_MEAN_S = 0.820
+
+FAST_SKILL = """
+name: echo
+description: Answers at once with a fixed payload.
+input_schema: {type: object}
+output_schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
+simulation: {mean_ms: 0}
+"""
+
+SLOW_SKILL = """
+name: slow_lookup
+description: A slow back-office lookup.
+input_schema: {type: object}
+output_schema: {type: object, properties: {ok: {type: boolean}}, required: [ok]}
+sla: {timeout_s: 30}
+simulation: {mean_ms: 820, std_ms: 340}
+"""
+
+
+# the load generator
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection with one request in flight."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        reader, writer = await asyncio.open_connection(HOST, port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer)
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else b""
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + data)
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(header[9:12])
+        length = 0
+        for line in header.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def call(conn: Conn, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    status, payload = await conn.request(method, path, body)
+    if status >= 300:
+        raise RuntimeError(f"{method} {path} -> {status}: {payload[:300]!r}")
+    result: dict[str, Any] = json.loads(payload)
+    return result
+
+
+async def create_sessions(port: int, n: int, width: int = 64) -> list[str]:
+    """Open `n` sessions through `width` connections."""
+    ids: list[str] = []
+
+    async def worker(count: int) -> None:
+        conn = await Conn.open(port)
+        for _ in range(count):
+            ids.append((await call(conn, "POST", "/v1/sessions", {"user_query": "bench"}))["session_id"])
+        conn.close()
+
+    await asyncio.gather(*(worker(n // width + (i < n % width)) for i in range(width)))
+    return ids
+
+
+async def step_load(
+    port: int, sessions: list[str] | None, warmup_s: float, measure_s: float
+) -> dict[str, float]:
+    """CONCURRENCY connections send tool steps back to back (or, with no sessions, hit the bare endpoint).
+
+    Each connection walks through its own sessions, STEPS_PER_SESSION steps on each, so sessions stay the
+    size of real ones. Latencies are kept for requests that start inside the measuring window.
+    """
+    start = time.perf_counter()
+    t0, t1 = start + warmup_s, start + warmup_s + measure_s
+    latencies: list[float] = []
+    step = {"kind": "tool", "payload": {"tool": "echo", "params": {}}}
+
+    async def worker(i: int) -> None:
+        conn = await Conn.open(port)
+        mine = sessions[i::CONCURRENCY] if sessions is not None else ["bare"]
+        n = 0
+        while (now := time.perf_counter()) < t1:
+            sid = mine[(n // STEPS_PER_SESSION) % len(mine)]
+            await call(conn, "POST", f"/v1/sessions/{sid}/steps", step)
+            if now >= t0:
+                latencies.append(time.perf_counter() - now)
+            n += 1
+        conn.close()
+
+    await asyncio.gather(*(worker(i) for i in range(CONCURRENCY)))
+    latencies.sort()
+    return {
+        "rps": len(latencies) / measure_s,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+        "n": float(len(latencies)),
+    }
+
+
+async def slow_load(port: int, warmup_s: float, measure_s: float) -> dict[str, float]:
+    """SLOW_SESSIONS workers run sessions back to back: open, SLOW_STEPS slow tool steps, finish."""
+    start = time.perf_counter()
+    t0, t1 = start + warmup_s, start + warmup_s + measure_s
+    done: list[float] = []
+    step = {"kind": "tool", "payload": {"tool": "slow_lookup", "params": {}}}
+
+    async def worker() -> None:
+        conn = await Conn.open(port)
+        while time.perf_counter() < t1:
+            sid = (await call(conn, "POST", "/v1/sessions", {"user_query": "bench"}))["session_id"]
+            for _ in range(SLOW_STEPS):
+                result = await call(conn, "POST", f"/v1/sessions/{sid}/steps", step)
+                if not result["ok"]:
+                    raise RuntimeError(f"slow step failed: {result}")
+            await call(conn, "POST", f"/v1/sessions/{sid}/finish", {"text": "done"})
+            done.append(time.perf_counter())
+        conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(SLOW_SESSIONS)))
+    completed = sum(t0 <= t < t1 for t in done)
+    return {"sessions_per_s": completed / measure_s, "completed": float(completed)}
+
+
+def sync_load(port: int, workers: int, measure_s: float) -> float:
+    """`workers` threads, each a synchronous loop of the same sessions (one blocking step at a time);
+    returns sessions/s, counting finished steps (÷ SLOW_STEPS) so partial sessions count too."""
+    from sessionrl.client import Client
+
+    deadline = time.perf_counter() + measure_s
+    steps = [0] * workers
+
+    def loop(i: int) -> None:
+        with Client(f"http://{HOST}:{port}", TOKEN, timeout=60) as client:
+            while time.perf_counter() < deadline:
+                sid = client.create_session("bench").session_id
+                for _ in range(SLOW_STEPS):
+                    if time.perf_counter() >= deadline:
+                        return
+                    client.step(sid, "tool", {"tool": "slow_lookup"})
+                    steps[i] += 1
+                client.finish(sid, "done")
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(steps) / SLOW_STEPS / measure_s
+
+
+# servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("server did not start")
+
+
+@contextmanager
+def server(args: list[str], port: int) -> Iterator[None]:
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL)
+    try:
+        wait_ready(port, proc)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def sessionrl_server(folder: Path, skill: str, port: int) -> list[str]:
+    skills = folder / f"skills-{port}"
+    skills.mkdir()
+    (skills / "skill.yaml").write_text(skill)
+    entry = "import sys; from sessionrl.cli import app; sys.argv[0] = 'sessionrl'; app()"
+    return [
+        "-c",
+        entry,
+        "serve",
+        "--db",
+        str(folder / f"bench-{port}.db"),
+        "--skills",
+        str(skills),
+        "--port",
+        str(port),
+        "--tokens",
+        f"{TOKEN}:read,write",
+        "--rate",
+        "1000000000",
+    ]
+
+
+def serve_bare(port: int) -> None:
+    """The ceiling: one FastAPI endpoint at the step route, answering a small JSON body at once."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/v1/sessions/{session_id}/steps")
+    async def step(session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "session_id": session_id, "kind": body.get("kind")}
+
+    uvicorn.run(
+        app, host=HOST, port=port, loop="uvloop", http="httptools", log_level="warning", access_log=False
+    )
+
+
+# the runs
+
+
+def run_steps(folder: Path, warmup_s: float, measure_s: float) -> dict[str, float]:
+    port = free_port()
+    with server(sessionrl_server(folder, FAST_SKILL, port), port):
+        n_sessions = CONCURRENCY * 160
+        sessions = asyncio.run(create_sessions(port, n_sessions))
+        steps = asyncio.run(step_load(port, sessions, warmup_s, measure_s))
+    bare_port = free_port()
+    with server([__file__, "--bare", str(bare_port)], bare_port):
+        bare = asyncio.run(step_load(bare_port, None, warmup_s, measure_s))
+    return {
+        "steps_per_s": steps["rps"],
+        "p50_ms": steps["p50_ms"],
+        "p99_ms": steps["p99_ms"],
+        "ceiling_rps": bare["rps"],
+        "ceiling_p99_ms": bare["p99_ms"],
+        "ceiling_ratio": steps["rps"] / bare["rps"],
+    }
+
+
+def run_slow(folder: Path, warmup_s: float, measure_s: float, sync_s: float) -> dict[str, float]:
+    port = free_port()
+    with server(sessionrl_server(folder, SLOW_SKILL, port), port):
+        slow = asyncio.run(slow_load(port, warmup_s, measure_s))
+        workers = os.cpu_count() or 1
+        sync = sync_load(port, workers, sync_s)
+    ideal = SLOW_SESSIONS / (SLOW_STEPS * SLOW_MEAN_S)
+    return {
+        "slow_tool_sessions_per_s": slow["sessions_per_s"],
+        "slow_tool_ideal": ideal,
+        "slow_tool_efficiency": slow["sessions_per_s"] / ideal,
+        "sync_workers": float(workers),
+        "sync_sessions_per_s": sync,
+        "sync_speedup": slow["sessions_per_s"] / sync if sync else float("inf"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="Shorter windows (a smoke run).")
+    args = parser.parse_args()
+    if args.bare:
+        serve_bare(args.bare)
+        return
+    uvloop.install()
+    warm, measure, sync_s = (1.0, 3.0, 5.0) if args.quick else (2.0, 10.0, 20.0)
+    with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
+        folder = Path(tmp)
+        steps = run_steps(folder, warm, measure)
+        print(
+            f"steps: {steps['steps_per_s']:.0f}/s  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
+            f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s  -> {steps['ceiling_ratio']:.0%} of the ceiling",
+            flush=True,
+        )
+        slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, 2 * measure, sync_s)
+        print(
+            f"slow tools: {slow['slow_tool_sessions_per_s']:.1f} sessions/s"
+            f" of ideal {slow['slow_tool_ideal']:.1f}"
+            f" ({slow['slow_tool_efficiency']:.0%})  | {slow['sync_workers']:.0f} sync loops:"
+            f" {slow['sync_sessions_per_s']:.2f} sessions/s -> speed-up {slow['sync_speedup']:.0f}x",
+            flush=True,
+        )
+    print(json.dumps({k: round(v, 4) for k, v in {**steps, **slow}.items()}))
+
+
+if __name__ == "__main__":
+    main()
