@@ -59,8 +59,7 @@ def test_expert_plans_replay_as_policy_actions() -> None:
     run = StructuredRunConfig(num_envs=1)
     policy, encoder, _, _ = build_run(ENV, run)
     tasks = list(ENV.tasks(Split.TRAIN))
-    with torch.no_grad():
-        demos = demonstrations(ENV, tasks, policy, encoder, run)
+    demos = demonstrations(ENV, tasks, policy.layout, encoder, run)
     assert (demos.solved, demos.tasks) == (len(tasks), len(tasks))
     finish = len(ENV.contracts())
     assert int((demos.action.skill == finish).sum()) == len(tasks)
@@ -74,11 +73,10 @@ def test_a_refund_is_written_back_exactly() -> None:
     task = next(t for t in ENV.tasks(Split.TRAIN) if t.payload["issue"] == "damaged_item")
     gym_env.reset(options={"task_id": task.task_id})
     bounds = gym_env.episode.param_bounds()["refund_trigger"]["amount"]
-    action = expert_action(gym_env, policy, "refund_trigger", {"amount": 23.4, "reason": "late_delivery"})
-    params = policy(
-        torch.zeros((1, policy.obs_dim)), torch.zeros((1, policy.text_dim)), torch.ones((1, 9))
-    ).dist
-    values = gym_env.decode("refund_trigger", params.env_params(action)[0].detach().tolist())
+    action = expert_action(
+        gym_env, policy.layout, "refund_trigger", {"amount": 23.4, "reason": "late_delivery"}
+    )
+    values = gym_env.decode("refund_trigger", policy.layout.env_params(action)[0].tolist())
     low, high = bounds
     assert values["amount"] == pytest.approx(23.4, abs=1e-4 * (high - low))
     assert values["reason"] == "late_delivery"
@@ -87,8 +85,7 @@ def test_a_refund_is_written_back_exactly() -> None:
 def test_cloning_fits_the_demonstrations() -> None:
     run = StructuredRunConfig(num_envs=1)
     policy, encoder, _, _ = build_run(ENV, run)
-    with torch.no_grad():
-        demos = demonstrations(ENV, list(ENV.tasks(Split.TRAIN)), policy, encoder, run)
+    demos = demonstrations(ENV, list(ENV.tasks(Split.TRAIN)), policy.layout, encoder, run)
     with torch_threads(1):
         losses = clone(policy, demos, ImitationConfig(epochs=100, lr=1e-2))
     assert losses[-1] < losses[0] / 5

@@ -80,6 +80,24 @@ class ActionLayout:
             torch.tensor([choices], dtype=torch.long),
         )
 
+    def owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, H]`` masks of the numeric and the choice heads that belong to each row's skill."""
+        numeric = torch.tensor([s for s, _ in self.numeric], dtype=torch.long, device=skill.device)
+        choices = torch.tensor([s for s, _, _ in self.choices], dtype=torch.long, device=skill.device)
+        return skill[:, None] == numeric[None, :], skill[:, None] == choices[None, :]
+
+    def env_params(self, action: StructuredAction) -> Tensor:
+        """``[B, width]`` parameter vectors for the environment: ``tanh(u)`` for numbers, bin centres for
+        choices, each in its skill's slot; slots the skill does not use stay 0."""
+        params = torch.zeros((action.skill.shape[0], self.width), device=action.raw.device)
+        own_num, own_choice = self.owned(action.skill)
+        for h, (_, slot) in enumerate(self.numeric):
+            params[:, slot] += torch.tanh(action.raw[:, h]) * own_num[:, h]
+        for h, (_, slot, k) in enumerate(self.choices):
+            centre = -1.0 + (2.0 * action.choice[:, h].to(params.dtype) + 1.0) / k
+            params[:, slot] += centre * own_choice[:, h]
+        return params
+
 
 @dataclass(frozen=True)
 class StructuredAction:
@@ -124,9 +142,6 @@ class StructuredDist:
         self.mean = mean
         self.std = log_std.exp().expand_as(mean)
         self.choice_logits = list(torch.split(choice_logits, [k for _, _, k in layout.choices], dim=-1))
-        device = skill_logits.device
-        self._num_owner = torch.tensor([s for s, _ in layout.numeric], dtype=torch.long, device=device)
-        self._choice_owner = torch.tensor([s for s, _, _ in layout.choices], dtype=torch.long, device=device)
 
     def sample(self, generator: torch.Generator | None = None) -> StructuredAction:
         """Draw one action per state (masked skills have probability 0)."""
@@ -150,14 +165,10 @@ class StructuredDist:
             return torch.zeros((skill.shape[0], 0), dtype=torch.long, device=skill.device)
         return torch.stack(picks, dim=-1)
 
-    def _owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
-        """``[B, H]`` masks of the numeric and choice heads that belong to each row's skill."""
-        return skill[:, None] == self._num_owner[None, :], skill[:, None] == self._choice_owner[None, :]
-
     def log_prob(self, action: StructuredAction) -> Tensor:
         """``[B]`` log-probability of each action: its skill plus its skill's own parameters."""
         logp = torch.log_softmax(self.skill_logits, -1).gather(-1, action.skill[:, None]).squeeze(-1)
-        own_num, own_choice = self._owned(action.skill)
+        own_num, own_choice = self.layout.owned(action.skill)
         gauss = -0.5 * ((action.raw - self.mean) / self.std) ** 2 - self.std.log() - 0.5 * LOG_2PI
         logp = logp + (gauss * own_num).sum(-1)
         for h, logits in enumerate(self.choice_logits):
@@ -167,24 +178,12 @@ class StructuredDist:
 
     def entropy(self, skill: Tensor) -> Tensor:
         """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
-        own_num, own_choice = self._owned(skill)
+        own_num, own_choice = self.layout.owned(skill)
         gauss = 0.5 + 0.5 * LOG_2PI + self.std.log()
         total = categorical_entropy(self.skill_logits) + (gauss * own_num).sum(-1)
         for h, logits in enumerate(self.choice_logits):
             total = total + categorical_entropy(logits) * own_choice[:, h]
         return total
-
-    def env_params(self, action: StructuredAction) -> Tensor:
-        """``[B, width]`` parameter vectors for the environment: ``tanh(u)`` for numbers, bin centres for
-        choices, each in its skill's slot; slots the skill does not use stay 0."""
-        params = torch.zeros((action.skill.shape[0], self.layout.width), device=action.raw.device)
-        own_num, own_choice = self._owned(action.skill)
-        for h, (_, slot) in enumerate(self.layout.numeric):
-            params[:, slot] += torch.tanh(action.raw[:, h]) * own_num[:, h]
-        for h, (_, slot, k) in enumerate(self.layout.choices):
-            centre = -1.0 + (2.0 * action.choice[:, h].to(params.dtype) + 1.0) / k
-            params[:, slot] += centre * own_choice[:, h]
-        return params
 
 
 def _trunk(inputs: int, hidden: int) -> nn.Sequential:

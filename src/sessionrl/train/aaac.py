@@ -195,7 +195,6 @@ def train_aaac(
 
             # update
             stats = torch.zeros(5)
-            beta = decaying_beta(updates, config.beta0, config.beta_decay)
             for _ in range(cfg.epochs):
                 for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
                     out = policy(obs[idx], text[idx], mask[idx])

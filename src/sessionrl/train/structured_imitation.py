@@ -16,18 +16,18 @@ The plan ends with *finish*. `clone` then fits a policy to those actions by maxi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from sessionrl.envs.base import ExpertPlan, Split, Task
+from sessionrl.envs.base import Split, Task
 from sessionrl.envs.gym import DecisionGymEnv, StructuredEnv
 from sessionrl.policy.encoder import TextEncoder
-from sessionrl.policy.structured import StructuredAction, StructuredPolicy, flatten_observation
+from sessionrl.policy.structured import ActionLayout, StructuredAction, StructuredPolicy, flatten_observation
 from sessionrl.train.structured_rollout import (
     StructuredRun,
     StructuredRunConfig,
@@ -40,14 +40,6 @@ from sessionrl.train.structured_rollout import (
 
 EDGE = 1.0 - 1e-6
 """Largest ``|x|`` written back for a number, so ``atanh(x)`` stays finite."""
-
-
-class ExpertEnv(StructuredEnv, Protocol):
-    """A structured environment whose expert writes plans."""
-
-    def expert(self, task: Task) -> ExpertPlan:
-        """A plan that solves `task`."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +70,7 @@ class Demonstrations:
 
 
 def expert_action(
-    gym_env: DecisionGymEnv, policy: StructuredPolicy, tool: str, params: dict[str, object]
+    gym_env: DecisionGymEnv, layout: ActionLayout, tool: str, params: Mapping[str, Any]
 ) -> StructuredAction:
     """The policy's action for a call to `tool` with `params`, in the current episode (see module doc)."""
     skill = gym_env.skill_names.index(tool)
@@ -91,22 +83,23 @@ def expert_action(
             picks[slot] = spec.choices.index(value)
             continue
         low, high = bounds.get(spec.name, (spec.low, spec.high))
-        x = 2.0 * (float(value) - low) / (high - low) - 1.0 if high > low else 0.0  # type: ignore[arg-type]
+        x = 2.0 * (float(value) - low) / (high - low) - 1.0 if high > low else 0.0
         raw[slot] = math.atanh(min(max(x, -EDGE), EDGE))
-    return policy.layout.action(skill, raw, picks)
+    return layout.action(skill, raw, picks)
 
 
 def demonstrations(
-    env: ExpertEnv,
+    env: StructuredEnv,
     tasks: Sequence[Task],
-    policy: StructuredPolicy,
+    layout: ActionLayout,
     encoder: TextEncoder,
     config: StructuredRunConfig,
 ) -> Demonstrations:
-    """Replay the expert's plan of every task on a Gymnasium view of `env` and record each step."""
-    gym_env = DecisionGymEnv(
-        env, tasks[0].split if tasks else Split.TRAIN, seed=config.seed, config=config.gym
-    )
+    """Replay the expert's plan of every task (all of one split) on a Gymnasium view of `env` and record
+    each step, the actions laid out for a policy of `layout`."""
+    if not tasks:
+        raise ValueError("demonstrations need at least one task")
+    gym_env = DecisionGymEnv(env, tasks[0].split, seed=config.seed, config=config.gym)
     obs_rows, text_rows, mask_rows, actions = [], [], [], []
     solved = 0
     for task in tasks:
@@ -116,18 +109,16 @@ def demonstrations(
         calls = [(step.tool, dict(step.params)) for step in plan.steps]
         for tool, params in [*calls, (None, {})]:
             action = (
-                expert_action(gym_env, policy, tool, params)
+                expert_action(gym_env, layout, tool, params)
                 if tool is not None
-                else policy.layout.action(gym_env.finish_action, {}, {})
+                else layout.action(gym_env.finish_action, {}, {})
             )
             obs_rows.append(torch.from_numpy(flatten_observation(obs)))
             text_rows.append(text[0])
             mask_rows.append(torch.from_numpy(np.asarray(obs["action_mask"], np.int64)))
             actions.append(action)
-            params_vector = policy(obs_rows[-1][None], text, mask_rows[-1][None]).dist.env_params(action)
-            obs, _, terminated, truncated, step_info = gym_env.step(
-                env_action(params_vector.detach(), action.skill, 0)
-            )
+            vector = layout.env_params(action)
+            obs, _, terminated, truncated, step_info = gym_env.step(env_action(vector, action.skill, 0))
             if terminated or truncated:
                 solved += bool(step_info.get("success", False))
                 break
@@ -165,21 +156,19 @@ def clone(
     return losses
 
 
-def imitate(env: ExpertEnv, run: StructuredRunConfig, config: ImitationConfig) -> StructuredRun:
+def imitate(env: StructuredEnv, run: StructuredRunConfig, config: ImitationConfig) -> StructuredRun:
     """A fresh policy (built as the RL trainers build theirs) cloned on the first `config.demos` training
     tasks; its `history` is empty. Pass `result.policy` to `train_ppo` / `train_aaac` with the same `run`."""
     policy, encoder, _, _ = build_run(env, run)
     tasks = list(env.tasks(Split.TRAIN))[: config.demos]
+    demos = demonstrations(env, tasks, policy.layout, encoder, run)
     with torch_threads(run.threads):
-        with torch.no_grad():
-            demos = demonstrations(env, tasks, policy, encoder, run)
         clone(policy, demos, config, seed=run.seed)
     return StructuredRun(policy, encoder, ())
 
 
 __all__ = [
     "Demonstrations",
-    "ExpertEnv",
     "ImitationConfig",
     "clone",
     "demonstrations",

@@ -246,7 +246,7 @@ class Collector:
         for _ in range(t):
             out, flat, mask = policy_step(policy, self.obs, self.text)
             action = out.dist.sample(self.generator)
-            params = out.dist.env_params(action)
+            params = policy.layout.env_params(action)
             for key, value in (("obs", flat), ("text", self.text.clone()), ("mask", mask)):
                 rows[key].append(value)
             rows["skill"].append(action.skill)
@@ -322,7 +322,7 @@ def evaluate(
             action = out.dist.mode() if greedy else out.dist.sample(generator)
             flags = len(gym_env.episode.risk_flags)
             obs, _, terminated, truncated, step_info = gym_env.step(
-                env_action(out.dist.env_params(action), action.skill, 0)
+                env_action(policy.layout.env_params(action), action.skill, 0)
             )
             steps += 1
             calls += int(action.skill[0]) != gym_env.finish_action

@@ -144,7 +144,7 @@ async def run_structured_session(
                 with torch.no_grad():
                     out, _, _ = policy_step(policy, [observe(episode, names, progress, max_steps)], text)
                     action = out.dist.sample(generator) if generator is not None else out.dist.mode()
-                    values = out.dist.env_params(action)[0].tolist()
+                    values = policy.layout.env_params(action)[0].tolist()
                 index = int(action.skill[0])
                 if index == len(names):
                     break

@@ -1,0 +1,174 @@
+"""Our PPO against Stable-Baselines3's MaskablePPO on the orders Gymnasium view: speed and completion.
+
+Both learn from scratch on the same `DecisionGymEnv` (orders, instant and deterministic skills), with the
+same seeds, the same budget of environment steps and the same PPO settings (8 environments × 64 steps per
+round, 4 epochs of 4 minibatches, Adam 1e-3, γ 0.99, GAE λ 0.95, clip 0.2, entropy 0.01, value 0.5, grad
+norm 0.5, two tanh layers of 64, one torch thread).
+
+SB3 takes no Dict action, so it sees the environment through `SB3View`: a MultiDiscrete action (the skill,
+then each parameter slot in `BINS` levels over [-1, 1]) with the skill mask offered through
+`action_masks()` (masks matter: masked skills are refused and cost a penalty), and the same hashed query
+embedding our policy reads, as one more observation entry. Our policy keeps its continuous parameter heads.
+
+Reported, as mean over seeds: environment steps per second of the whole training call (rollouts and
+updates), and the held-out completion of the greedy policy on the test split. The last line is one JSON
+object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from rich.console import Console
+from rich.table import Table
+
+from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv, GymConfig
+from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.policy.encoder import HashingEncoder
+from sessionrl.train.ppo import PPOConfig, train_ppo
+from sessionrl.train.structured_rollout import StructuredRunConfig, Summary, evaluate, torch_threads
+
+BINS = 21
+ENVS, STEPS = 8, 64
+
+
+def orders() -> OrdersEnv:
+    return OrdersEnv(DomainConfig(time_factor=0, transient_failures=False))
+
+
+class SB3View(gym.Wrapper[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray], dict[str, Any]]):
+    """A `DecisionGymEnv` with MultiDiscrete actions, the query embedding observed, and `action_masks()`."""
+
+    def __init__(self, env: DecisionGymEnv, encoder: HashingEncoder) -> None:
+        super().__init__(env)
+        self.encoder = encoder
+        width = env.action_space["params"].shape[0]
+        self.skills = env.finish_action + 1
+        self.action_space = spaces.MultiDiscrete([self.skills] + [BINS] * width)
+        query = spaces.Box(-1.0, 1.0, (encoder.dim,), np.float32)
+        self.observation_space = spaces.Dict({**env.observation_space.spaces, "query": query})
+        self._query = np.zeros(encoder.dim, np.float32)
+        self._mask = np.ones(self.skills, bool)
+
+    def _observe(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._mask = obs["action_mask"].astype(bool)
+        return {**obs, "query": self._query}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._query = self.encoder.encode([info["instruction"]])[0].numpy()
+        return self._observe(obs), info
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        params = -1.0 + 2.0 * np.asarray(action[1:], np.float32) / (BINS - 1)
+        obs, reward, terminated, truncated, info = self.env.step({"skill": int(action[0]), "params": params})
+        return self._observe(obs), float(reward), terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """Allowed values of each action dimension, concatenated: the skill mask, then every bin."""
+        return np.concatenate([self._mask, np.ones(BINS * (len(self.action_space.nvec) - 1), bool)])
+
+
+def run_ours(seed: int, iterations: int) -> tuple[float, float]:
+    """Steps per second of `train_ppo` and the greedy test completion."""
+    env = orders()
+    run = StructuredRunConfig(iterations=iterations, num_envs=ENVS, rollout_steps=STEPS, seed=seed)
+    started = time.perf_counter()
+    trained = train_ppo(env, PPOConfig(run=run))
+    speed = run.total_steps / (time.perf_counter() - started)
+    with torch_threads(1):
+        test = Summary.of(evaluate(trained.policy, trained.encoder, env, Split.TEST))
+    return speed, test.completion
+
+
+def run_sb3(seed: int, iterations: int) -> tuple[float, float]:
+    """Steps per second of `MaskablePPO.learn` and the greedy test completion."""
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    torch.set_num_threads(1)
+    env = orders()
+    encoder = HashingEncoder(StructuredRunConfig().text_dim)
+
+    def make(i: int) -> SB3View:
+        return SB3View(DecisionGymEnv(env, Split.TRAIN, seed=seed * 1000 + i, config=GymConfig()), encoder)
+
+    vec = DummyVecEnv([lambda i=i: make(i) for i in range(ENVS)])
+    model = MaskablePPO(
+        "MultiInputPolicy",
+        vec,
+        n_steps=STEPS,
+        batch_size=ENVS * STEPS // 4,
+        n_epochs=4,
+        learning_rate=1e-3,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        policy_kwargs={"net_arch": [64, 64], "activation_fn": torch.nn.Tanh},
+        seed=seed,
+        device="cpu",
+    )
+    started = time.perf_counter()
+    model.learn(total_timesteps=iterations * ENVS * STEPS)
+    speed = iterations * ENVS * STEPS / (time.perf_counter() - started)
+    view = SB3View(DecisionGymEnv(env, Split.TEST, seed=seed), encoder)
+    solved = []
+    for task in env.tasks(Split.TEST):
+        obs, _ = view.reset(options={"task_id": task.task_id})
+        done, info = False, {}
+        while not done:
+            action, _ = model.predict(obs, action_masks=view.action_masks(), deterministic=True)
+            obs, _, terminated, truncated, info = view.step(action)
+            done = terminated or truncated
+        solved.append(bool(info.get("success", False)))
+    return speed, sum(solved) / len(solved)
+
+
+def run_one(library: str, seed: int, iterations: int) -> tuple[str, float, float]:
+    # the first optimiser built in a process imports torch's compiler stack (seconds): not on the clock
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    speed, completion = (run_ours if library == "ours" else run_sb3)(seed, iterations)
+    return library, speed, completion
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per library")
+    parser.add_argument("--iterations", type=int, default=30, help="rounds of 512 steps per run")
+    args = parser.parse_args()
+    jobs = [(lib, s, args.iterations) for s in range(args.seeds) for lib in ("ours", "sb3")]
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+    table = Table(title=f"orders from scratch, {args.seeds} seeds × {args.iterations * ENVS * STEPS} steps")
+    for column in ("library", "env steps / s", "test completion"):
+        table.add_column(column, justify="right")
+    summary: dict[str, float] = {}
+    for library, name in (("ours", "sessionrl PPO"), ("sb3", "SB3 MaskablePPO")):
+        speeds = [s for lib, s, _ in results if lib == library]
+        completions = [c for lib, _, c in results if lib == library]
+        table.add_row(name, f"{statistics.fmean(speeds):.0f}", f"{statistics.fmean(completions):.3f}")
+        summary[f"{library}_steps_per_s"] = round(statistics.fmean(speeds), 1)
+        summary[f"{library}_completion"] = round(statistics.fmean(completions), 4)
+    console = Console(width=120)
+    console.print(table)
+    console.print(f"speed ratio ours / SB3: {summary['ours_steps_per_s'] / summary['sb3_steps_per_s']:.2f}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
