@@ -43,6 +43,7 @@ from sessionrl.orchestrator.results import (
     PAYLOADS,
     FeedbackResult,
     FinishResult,
+    IdSource,
     LLMPayload,
     PlanPayload,
     StepError,
@@ -135,6 +136,7 @@ class Orchestrator:
         }
         self.committer = GroupCommitter(store, max_events=self.config.commit_batch)
         self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self._ids = IdSource()
 
     async def __aenter__(self) -> Self:
         return self
@@ -154,7 +156,7 @@ class Orchestrator:
         """Open a session (a `SessionCreate`, or just the user's query) and return its id."""
         if isinstance(create, str):
             create = SessionCreate(user_query=create)
-        ids = StepIds.of(key)
+        ids = self._ids.ids(key)
         if create.session_id is not None and await self._exists(create.session_id):
             if key is not None and await self._replayed(create.session_id, ids) is not None:
                 return create.session_id
@@ -193,14 +195,14 @@ class Orchestrator:
         kind = StepKind(kind)
         model = PAYLOADS[kind]
         typed = payload if isinstance(payload, model) else model.model_validate(payload or {})
-        ids = StepIds.of(key)
+        ids = self._ids.ids(key)
         return await self._once(key, lambda: self._step(session_id, kind, typed, ids, key, expected_version))
 
     async def inject_feedback(
         self, session_id: str, feedback: Feedback, *, key: str | None = None
     ) -> FeedbackResult:
         """Record feedback (accepted in every state). With `key`, the feedback id is derived from it."""
-        ids = StepIds.of(key)
+        ids = self._ids.ids(key)
         if key is not None:
             feedback = feedback.model_copy(update={"feedback_id": ids.feedback()})
         event = FeedbackAdded(feedback=feedback, event_id=ids.event())
@@ -226,7 +228,7 @@ class Orchestrator:
         """
         if isinstance(output, str):
             output = FinalOutput(text=output)
-        ids = StepIds.of(key)
+        ids = self._ids.ids(key)
         final = output
 
         async def run() -> FinishResult:
@@ -285,7 +287,9 @@ class Orchestrator:
             reply = await self._ask(session, messages, StepKind.PLAN, "plan")
             if isinstance(reply, StepResult):
                 return reply
-            before.append(LLMCallRecorded(call=_llm_record(ids.llm, "plan", messages, reply)))
+            before.append(
+                LLMCallRecorded(call=_llm_record(ids.llm, "plan", messages, reply), event_id=ids.event("llm"))
+            )
             plan = parse_plan(reply.text)
         chosen = plan
         unit: Build = (
@@ -303,9 +307,9 @@ class Orchestrator:
             forbidden_tools=self.config.forbidden_tools,
             max_subgoals=self.config.max_subgoals,
         )
-        events: list[Event] = [PlanSet(plan=plan)]
+        events: list[Event] = [PlanSet(plan=plan, event_id=ids.event("plan"))]
         if problem is None:
-            return [*events, *_enter(session, SessionState.EXECUTING)]
+            return [*events, *_enter(session, SessionState.EXECUTING, ids)]
         rejection = Feedback(
             feedback_id=ids.feedback(),
             type=FeedbackType.PLAN_REJECTION,
@@ -316,8 +320,8 @@ class Orchestrator:
         )
         return [
             *events,
-            FeedbackAdded(feedback=rejection),
-            StateChanged(state=SessionState.REJECTED, reason=problem.reason),
+            FeedbackAdded(feedback=rejection, event_id=ids.event("reject")),
+            StateChanged(state=SessionState.REJECTED, reason=problem.reason, event_id=ids.event("state")),
         ]
 
     async def _tool(self, session: Session, payload: ToolPayload, ids: StepIds) -> StepResult:
@@ -328,7 +332,9 @@ class Orchestrator:
             reply = await self._ask(session, messages, StepKind.LLM, "act", kind=StepKind.TOOL)
             if isinstance(reply, StepResult):
                 return reply
-            before.append(LLMCallRecorded(call=_llm_record(ids.llm, "act", messages, reply)))
+            before.append(
+                LLMCallRecorded(call=_llm_record(ids.llm, "act", messages, reply), event_id=ids.event("llm"))
+            )
             choice = parse_tool_call(reply.text)
             if choice is None:
                 return tool_result(
@@ -348,10 +354,10 @@ class Orchestrator:
                 error_code=refusal.reason.value,
                 error_message=refusal.detail,
             )
-        record = ToolCallRecorded(call=call)
+        record = ToolCallRecorded(call=call, event_id=ids.event("call"))
 
         def unit(s: Session) -> list[Event]:
-            return [*_enter(s, SessionState.EXECUTING), *before, record]
+            return [*_enter(s, SessionState.EXECUTING, ids), *before, record]
 
         return tool_result(await self._commit(session.session_id, unit, ids), ids, self._masked())
 
@@ -387,7 +393,9 @@ class Orchestrator:
         reply = await self._ask(session, messages, StepKind.LLM, payload.purpose)
         if isinstance(reply, StepResult):
             return reply
-        record = LLMCallRecorded(call=_llm_record(ids.llm, payload.purpose, messages, reply))
+        record = LLMCallRecorded(
+            call=_llm_record(ids.llm, payload.purpose, messages, reply), event_id=ids.event("llm")
+        )
         return llm_result(
             await self._commit(session.session_id, lambda _: [record], ids), ids, self._masked()
         )
@@ -421,7 +429,7 @@ class Orchestrator:
 
     def _finish_unit(self, session: Session, output: FinalOutput, ids: StepIds) -> list[Event]:
         """The output, a penalty per unverified sub-goal, a flag for missing citations, then `finished`."""
-        events: list[Event] = [OutputSet(output=output)]
+        events: list[Event] = [OutputSet(output=output, event_id=ids.event("out"))]
         for i, subgoal_id in enumerate(unverified_subgoals(session)):
             penalty = Feedback(
                 feedback_id=ids.feedback(f"h{i}"),
@@ -431,7 +439,7 @@ class Orchestrator:
                 annotator="finish_guard",
                 anchor=Anchor(subgoal_id=subgoal_id),
             )
-            events.append(FeedbackAdded(feedback=penalty))
+            events.append(FeedbackAdded(feedback=penalty, event_id=ids.event(f"h{i}")))
         missing = missing_citations(session, output)
         if missing:
             flag = Feedback(
@@ -441,8 +449,8 @@ class Orchestrator:
                 annotator="finish_guard",
                 data={"missing_call_ids": list(missing)},
             )
-            events.append(FeedbackAdded(feedback=flag))
-        return [*events, StateChanged(state=SessionState.FINISHED)]
+            events.append(FeedbackAdded(feedback=flag, event_id=ids.event("flag")))
+        return [*events, StateChanged(state=SessionState.FINISHED, event_id=ids.event("state"))]
 
     # plumbing
 
@@ -450,7 +458,7 @@ class Orchestrator:
         """Commit the unit `build` makes, rebuilding it on the fresh session after a lost race."""
         session = await self.session(session_id)
         for attempt in range(self.config.commit_retries):
-            events = _name_events(build(session), ids)
+            events = _seal(build(session), ids)
             try:
                 committed = await self._commit_unit(session, events)
             except StaleState:
@@ -521,18 +529,14 @@ def _check_version(session: Session, expected: int | None) -> None:
         raise StaleState(session.session_id, expected, session.state_version)
 
 
-def _enter(session: Session, state: SessionState) -> list[Event]:
+def _enter(session: Session, state: SessionState, ids: StepIds) -> list[Event]:
     """A state change to `state`, unless the session is there already."""
-    return [] if session.state == state else [StateChanged(state=state)]
+    return [] if session.state == state else [StateChanged(state=state, event_id=ids.event("enter"))]
 
 
-def _name_events(events: list[Event], ids: StepIds) -> list[Event]:
-    """Give a unit's events their derived ids: the last one `ids.event()`, the others numbered."""
-    last = len(events) - 1
-    return [
-        e.model_copy(update={"event_id": ids.event() if i == last else ids.event(str(i))})
-        for i, e in enumerate(events)
-    ]
+def _seal(events: list[Event], ids: StepIds) -> list[Event]:
+    """Name a unit's last event `ids.event()`, the mark a replay looks for (the others carry their role)."""
+    return [*events[:-1], events[-1].model_copy(update={"event_id": ids.event()})]
 
 
 def _raise_first(results: list[Session | SessionRLError]) -> Session:

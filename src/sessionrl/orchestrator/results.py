@@ -8,7 +8,8 @@ so a retry with the same idempotency key gets the same answer as the first try.
 from __future__ import annotations
 
 import hashlib
-import uuid
+import itertools
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -136,7 +137,7 @@ class FeedbackResult(_Result):
 
 @dataclass(frozen=True, slots=True)
 class StepIds:
-    """Ids of everything one request writes, derived from its idempotency key (or random without one).
+    """Ids of everything one request writes, derived from its idempotency key (see `IdSource` for none).
 
     >>> ids = StepIds.of("client-1:key-9")
     >>> ids == StepIds.of("client-1:key-9"), ids.call.startswith("c_"), ids.event() != ids.event("state")
@@ -146,10 +147,8 @@ class StepIds:
     base: str
 
     @classmethod
-    def of(cls, key: str | None) -> StepIds:
-        """Ids from `key` (a stable digest of it), or fresh random ids when there is no key."""
-        if key is None:
-            return cls(uuid.uuid4().hex[:24])
+    def of(cls, key: str) -> StepIds:
+        """Ids derived from `key` (a stable digest of it)."""
         return cls(hashlib.blake2b(key.encode(), digest_size=12).hexdigest())
 
     @property
@@ -174,6 +173,27 @@ class StepIds:
     def event(self, part: str = "") -> str:
         """An event id. The request's last event has no `part`: finding it in the log proves a replay."""
         return f"e_{self.base}.{part}" if part else f"e_{self.base}"
+
+
+class IdSource:
+    """Ids for requests without a key: a random prefix per source and a counter, so making one needs no
+    system call (the engine makes several per step).
+
+    >>> source = IdSource()
+    >>> first, second = source.ids(None), source.ids(None)
+    >>> first != second, len(first.base), source.ids("k") == StepIds.of("k")
+    (True, 24, True)
+    """
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(6).hex()
+        self._count = itertools.count()
+
+    def ids(self, key: str | None) -> StepIds:
+        """The ids of a request: derived from its key, or fresh."""
+        if key is not None:
+            return StepIds.of(key)
+        return StepIds(f"{self._prefix}{next(self._count):012x}")
 
 
 def _llm_call(session: Session, call_id: str) -> LLMCall | None:

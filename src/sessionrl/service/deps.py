@@ -15,13 +15,14 @@ from sessionrl.service.config import Scope
 from sessionrl.service.problems import ProblemError
 
 
-async def _engine(request: Request) -> Orchestrator:
+def engine_of(request: Request) -> Orchestrator:
+    """The app's engine (opened by the lifespan). A plain call, not a dependency: the step route is the
+    busiest one, and every dependency costs it a resolution per request."""
     engine = request.app.state.engine
     assert isinstance(engine, Orchestrator)
     return engine
 
 
-Engine = Annotated[Orchestrator, Depends(_engine)]
 Reader = Annotated[Principal, Depends(ScopedBearer(Scope.READ))]
 Writer = Annotated[Principal, Depends(ScopedBearer(Scope.WRITE))]
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from sessionrl.orchestrator.results import FeedbackResult
 from sessionrl.service import problems
-from sessionrl.service.deps import Engine, IdempotencyKey, Writer, scoped_key
+from sessionrl.service.deps import IdempotencyKey, Writer, engine_of, scoped_key
 from sessionrl.service.schemas import FeedbackIn
 
 router = APIRouter(prefix="/v1/sessions", tags=["feedback"])
@@ -22,10 +22,9 @@ async def add_feedback(
     session_id: str,
     body: FeedbackIn,
     request: Request,
-    engine: Engine,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
 ) -> FeedbackResult:
     """Record feedback. For the same type on the same anchor, the later `occurred_at` stays in force."""
     key = scoped_key(principal, request, idempotency_key)
-    return await engine.inject_feedback(session_id, body.to_feedback(), key=key)
+    return await engine_of(request).inject_feedback(session_id, body.to_feedback(), key=key)

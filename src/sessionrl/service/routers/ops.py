@@ -6,15 +6,16 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from sessionrl.service import problems
-from sessionrl.service.deps import Engine, Reader
+from sessionrl.service.deps import Reader, engine_of
 from sessionrl.service.schemas import Health
 
 router = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)
-async def healthz(engine: Engine) -> Health:
+async def healthz(request: Request) -> Health:
     """The service is up and its engine is open."""
+    engine = engine_of(request)
     return Health(cached_sessions=len(engine.cache), commits=engine.committer.batches)
 
 

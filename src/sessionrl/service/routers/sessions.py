@@ -10,11 +10,11 @@ from fastapi import APIRouter, Query, Request, Response
 from sessionrl.orchestrator.results import FinishResult
 from sessionrl.service import problems
 from sessionrl.service.deps import (
-    Engine,
     IdempotencyKey,
     IfMatch,
     Reader,
     Writer,
+    engine_of,
     expected_version,
     precondition,
     scoped_key,
@@ -34,11 +34,11 @@ async def create_session(
     body: SessionCreate,
     request: Request,
     response: Response,
-    engine: Engine,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
 ) -> Session:
     """Open a session. A retry with the same `Idempotency-Key` returns the same session."""
+    engine = engine_of(request)
     session_id = await engine.init_session(body, key=scoped_key(principal, request, idempotency_key))
     session = await engine.session(session_id)
     response.headers["Location"] = f"/v1/sessions/{session_id}"
@@ -47,16 +47,16 @@ async def create_session(
 
 
 @router.get("/{session_id}", response_model=Session, responses=problems.responses(*AUTH, 404, 422))
-async def get_session(session_id: str, response: Response, engine: Engine, principal: Reader) -> Session:
+async def get_session(session_id: str, request: Request, response: Response, principal: Reader) -> Session:
     """The session's current read view; its `ETag` is its state_version."""
-    session = await engine.session(session_id)
+    session = await engine_of(request).session(session_id)
     response.headers["ETag"] = f'"{session.state_version}"'
     return session
 
 
 @router.get("", response_model=SessionPage, responses=problems.responses(*AUTH, 422))
 async def list_sessions(
-    engine: Engine,
+    request: Request,
     principal: Reader,
     state: SessionState | None = None,
     scenario: str | None = None,
@@ -84,7 +84,7 @@ async def list_sessions(
         limit=limit,
         offset=offset,
     )
-    rows = await asyncio.to_thread(engine.store.query, query)
+    rows = await asyncio.to_thread(engine_of(request).store.query, query)
     items = tuple(
         SessionSummary(
             session_id=r.session_id,
@@ -117,7 +117,6 @@ async def finish_session(
     session_id: str,
     body: FinalOutput,
     request: Request,
-    engine: Engine,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
     if_match: IfMatch = None,
@@ -125,7 +124,7 @@ async def finish_session(
     """Give the final output and close the session; the finishing guards add their feedback."""
     expected = expected_version(if_match)
     with precondition(expected):
-        return await engine.finish(
+        return await engine_of(request).finish(
             session_id,
             body,
             key=scoped_key(principal, request, idempotency_key),

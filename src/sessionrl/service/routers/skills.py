@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from sessionrl.service import problems
-from sessionrl.service.deps import Engine, Reader
+from sessionrl.service.deps import Reader, engine_of
 from sessionrl.service.schemas import SkillInfo
 
 router = APIRouter(prefix="/v1/skills", tags=["skills"])
 
 
 @router.get("", response_model=list[SkillInfo], responses=problems.responses(401, 403, 429))
-async def list_skills(engine: Engine, principal: Reader) -> list[SkillInfo]:
+async def list_skills(request: Request, principal: Reader) -> list[SkillInfo]:
     """Every skill, sorted by name; `masked` skills are refused until their breaker closes."""
+    engine = engine_of(request)
     masked = engine.executor.masked()
     return [
         SkillInfo(

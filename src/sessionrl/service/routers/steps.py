@@ -9,10 +9,10 @@ from fastapi import APIRouter, Body, Request
 from sessionrl.orchestrator.results import StepResult
 from sessionrl.service import problems
 from sessionrl.service.deps import (
-    Engine,
     IdempotencyKey,
     IfMatch,
     Writer,
+    engine_of,
     expected_version,
     precondition,
     scoped_key,
@@ -31,7 +31,6 @@ async def run_step(
     session_id: str,
     body: Annotated[StepRequest, Body()],
     request: Request,
-    engine: Engine,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
     if_match: IfMatch = None,
@@ -39,7 +38,7 @@ async def run_step(
     """Run one step. A failed, refused or rejected step is still a 200: it was recorded (`ok` is false)."""
     expected = expected_version(if_match)
     with precondition(expected):
-        result = await engine.execute_step(
+        result = await engine_of(request).execute_step(
             session_id,
             body.kind,
             body.payload,
