@@ -34,12 +34,13 @@ from sessionrl.train.losses import (
 )
 from sessionrl.train.structured_rollout import (
     IterationLog,
+    Rollout,
     StructuredRun,
     StructuredRunConfig,
-    Summary,
     build_run,
     minibatches,
     normalise,
+    round_log,
     torch_threads,
 )
 
@@ -148,6 +149,21 @@ def adaptive_gae(
     return advantages.view_as(rewards), returns.view_as(rewards), per_step.view_as(rewards)
 
 
+def dual_advantages(batch: Rollout, config: AAACConfig) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Flat ``[N·T]`` blended advantages ``w_r·A_reward + w_risk·A_risk``, the reward and risk critics'
+    TD(λ) targets, and each step's λ (all from `adaptive_gae` with the episode-length schedule)."""
+    common = (batch.dones, batch.episode_step)
+    gamma = config.run.gamma
+    adv_reward, ret_reward, lams = adaptive_gae(
+        batch.rewards, batch.values, *common, batch.next_value, gamma, config.lam
+    )
+    adv_risk, ret_risk, _ = adaptive_gae(
+        batch.risks, batch.risk_values, *common, batch.next_risk_value, gamma, config.lam
+    )
+    blended = dual_critic_advantage(adv_reward, adv_risk, config.w_reward, config.w_risk)
+    return batch.flat(blended), batch.flat(ret_reward), batch.flat(ret_risk), lams
+
+
 def train_aaac(
     env: StructuredEnv,
     config: AAACConfig,
@@ -168,28 +184,7 @@ def train_aaac(
             batch = collector.collect(policy)
 
             # advantages
-            adv_reward, ret_reward, lams = adaptive_gae(
-                batch.rewards,
-                batch.values,
-                batch.dones,
-                batch.episode_step,
-                batch.next_value,
-                cfg.gamma,
-                config.lam,
-            )
-            adv_risk, ret_risk, _ = adaptive_gae(
-                batch.risks,
-                batch.risk_values,
-                batch.dones,
-                batch.episode_step,
-                batch.next_risk_value,
-                cfg.gamma,
-                config.lam,
-            )
-            advantages = batch.flat(
-                dual_critic_advantage(adv_reward, adv_risk, config.w_reward, config.w_risk)
-            )
-            ret_reward, ret_risk = batch.flat(ret_reward), batch.flat(ret_risk)
+            advantages, ret_reward, ret_risk, lams = dual_advantages(batch, config)
             obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
             action, old_logp = batch.flat_action(), batch.flat(batch.logp)
 
@@ -220,22 +215,11 @@ def train_aaac(
 
             # log
             stats /= cfg.epochs * cfg.minibatches
-            log = IterationLog(
-                iteration=iteration,
-                env_steps=collector.env_steps,
-                train=Summary.of(collector.episodes[seen:]),
-                policy_loss=float(stats[0]),
-                value_loss=float(stats[1]),
-                entropy=float(stats[2]),
-                approx_kl=float(stats[3]),
-                clip_fraction=float(stats[4]),
-                mean_lambda=float(lams.mean()),
-                kl_beta=beta,
-            )
+            log = round_log(iteration, collector, seen, stats, mean_lambda=float(lams.mean()), kl_beta=beta)
             history.append(log)
             if on_log is not None:
                 on_log(log)
     return StructuredRun(policy, encoder, tuple(history))
 
 
-__all__ = ["AAACConfig", "EpisodeRows", "adaptive_gae", "episode_rows", "train_aaac"]
+__all__ = ["AAACConfig", "EpisodeRows", "adaptive_gae", "dual_advantages", "episode_rows", "train_aaac"]

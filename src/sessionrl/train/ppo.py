@@ -19,10 +19,10 @@ from sessionrl.train.structured_rollout import (
     IterationLog,
     StructuredRun,
     StructuredRunConfig,
-    Summary,
     build_run,
     minibatches,
     normalise,
+    round_log,
     torch_threads,
 )
 
@@ -61,21 +61,14 @@ def train_ppo(
             batch = collector.collect(policy)
 
             # advantages
-            advantages, returns = gae(
-                batch.rewards,
-                batch.values,
-                batch.dones,
-                cfg.gamma,
-                config.gae_lambda,
-                bootstrap=batch.next_value,
+            advantages, returns = (
+                batch.flat(x)
+                for x in gae(
+                    batch.rewards, batch.values, batch.dones, cfg.gamma, config.gae_lambda, batch.next_value
+                )
             )
             obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
-            action = batch.flat_action()
-            old_logp, advantages, returns = (
-                batch.flat(batch.logp),
-                batch.flat(advantages),
-                batch.flat(returns),
-            )
+            action, old_logp = batch.flat_action(), batch.flat(batch.logp)
 
             # update
             stats = torch.zeros(5)
@@ -84,13 +77,8 @@ def train_ppo(
                     out = policy(obs[idx], text[idx], mask[idx])
                     taken = action[idx]
                     ones = torch.ones(len(idx))
-                    pg = clipped_pg_loss(
-                        out.dist.log_prob(taken),
-                        old_logp[idx],
-                        normalise(advantages[idx]),
-                        ones,
-                        cfg.clip_eps,
-                    )
+                    logp = out.dist.log_prob(taken)
+                    pg = clipped_pg_loss(logp, old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps)
                     critic = value_loss(out.value, returns[idx], ones)
                     entropy = out.dist.entropy(taken.skill).mean()
                     loss = pg.loss + cfg.value_coef * critic - cfg.entropy_coef * entropy
@@ -104,18 +92,7 @@ def train_ppo(
 
             # log
             stats /= cfg.epochs * cfg.minibatches
-            log = IterationLog(
-                iteration=iteration,
-                env_steps=collector.env_steps,
-                train=Summary.of(collector.episodes[seen:]),
-                policy_loss=float(stats[0]),
-                value_loss=float(stats[1]),
-                entropy=float(stats[2]),
-                approx_kl=float(stats[3]),
-                clip_fraction=float(stats[4]),
-                mean_lambda=config.gae_lambda,
-                kl_beta=0.0,
-            )
+            log = round_log(iteration, collector, seen, stats, mean_lambda=config.gae_lambda, kl_beta=0.0)
             history.append(log)
             if on_log is not None:
                 on_log(log)

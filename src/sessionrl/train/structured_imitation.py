@@ -32,7 +32,6 @@ from sessionrl.train.structured_rollout import (
     StructuredRun,
     StructuredRunConfig,
     build_run,
-    encode_queries,
     env_action,
     minibatches,
     torch_threads,
@@ -104,7 +103,7 @@ def demonstrations(
     solved = 0
     for task in tasks:
         obs, info = gym_env.reset(options={"task_id": task.task_id})
-        text = encode_queries(encoder, [info["instruction"]])
+        text = encoder.encode([info["instruction"]])
         plan = env.expert(task)
         calls = [(step.tool, dict(step.params)) for step in plan.steps]
         for tool, params in [*calls, (None, {})]:

@@ -166,11 +166,6 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def encode_queries(encoder: TextEncoder, queries: Sequence[str]) -> Tensor:
-    """``[len(queries), dim]`` embeddings of the task queries."""
-    return encoder.encode(list(queries))
-
-
 def policy_step(
     policy: StructuredPolicy, obs: Sequence[Observation], text: Tensor
 ) -> tuple[PolicyOutput, Tensor, Tensor]:
@@ -209,7 +204,7 @@ class Collector:
             self.obs.append(obs)
             queries.append(info["instruction"])
             self.task_ids.append(info["task_id"])
-        self.text = encode_queries(encoder, queries)
+        self.text = encoder.encode(queries)
         self._counts = np.zeros((config.num_envs, 3), np.int64)  # steps, calls, risky calls
         self.episodes: list[EpisodeStats] = []
         """Every episode finished so far, in order."""
@@ -231,7 +226,7 @@ class Collector:
             self._counts[i] = 0
             obs, reset_info = gym_env.reset()
             self.task_ids[i] = reset_info["task_id"]
-            self.text[i] = encode_queries(self.encoder, [reset_info["instruction"]])[0]
+            self.text[i] = self.encoder.encode([reset_info["instruction"]])[0]
         self.obs[i] = obs
         return float(reward), -float(new_flags), done
 
@@ -314,7 +309,7 @@ def evaluate(
     episodes = []
     for task in list(env.tasks(split))[:limit]:
         obs, info = gym_env.reset(options={"task_id": task.task_id})
-        text = encode_queries(encoder, [info["instruction"]])
+        text = encoder.encode([info["instruction"]])
         steps = calls = risky = 0
         done, success = False, False
         while not done:
@@ -374,6 +369,25 @@ class IterationLog:
     """KL coefficient at the end of the round (0 for PPO)."""
 
 
+def round_log(
+    iteration: int, collector: Collector, seen: int, stats: Tensor, *, mean_lambda: float, kl_beta: float
+) -> IterationLog:
+    """The log of one round: `stats` holds the mean policy loss, value loss, entropy, approximate KL and
+    clip fraction of its updates; the training summary covers the episodes finished after the first `seen`."""
+    return IterationLog(
+        iteration=iteration,
+        env_steps=collector.env_steps,
+        train=Summary.of(collector.episodes[seen:]),
+        policy_loss=float(stats[0]),
+        value_loss=float(stats[1]),
+        entropy=float(stats[2]),
+        approx_kl=float(stats[3]),
+        clip_fraction=float(stats[4]),
+        mean_lambda=mean_lambda,
+        kl_beta=kl_beta,
+    )
+
+
 @dataclass(frozen=True)
 class StructuredRun:
     """What a structured trainer returns: the trained policy, its query encoder and one log per round."""
@@ -392,11 +406,11 @@ __all__ = [
     "StructuredRunConfig",
     "Summary",
     "build_run",
-    "encode_queries",
     "env_action",
     "evaluate",
     "minibatches",
     "normalise",
     "policy_step",
+    "round_log",
     "torch_threads",
 ]

@@ -42,7 +42,7 @@ from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Feedback, FeedbackType, Plan, Session, SessionCreate, SubGoal
 from sessionrl.skills import ExecutorConfig, SkillExecutor
 from sessionrl.store import SessionStore
-from sessionrl.train.structured_rollout import encode_queries, policy_step
+from sessionrl.train.structured_rollout import policy_step
 
 SUBGOAL: Final = "resolve"
 PLAN: Final = Plan(
@@ -135,7 +135,7 @@ async def run_structured_session(
     specs = {name: param_specs(contracts[name]) for name in names}
     session_id = await engine.init_session(_create(env, task, seed))
     episode = env.episode(task, seed=seed)
-    text = encode_queries(encoder, [task.instruction])
+    text = encoder.encode([task.instruction])
     progress = Progress.start(len(names))
     async with SkillExecutor(episode.skills(), ExecutorConfig(seed=seed)) as executor:
         with skills.bind(executor):
