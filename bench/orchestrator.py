@@ -320,6 +320,8 @@ def main() -> None:
         return
     uvloop.install()
     warm, measure, sync_s = (1.0, 3.0, 5.0) if args.quick else (2.0, 10.0, 20.0)
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} CPUs, load average {load:.2f} at the start (other work skews every figure)")
     with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
         folder = Path(tmp)
         steps = run_steps(folder, warm, measure)
@@ -336,7 +338,7 @@ def main() -> None:
             f" {slow['sync_sessions_per_s']:.2f} sessions/s -> speed-up {slow['sync_speedup']:.0f}x",
             flush=True,
         )
-    print(json.dumps({k: round(v, 4) for k, v in {**steps, **slow}.items()}))
+    print(json.dumps({k: round(v, 4) for k, v in {**steps, **slow, "load_average": load}.items()}))
 
 
 if __name__ == "__main__":

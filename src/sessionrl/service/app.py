@@ -66,6 +66,9 @@ def create_app(
         version=__version__,
         summary="Capture Decision Sessions: plans, tool calls, LLM calls, feedback and final outputs.",
         lifespan=lifespan,
+        # metrics are this app's own Prometheus registry and logs go through `logging`: the framework's
+        # OpenTelemetry metrics and logs would only cost a provider lookup per request (tracing stays on)
+        telemetry={"metrics": False, "logs": False},
     )
     metrics = Metrics()
     app.state.config = config
