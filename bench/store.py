@@ -30,7 +30,7 @@ from sessionrl.cli.demo import CHRONIC_SQL, CHRONIC_TOOL, FAILURE_RATES_SQL
 from sessionrl.errors import SessionRLError
 from sessionrl.session import Session, codec
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.dialect import contains_pattern
+from sessionrl.store.dialect import contains_pattern, match_phrase
 from sessionrl.store.synthetic import batch_items, generate
 
 NEEDLE = "chronic disease"
@@ -119,7 +119,11 @@ def measure(n: int, seed: int) -> dict[str, Any]:
             latencies, more = single_appends(store, SINGLE_APPENDS, seed + 1)
             blobs += more
             store.project()
-            params = {"tool": CHRONIC_TOOL, "pattern": contains_pattern(NEEDLE)}
+            params = {
+                "tool": CHRONIC_TOOL,
+                "phrase": match_phrase(NEEDLE),
+                "pattern": contains_pattern(NEEDLE),
+            }
             seed_ms, (row,) = timed(lambda: store.sql(CHRONIC_SQL, params))
             groupby_ms, _ = timed(lambda: store.sql(FAILURE_RATES_SQL))
             of, having = SessionQuery(comment_contains=NEEDLE), SessionQuery(tool_called=CHRONIC_TOOL)

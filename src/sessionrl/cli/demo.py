@@ -15,19 +15,25 @@ from rich.console import Console
 from rich.table import Table
 
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.dialect import contains_pattern
+from sessionrl.store.dialect import contains_pattern, match_phrase
 from sessionrl.store.synthetic import ingest
 
 CHRONIC_SQL = """
 SELECT COUNT(*) AS matched,
        COALESCE(SUM(s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = :tool)), 0) AS called
 FROM sessions s
-WHERE s.session_id IN (SELECT session_id FROM feedback WHERE comment LIKE :pattern ESCAPE '\\')
+WHERE s.session_id IN (
+    SELECT f.session_id FROM feedback_text t JOIN feedback f ON f.id = t.rowid
+    WHERE feedback_text MATCH :phrase AND f.comment LIKE :pattern ESCAPE '\\'
+)
 """
-"""Of the sessions with a feedback comment matching `:pattern`, how many called `:tool`.
+"""Of the sessions with a feedback comment containing a needle, how many called `:tool`.
 
-Both sub-queries are uncorrelated, so each is evaluated once (one pass over the feedback, one range of
-the tool index); a correlated `EXISTS` per session would probe the tool's calls again for every match.
+`:phrase` is the needle as an FTS5 phrase (`dialect.match_phrase`, 3+ characters) looked up in the
+trigram index `feedback_text`; `:pattern` (`dialect.contains_pattern`) re-checks the rows it finds with
+`LIKE`, so the answer is exactly that of the typed `comment_contains` filter. Both sub-queries are
+uncorrelated, so each is evaluated once (one index lookup, one range of the tool index); a correlated
+`EXISTS` per session would probe the tool's calls again for every match.
 """
 
 FAILURE_RATES_SQL = """
@@ -102,7 +108,8 @@ class ChronicAnswer:
 def chronic_answer(store: SessionStore, needle: str, tool: str = CHRONIC_TOOL) -> ChronicAnswer:
     """Of the sessions whose feedback comment mentions `needle`, the share that called `tool`, both ways."""
     of = SessionQuery(comment_contains=needle)
-    (row,) = store.sql(CHRONIC_SQL, {"tool": tool, "pattern": contains_pattern(needle)})
+    params = {"tool": tool, "phrase": match_phrase(needle), "pattern": contains_pattern(needle)}
+    (row,) = store.sql(CHRONIC_SQL, params)
     matched, called = int(row["matched"]), int(row["called"])
     return ChronicAnswer(
         needle=needle,

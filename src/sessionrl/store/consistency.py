@@ -5,6 +5,10 @@ materialised session, the rows the projector would write with the query tables, 
 given, with the digest the archive holds. With `repair=True` it rebuilds the materialised session and
 its query rows from the log. A broken log (a gap in the sequence, an event that no longer validates or
 applies) cannot be repaired from itself and is only reported.
+
+The trigram text index is derived from the `feedback` rows, not per session: it is checked as a whole
+against them (drift of kind `index`, named by the index) and, with `repair=True`, rebuilt from them after
+the sessions were.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from sessionrl.session.codec import digest
 from sessionrl.session.events import fold
 from sessionrl.session.model import Session
 from sessionrl.session.schema import load_session
-from sessionrl.store.dialect import Database
+from sessionrl.store.dialect import TEXT_INDEX, Database, rebuild_text_index, text_index_problem
 from sessionrl.store.documents import (
     SHARDS,
     Doc,
@@ -32,7 +36,7 @@ from sessionrl.store.documents import (
 )
 from sessionrl.store.projector import COLUMNS, REWARD, Rows, flatten, position, read_rows, replace_rows
 
-DriftKind = Literal["log", "materialised", "query", "archive"]
+DriftKind = Literal["log", "materialised", "query", "index", "archive"]
 
 
 class DigestSource(Protocol):
@@ -45,7 +49,10 @@ class DigestSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Drift:
-    """One disagreement: which session, where (`kind`), and what differs."""
+    """One disagreement: which session, where (`kind`), and what differs.
+
+    A drift of kind `index` is not about one session: `session_id` names the index (`feedback_text`).
+    """
 
     session_id: str
     kind: DriftKind
@@ -54,7 +61,8 @@ class Drift:
 
 @dataclass(frozen=True, slots=True)
 class ConsistencyReport:
-    """What a check found, and which sessions it rebuilt from their logs."""
+    """What a check found, and which sessions it rebuilt from their logs (plus the text index's name when
+    it rebuilt that index)."""
 
     sessions: int
     drift: tuple[Drift, ...]
@@ -87,6 +95,10 @@ def check(db: Database, *, repair: bool, archive: DigestSource | None, chunk: in
     drift += [
         Drift(sid, "archive", "archived but not in the event log") for sid in archived if sid not in known
     ]
+    with db.atomic() as conn:
+        problem = text_index_problem(conn)
+    if problem is not None:
+        drift.append(Drift(TEXT_INDEX, "index", f"text index disagrees with the feedback rows: {problem}"))
     repaired: list[str] = []
     if repair:
         broken = {d.session_id for d in drift if d.kind == "log"}
@@ -94,6 +106,10 @@ def check(db: Database, *, repair: bool, archive: DigestSource | None, chunk: in
         for part in chunks(todo, chunk):
             with db.atomic() as conn:
                 repaired += rebuild(conn, part)
+        if problem is not None:
+            with db.atomic() as conn:
+                rebuild_text_index(conn)
+            repaired.append(TEXT_INDEX)
     return ConsistencyReport(len(ids), tuple(drift), tuple(repaired))
 
 

@@ -3,6 +3,17 @@
 The rest of the store speaks plain SQL with `?` parameters and `INSERT ... ON CONFLICT`, which PostgreSQL
 understands too; what differs between engines (types, pragmas, locking, the read-only guard, how text
 search is spelled) lives here so that a second backend is one more module of the same shape.
+
+Text search: feedback comments are indexed by `feedback_text`, an FTS5 table with the trigram tokenizer
+whose content is the `feedback` table itself (nothing is stored twice; `feedback_text.rowid` is
+`feedback.id`). Triggers on `feedback` keep it in step inside the statement that changes a row, so the
+projector, a repair and a hand edit all update it in their own transaction. For SQL users:
+
+    SELECT f.session_id FROM feedback_text t JOIN feedback f ON f.id = t.rowid
+    WHERE feedback_text MATCH '"chronic disease"'   -- a quoted phrase: any substring of 3+ characters
+
+`MATCH` folds case (Unicode) and needs at least three characters; `comment_contains` adds the exact
+ASCII-case-insensitive `LIKE` test on the rows the index finds, and scans with `LIKE` for shorter needles.
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ from pathlib import Path
 
 from sessionrl.errors import InvalidEvent
 
-STORE_SCHEMA = 1
-"""Layout version of the store's own tables, kept in `PRAGMA user_version`."""
+STORE_SCHEMA = 2
+"""Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index)."""
 
 HOT_DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -126,6 +137,7 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     PRIMARY KEY (session_id, call_id)
 );
 CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL,
     position INTEGER NOT NULL,
     feedback_id TEXT NOT NULL,
@@ -138,17 +150,48 @@ CREATE TABLE IF NOT EXISTS feedback (
     anchor_at TEXT,
     occurred_at TEXT NOT NULL,
     received_at TEXT NOT NULL,
-    PRIMARY KEY (session_id, position)
+    UNIQUE (session_id, position)
 );
 CREATE INDEX IF NOT EXISTS feedback_type ON feedback (type, session_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS feedback_text USING fts5 (
+    comment, content = 'feedback', content_rowid = 'id', tokenize = 'trigram'
+);
+CREATE TRIGGER IF NOT EXISTS feedback_text_insert AFTER INSERT ON feedback BEGIN
+    INSERT INTO feedback_text (rowid, comment) VALUES (new.id, new.comment);
+END;
+CREATE TRIGGER IF NOT EXISTS feedback_text_delete AFTER DELETE ON feedback BEGIN
+    INSERT INTO feedback_text (feedback_text, rowid, comment) VALUES ('delete', old.id, old.comment);
+END;
+CREATE TRIGGER IF NOT EXISTS feedback_text_update AFTER UPDATE OF id, comment ON feedback BEGIN
+    INSERT INTO feedback_text (feedback_text, rowid, comment) VALUES ('delete', old.id, old.comment);
+    INSERT INTO feedback_text (rowid, comment) VALUES (new.id, new.comment);
+END;
 """
-"""Query tables, filled from the outbox by the projector (rewards are written directly, see `rewards`)."""
+"""Query tables, filled from the outbox by the projector (rewards are written directly, see `rewards`).
+
+`feedback.id` is an explicit integer key (not the implicit rowid, which VACUUM may renumber) because the
+text index `feedback_text` refers to rows by it; the index's triggers are its only writers.
+"""
+
+TEXT_INDEX = "feedback_text"
+"""The trigram full-text index over `feedback.comment` (see the module doc)."""
+
+TRIGRAM = 3
+"""Shortest needle the trigram index can look up; shorter ones are found by scanning."""
+
+_FEEDBACK_V1_COLUMNS = (
+    "session_id, position, feedback_id, type, score, comment, annotator, anchor_call_id,"
+    " anchor_subgoal_id, anchor_at, occurred_at, received_at"
+)
 
 PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA busy_timeout=10000")
 """WAL so readers never block the writer; FULL so an acknowledged commit survives a power cut."""
 
 CONTAINS = "{column} LIKE ? ESCAPE '\\'"
 """Case-insensitive (ASCII) substring test; PostgreSQL spells it ILIKE. Use with `contains_pattern`."""
+
+TEXT_MATCH = f"id IN (SELECT rowid FROM {TEXT_INDEX} WHERE {TEXT_INDEX} MATCH ?)"
+"""Feedback rows whose comment holds a phrase, found in the trigram index. Use with `match_phrase`."""
 
 
 def contains_pattern(needle: str) -> str:
@@ -159,6 +202,33 @@ def contains_pattern(needle: str) -> str:
     """
     escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
+
+
+def match_phrase(needle: str) -> str:
+    """The FTS5 query matching `needle` literally, as one quoted phrase (inner quotes doubled).
+
+    >>> match_phrase('a "b" c')
+    '"a ""b"" c"'
+    """
+    return '"' + needle.replace('"', '""') + '"'
+
+
+def comment_contains(needle: str) -> tuple[str, list[str]]:
+    """A condition on `feedback` rows whose comment contains `needle` (ASCII case ignored), and its values.
+
+    Needles of three characters or more are looked up in the trigram index; `LIKE` then re-checks only the
+    rows found, so the answer is exactly that of the plain `LIKE` scan used for shorter needles (the index
+    also folds non-ASCII case, `LIKE` does not).
+
+    >>> comment_contains("ok")[1]
+    ['%ok%']
+    >>> comment_contains("慢性病")[1]
+    ['"慢性病"', '%慢性病%']
+    """
+    like = CONTAINS.format(column="comment")
+    if len(needle) < TRIGRAM:
+        return like, [contains_pattern(needle)]
+    return f"{TEXT_MATCH} AND {like}", [match_phrase(needle), contains_pattern(needle)]
 
 
 @dataclass(frozen=True)
@@ -186,7 +256,8 @@ def parse_url(url: str) -> Location:
 _READ_ONLY_ACTIONS = frozenset(
     {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 )
-"""Authorizer actions a read-only statement needs; everything else (writes, DDL, PRAGMA, ATTACH) is denied."""
+"""Authorizer actions a read-only statement needs; everything else (writes, DDL, PRAGMA, ATTACH) is denied,
+except the read-only `PRAGMA data_version` that FTS5 asks for to see whether its cached index is current."""
 
 _LEADING = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*(\w+)", re.DOTALL)
 
@@ -199,8 +270,52 @@ def check_read_only_text(sql: str) -> None:
         raise InvalidEvent("sql", f"only SELECT or WITH statements are allowed, got {word or 'nothing'!r}")
 
 
-def _read_only(action: int, _a: str | None, _b: str | None, _db: str | None, _src: str | None) -> int:
-    return sqlite3.SQLITE_OK if action in _READ_ONLY_ACTIONS else sqlite3.SQLITE_DENY
+def _read_only(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
+    data_version = action == sqlite3.SQLITE_PRAGMA and arg1 == "data_version" and arg2 is None
+    return sqlite3.SQLITE_OK if action in _READ_ONLY_ACTIONS or data_version else sqlite3.SQLITE_DENY
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a DDL script, in order (a `;` inside a trigger body does not end its statement)."""
+    pending = ""
+    for piece in script.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                yield pending
+            pending = ""
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """Layout 1 keyed `feedback` by (session_id, position) alone: copy its rows into the layout-2 table,
+    which gives each the integer key the text index refers to (its insert trigger indexes every row)."""
+    conn.execute("DROP INDEX feedback_type")
+    conn.execute("ALTER TABLE feedback RENAME TO feedback_v1")
+    for statement in _statements(QUERY_DDL):
+        conn.execute(statement)
+    cols = _FEEDBACK_V1_COLUMNS
+    conn.execute(
+        f"INSERT INTO feedback ({cols}) SELECT {cols} FROM feedback_v1 ORDER BY session_id, position"
+    )
+    conn.execute("DROP TABLE feedback_v1")
+
+
+def text_index_problem(conn: sqlite3.Connection) -> str | None:
+    """Why the text index disagrees with the feedback comments, or None when it agrees.
+
+    This is FTS5's integrity check against its content table; it is spelled as an INSERT, so it runs on
+    the writer (it changes nothing).
+    """
+    try:
+        conn.execute(f"INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}, rank) VALUES ('integrity-check', 1)")
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    return None
+
+
+def rebuild_text_index(conn: sqlite3.Connection) -> None:
+    """Rebuild the text index from every row of `feedback`."""
+    conn.execute(f"INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}) VALUES ('rebuild')")
 
 
 def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
@@ -235,9 +350,10 @@ class Database:
         if found > STORE_SCHEMA:
             raise InvalidEvent("url", f"store layout {found} is newer than this version ({STORE_SCHEMA})")
         with self.atomic() as conn:
-            for statement in (HOT_DDL + QUERY_DDL).split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            if found == 1:
+                _migrate_v1(conn)
+            for statement in _statements(HOT_DDL + QUERY_DDL):
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")
 
     @contextmanager
@@ -268,10 +384,15 @@ class Database:
     def read_only_sql(
         self, sql: str, params: tuple[object, ...] | dict[str, object]
     ) -> list[dict[str, object]]:
-        """Run one user statement that may only read; anything else is refused by an authorizer."""
+        """Run one user statement that may only read; anything else is refused by an authorizer.
+
+        The text index is opened first, outside the authorizer: opening an FTS5 table compiles its
+        declaration, which the authorizer would see as a schema write.
+        """
         check_read_only_text(sql)
         with self.reader_lock:
             conn = self.reader
+            conn.execute(f"SELECT rowid FROM {TEXT_INDEX} LIMIT 0").fetchall()
             conn.set_authorizer(_read_only)
             try:
                 cursor = conn.execute(sql, params)

@@ -4,7 +4,8 @@ Every append leaves an outbox row `(cursor, session_id, seq)` in the same transa
 projector reads outbox rows after its saved cursor, rebuilds the query rows of each named session from
 its materialised document, and moves the cursor, all in one transaction. A session already projected at
 `seq` or later is skipped, so projecting twice, or again after a crash between an append and its
-projection, neither duplicates nor loses a row.
+projection, neither duplicates nor loses a row. The trigram index over feedback comments follows the
+`feedback` rows through their triggers, in the same transaction (see `sessionrl.store.dialect`).
 """
 
 from __future__ import annotations
