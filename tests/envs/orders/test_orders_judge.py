@@ -83,6 +83,22 @@ def test_refund_amount_within_tolerance_counts(env: OrdersEnv) -> None:
     assert run(env, task, steps).outcome([plan.final_message]).checks["pattern"]
 
 
+def test_a_reply_may_state_the_amount_actually_refunded(env: OrdersEnv) -> None:
+    task = task_of(env, IssueType.DAMAGED_ITEM)
+    ticket = Ticket.from_payload(task.payload)
+    plan = env.expert(task)
+    steps = list(plan.steps)
+    near = round(ticket.refund_amount() - 0.01, 2)
+    steps[2] = with_params(steps[2], amount=near)
+    episode = run(env, task, steps)
+    # the refund is one cent off (within tolerance) and the reply states what was really refunded
+    honest = f"Refunded {near:.2f} for order {ticket.require_order()}."
+    assert episode.outcome([honest]).success
+    # a reply stating an amount nobody refunded still fails the message check
+    wrong = f"Refunded {near + 5:.2f} for order {ticket.require_order()}."
+    assert episode.outcome([wrong]).checks["message"] is False
+
+
 def test_refund_amount_outside_tolerance_fails(env: OrdersEnv) -> None:
     task = task_of(env, IssueType.DAMAGED_ITEM)
     ticket = Ticket.from_payload(task.payload)

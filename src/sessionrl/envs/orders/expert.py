@@ -126,7 +126,8 @@ def pattern(ticket: Ticket) -> tuple[ExpertStep, ...]:
     return _PATTERNS[ticket.issue](ticket)
 
 
-def _amount(amount: float) -> tuple[str, ...]:
+def amount_spellings(amount: float) -> tuple[str, ...]:
+    """The ways a reply may state a money amount: with cents, and as the shortest decimal."""
     return tuple(dict.fromkeys((cents(amount), f"{amount:g}")))
 
 
@@ -140,7 +141,7 @@ def key_facts(ticket: Ticket) -> Facts:
     if issue is IssueType.WRONG_ADDRESS:
         return (order, (ticket.new_address or "",))
     if issue in (IssueType.DAMAGED_ITEM, IssueType.LATE_DELIVERY):
-        return (order, _amount(ticket.refund_amount()))
+        return (order, amount_spellings(ticket.refund_amount()))
     return (order, (ticket.new_waybill(1),))
 
 

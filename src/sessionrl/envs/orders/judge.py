@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sessionrl.envs.base import ExpertStep, Outcome
-from sessionrl.envs.orders.expert import Facts, key_facts, pattern
+from sessionrl.envs.orders.expert import Facts, amount_spellings, key_facts, pattern
 from sessionrl.envs.orders.ticket import Ticket
 from sessionrl.envs.orders.tools import World
 
@@ -126,13 +126,28 @@ def unsaid(facts: Facts, messages: Sequence[str]) -> list[str]:
     return [fact[0] for fact in facts if not any(said(f, m) for f in fact for m in messages)]
 
 
+def _with_refunded_amount(facts: Facts, world: World) -> Facts:
+    """Let the reply state the amount actually refunded when that refund was within tolerance.
+
+    The pattern accepts a refund a little off the expected amount; the reply is right to state what was
+    really refunded, so that spelling counts for the refund fact too.
+    """
+    ticket = world.ticket
+    refunds = [float(params["amount"]) for tool, params, _ in world.calls if tool == "refund_trigger"]
+    if not refunds or not _amount_matches(ticket.refund_amount(), refunds[-1], ticket):
+        return facts
+    want = amount_spellings(ticket.refund_amount())
+    got = amount_spellings(refunds[-1])
+    return tuple(tuple(dict.fromkeys(fact + got)) if fact == want else fact for fact in facts)
+
+
 def judge(world: World, messages: Sequence[str]) -> Outcome:
     """Judge an episode's world and the messages sent to the customer (see the module doc)."""
     ticket = world.ticket
     matched, missing = match_pattern(pattern(ticket), world.calls, ticket)
     used = set(matched.values())
     extra = [tool for i, (tool, _, _) in enumerate(world.calls) if tool in EFFECTFUL and i not in used]
-    facts = unsaid(key_facts(ticket), messages)
+    facts = unsaid(_with_refunded_amount(key_facts(ticket), world), messages)
     details = [f"no call did {step.id} ({step.description})" for step in missing]
     details += [f"unasked-for {tool} call" for tool in extra]
     details += [f"risky: {flag}" for flag in world.risk_flags]
