@@ -60,6 +60,16 @@ def test_a_repeated_tool_is_rejected_naming_both_sub_goals() -> None:
     assert "'b'" in problem.detail
 
 
+def test_repeated_tools_pass_when_allowed_but_other_checks_still_hold() -> None:
+    # a domain that reads two orders names one tool twice on purpose
+    twice = plan(goal("a", "find"), goal("b", "find", "a"))
+    assert check_plan(twice, known_tools=TOOLS, allow_repeated_tools=True) is None
+    cyclic = plan(goal("a", "find", "b"), goal("b", "find", "a"))
+    problem = check_plan(cyclic, known_tools=TOOLS, allow_repeated_tools=True)
+    assert problem is not None
+    assert problem.reason is PlanRejection.CYCLE
+
+
 def test_an_unknown_tool_is_rejected() -> None:
     problem = check_plan(plan(goal("a", "teleport")), known_tools=TOOLS)
     assert problem is not None

@@ -267,14 +267,17 @@ def run_many(
 
     Runs its own event loop, so call it from synchronous code; the progress bar goes to stderr. Each
     task's episode gets `episode_seed(seed, task_id)`. The engine's plan limit is raised to the longest
-    plan of the batch, since an expert's plan is as long as its task needs.
+    plan of the batch, and one tool may serve several sub-goals (reading two orders), since an expert's
+    plan is as long as its task needs.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     tasks = list(env.tasks(split))[:n]
     jobs = [(task, _plan_for(agent, env, task)) for task in tasks]
     longest = max((len(plan.steps) for _, plan in jobs), default=1)
-    config = OrchestratorConfig(max_subgoals=max(longest, OrchestratorConfig().max_subgoals))
+    config = OrchestratorConfig(
+        max_subgoals=max(longest, OrchestratorConfig().max_subgoals), repeated_tools=True
+    )
     with _progress(progress, f"{env.name} {split} {agent}") as bar:
         track = bar.add_task("tasks", total=len(jobs))
         verdicts = asyncio.run(

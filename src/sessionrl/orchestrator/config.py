@@ -25,6 +25,9 @@ class OrchestratorConfig(BaseModel):
     forbidden_tools: frozenset[str] = Field(
         default=frozenset(), description="Tools a plan may never name, even when a skill of that name exists."
     )
+    repeated_tools: bool = Field(
+        default=False, description="Accept a plan naming one tool in several sub-goals (reading two orders)."
+    )
     hallucination_penalty: float = Field(
         default=-2.0, description="Score of the feedback given at finish to a sub-goal no tool call executed."
     )

@@ -306,6 +306,7 @@ class Orchestrator:
             known_tools=self.executor.contracts.keys(),
             forbidden_tools=self.config.forbidden_tools,
             max_subgoals=self.config.max_subgoals,
+            allow_repeated_tools=self.config.repeated_tools,
         )
         events: list[Event] = [PlanSet(plan=plan, event_id=ids.event("plan"))]
         if problem is None:

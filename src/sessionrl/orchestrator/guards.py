@@ -64,6 +64,7 @@ def check_plan(
     known_tools: Collection[str],
     forbidden_tools: Collection[str] = (),
     max_subgoals: int = 10,
+    allow_repeated_tools: bool = False,
 ) -> PlanProblem | None:
     """The first problem of `plan`, checked in a fixed order (size, ids, tools, dependencies, cycles)."""
     if len(plan.subgoals) > max_subgoals:
@@ -73,7 +74,7 @@ def check_plan(
         )
     return (
         _duplicate_ids(plan)
-        or _tool_problem(plan, known_tools, forbidden_tools)
+        or _tool_problem(plan, known_tools, forbidden_tools, allow_repeated_tools)
         or _missing_dependency(plan)
         or _cycle(plan)
     )
@@ -88,7 +89,9 @@ def _duplicate_ids(plan: Plan) -> PlanProblem | None:
     return None
 
 
-def _tool_problem(plan: Plan, known: Collection[str], forbidden: Collection[str]) -> PlanProblem | None:
+def _tool_problem(
+    plan: Plan, known: Collection[str], forbidden: Collection[str], allow_repeated: bool
+) -> PlanProblem | None:
     first_use: dict[str, str] = {}
     for goal in plan.subgoals:
         tool = goal.tool
@@ -102,7 +105,7 @@ def _tool_problem(plan: Plan, known: Collection[str], forbidden: Collection[str]
             return PlanProblem(
                 PlanRejection.UNKNOWN_TOOL, f"sub-goal {goal.id!r} names unknown tool {tool!r}"
             )
-        if tool in first_use:
+        if tool in first_use and not allow_repeated:
             return PlanProblem(
                 PlanRejection.REPEATED_TOOL,
                 f"tool {tool!r} appears in sub-goals {first_use[tool]!r} and {goal.id!r}",
