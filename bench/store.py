@@ -3,7 +3,8 @@
 1. Ingest: `--n` generated sessions (3–8 tool calls, 1–4 LLM calls, 0–2 feedback items each) appended with
    `append_batch`, 250 sessions per transaction; sessions/s counts store time only, not generation.
 2. Durable appends: single `append` calls, each its own transaction acknowledged after its fsync, on the
-   full store; p50 and p99 latency.
+   full store; p50 and p99 latency. After each append, one 4 KiB write + fsync of a plain file in the same
+   folder is timed too: that floor says how much of the append latency is the disk's at that moment.
 3. The seed question, "of the sessions whose feedback comment mentions chronic disease, what fraction
    called crp_test_request?", in SQL over the query tables (median of several runs), the same question
    through the typed `SessionQuery` filters, and a per-tool failure-rate group-by.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -60,19 +62,31 @@ def ingest(store: SessionStore, n: int, seed: int) -> tuple[float, list[bytes]]:
     return spent, blobs
 
 
-def single_appends(store: SessionStore, count: int, seed: int) -> tuple[list[float], list[bytes]]:
-    """Latency (ms) of `count` single durable appends (the events of fresh sessions, one at a time), and
-    the sessions they left, as JSON."""
+def fsync_ms(probe: int) -> float:
+    """Time (ms) to write 4 KiB at the start of an open file and fsync it: the disk's cost of one commit."""
+    started = time.perf_counter()
+    os.pwrite(probe, bytes(4096), 0)
+    os.fsync(probe)
+    return (time.perf_counter() - started) * 1000
+
+
+def single_appends(
+    store: SessionStore, count: int, seed: int, probe: int
+) -> tuple[list[float], list[float], list[bytes]]:
+    """Latency (ms) of `count` single durable appends (the events of fresh sessions, one at a time), the
+    disk's fsync floor timed after each (`fsync_ms` on `probe`), and the sessions they left, as JSON."""
     latencies: list[float] = []
+    floor: list[float] = []
     last: dict[str, Session] = {}
     for events in generate(count, seed=seed):
         for sid, event, _ in batch_items(events):
             if len(latencies) == count:
-                return latencies, [codec.dumps(s) for s in last.values()]
+                return latencies, floor, [codec.dumps(s) for s in last.values()]
             started = time.perf_counter()
             last[sid] = store.append(sid, event)
             latencies.append((time.perf_counter() - started) * 1000)
-    return latencies, [codec.dumps(s) for s in last.values()]
+            floor.append(fsync_ms(probe))
+    return latencies, floor, [codec.dumps(s) for s in last.values()]
 
 
 def timed(run: Callable[[], Any], repeats: int = QUERY_RUNS) -> tuple[float, Any]:
@@ -116,7 +130,11 @@ def measure(n: int, seed: int) -> dict[str, Any]:
             started = time.perf_counter()
             store.project()
             projection_s = time.perf_counter() - started
-            latencies, more = single_appends(store, SINGLE_APPENDS, seed + 1)
+            probe = os.open(Path(folder) / "fsync-probe", os.O_WRONLY | os.O_CREAT)
+            try:
+                latencies, floor, more = single_appends(store, SINGLE_APPENDS, seed + 1, probe)
+            finally:
+                os.close(probe)
             blobs += more
             store.project()
             params = {
@@ -128,7 +146,7 @@ def measure(n: int, seed: int) -> dict[str, Any]:
             groupby_ms, _ = timed(lambda: store.sql(FAILURE_RATES_SQL))
             of, having = SessionQuery(comment_contains=NEEDLE), SessionQuery(tool_called=CHRONIC_TOOL)
             typed_ms, share = timed(lambda: store.fraction(of, having), repeats=3)
-        size_mb = sum(p.stat().st_size for p in Path(folder).iterdir()) / 1e6
+        size_mb = sum(p.stat().st_size for p in Path(folder).glob("sessions.db*")) / 1e6
     naive_ms, naive = timed(lambda: naive_answer(blobs), repeats=3)
     if naive != (row["matched"], row["called"]) or abs(share - row["called"] / row["matched"]) > 1e-12:
         raise SystemExit(f"answers differ: naive {naive}, typed {share}, SQL {row}")
@@ -140,6 +158,8 @@ def measure(n: int, seed: int) -> dict[str, Any]:
         "projection_s": round(projection_s, 2),
         "append_p50_ms": round(percentile(latencies, 0.50), 3),
         "append_p99_ms": round(percentile(latencies, 0.99), 3),
+        "fsync_p50_ms": round(percentile(floor, 0.50), 3),
+        "fsync_p99_ms": round(percentile(floor, 0.99), 3),
         "seed_query_ms": round(seed_ms, 2),
         "groupby_ms": round(groupby_ms, 2),
         "typed_query_ms": round(typed_ms, 2),
@@ -163,6 +183,7 @@ def main() -> None:
     )
     print(
         f"durable append   p50 {f['append_p50_ms']} ms, p99 {f['append_p99_ms']} ms, {SINGLE_APPENDS} appends"
+        f" (disk fsync alone: p50 {f['fsync_p50_ms']} ms, p99 {f['fsync_p99_ms']} ms)"
     )
     answer = f"{f['seed_called']} of {f['seed_matched']} called {CHRONIC_TOOL}"
     print(f"seed question    {f['seed_query_ms']} ms ({answer})")
