@@ -135,6 +135,19 @@ async def test_retries_stop_after_max_attempts(
     assert (result.error_code, result.retryable, result.attempts, fn.calls) == ("FLAKY", True, 4, 4)
 
 
+async def test_backoff_keeps_doubling_across_every_retry(
+    make_contract: ContractFactory, script: MakeScript, clock: ManualClock
+):
+    fn = script("FLAKY", "FLAKY", "FLAKY", "FLAKY")
+    config = ExecutorConfig(max_attempts=4, jitter_s=0.0, backoff_max_s=0.3)
+    result = await SkillExecutor([callable_skill(make_contract(), fn)], config, clock=clock).call(
+        "probe", {"amount": 1}
+    )
+    assert (result.attempts, fn.calls) == (4, 4)
+    # waits after attempts 1, 2, 3: min(0.3, 0.1 · 2^(n-1)) = 0.1 + 0.2 + 0.3 (capped) = 0.6 s
+    assert clock.now() == pytest.approx(0.6)
+
+
 async def test_non_retryable_failures_are_not_retried(
     make_contract: ContractFactory, script: MakeScript, clock: ManualClock
 ):

@@ -2,9 +2,9 @@
 
 One call to `SkillExecutor.call` goes:
 1. look the skill up (`UNKNOWN_SKILL`), fill defaults, clip if configured, validate (`INVALID_PARAMS`);
-2. retry loop (tenacity; exponential backoff with seeded jitter, slept on the clock; retryable codes only):
-   breaker check (`BREAKER_OPEN`), token bucket (`RATE_LIMITED` when the wait would pass the timeout),
-   concurrency slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation
+2. attempts: a plain first one, then, after a retryable failure only, a tenacity loop for the rest
+   (exponential backoff with seeded jitter, slept on the clock). Each attempt is a breaker check
+   (`BREAKER_OPEN`), token bucket (`RATE_LIMITED` when the wait would pass the timeout), concurrency slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation
    (`INVALID_OUTPUT`); each attempt's outcome feeds the breaker;
 3. if it still failed (for any reason but bad parameters) and the contract names a fallback, the fallback
    runs the same way and the result says so.
@@ -23,7 +23,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from sessionrl.skills.breaker import BreakerState, CircuitBreaker
 from sessionrl.skills.clock import Clock, SystemClock
@@ -177,11 +177,21 @@ class SkillExecutor:
         return params, warnings
 
     async def _run(self, slot: _Slot, params: Json) -> tuple[Json | SkillError, int]:
-        """Attempt until success, a non-retryable error or `max_attempts`; returns outcome and attempts."""
-        attempts = 0
+        """Attempt until success, a non-retryable error or `max_attempts`; returns outcome and attempts.
+
+        The first attempt is a plain call: most calls succeed at once, and they should not pay for the
+        retry machinery. Only a retryable failure enters tenacity, for the attempts that remain.
+        """
+        try:
+            return await self._attempt(slot, params), 1
+        except SkillError as error:
+            if self.config.max_attempts == 1 or not slot.contract.is_retryable(error.code):
+                return error, 1
+        await self.clock.sleep(self._backoff(1))
+        attempts = 1
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.config.max_attempts),
-            wait=self._backoff,
+            stop=stop_after_attempt(self.config.max_attempts - 1),
+            wait=lambda state: self._backoff(state.attempt_number + 1),
             retry=retry_if_exception(
                 lambda e: isinstance(e, SkillError) and slot.contract.is_retryable(e.code)
             ),
@@ -197,10 +207,10 @@ class SkillExecutor:
             return error, attempts
         return output, attempts
 
-    def _backoff(self, state: RetryCallState) -> float:
-        """Exponential backoff after attempt n: min(max, initial · 2^(n-1)) plus uniform jitter."""
+    def _backoff(self, attempt: int) -> float:
+        """Backoff after attempt `attempt` (1-based): min(max, initial · 2^(attempt-1)) plus uniform jitter."""
         config = self.config
-        base = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (state.attempt_number - 1))
+        base = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (attempt - 1))
         return float(base) + self._rng.uniform(0.0, config.jitter_s)
 
     async def _attempt(self, slot: _Slot, params: Json) -> Json:
