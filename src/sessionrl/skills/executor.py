@@ -4,8 +4,9 @@ One call to `SkillExecutor.call` goes:
 1. look the skill up (`UNKNOWN_SKILL`), fill defaults, clip if configured, validate (`INVALID_PARAMS`);
 2. attempts: a plain first one, then, after a retryable failure only, a tenacity loop for the rest
    (exponential backoff with seeded jitter, slept on the clock). Each attempt is a breaker check
-   (`BREAKER_OPEN`), token bucket (`RATE_LIMITED` when the wait would pass the timeout), concurrency slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation
-   (`INVALID_OUTPUT`); each attempt's outcome feeds the breaker;
+   (`BREAKER_OPEN`), token bucket (`RATE_LIMITED` when the wait would pass the timeout), concurrency
+   slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation (`INVALID_OUTPUT`);
+   each attempt's outcome feeds the breaker;
 3. if it still failed (for any reason but bad parameters) and the contract names a fallback, the fallback
    runs the same way and the result says so.
 Every outcome is a `SkillResult`; the executor never raises for a skill's failure.
@@ -208,7 +209,7 @@ class SkillExecutor:
         return output, attempts
 
     def _backoff(self, attempt: int) -> float:
-        """Backoff after attempt `attempt` (1-based): min(max, initial · 2^(attempt-1)) plus uniform jitter."""
+        """Backoff after attempt `attempt` (1-based): min(max, initial · 2^(attempt-1)) plus jitter."""
         config = self.config
         base = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (attempt - 1))
         return float(base) + self._rng.uniform(0.0, config.jitter_s)
