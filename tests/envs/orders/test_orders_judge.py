@@ -99,6 +99,25 @@ def test_a_reply_may_state_the_amount_actually_refunded(env: OrdersEnv) -> None:
     assert episode.outcome([wrong]).checks["message"] is False
 
 
+def test_a_refund_on_a_ticket_that_earns_none_is_judged_not_raised(env: OrdersEnv) -> None:
+    task = task_of(env, IssueType.LOST_PARCEL)
+    ticket = Ticket.from_payload(task.payload)
+    plan = env.expert(task)
+    order = ticket.require_order()
+    check = ExpertStep("c", "check stock", "inventory_check", {"sku": ticket.sku}, ())
+    refund = ExpertStep(
+        "x",
+        "refund anyway",
+        "refund_trigger",
+        {"order_id": order, "amount": 1.0, "reason": "quality"},
+        ("c",),
+    )
+    episode = run(env, task, [*plan.steps, check, refund])
+    assert any(tool == "refund_trigger" for tool, _, _ in episode.world.calls), "the refund must have run"
+    outcome = episode.outcome([plan.final_message])
+    assert outcome.checks["no_extra_actions"] is False
+
+
 def test_refund_amount_outside_tolerance_fails(env: OrdersEnv) -> None:
     task = task_of(env, IssueType.DAMAGED_ITEM)
     ticket = Ticket.from_payload(task.payload)

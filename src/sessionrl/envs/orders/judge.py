@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from sessionrl.envs.base import ExpertStep, Outcome
 from sessionrl.envs.orders.expert import Facts, amount_spellings, key_facts, pattern
-from sessionrl.envs.orders.ticket import Ticket
+from sessionrl.envs.orders.ticket import IssueType, Ticket
 from sessionrl.envs.orders.tools import World
 
 EFFECTFUL: Final = frozenset({"order_update_address", "refund_trigger", "waybill_generate"})
@@ -133,6 +133,8 @@ def _with_refunded_amount(facts: Facts, world: World) -> Facts:
     really refunded, so that spelling counts for the refund fact too.
     """
     ticket = world.ticket
+    if ticket.issue not in (IssueType.DAMAGED_ITEM, IssueType.LATE_DELIVERY):
+        return facts  # no refund is due, so no refund fact to restate
     refunds = [float(params["amount"]) for tool, params, _ in world.calls if tool == "refund_trigger"]
     if not refunds or not _amount_matches(ticket.refund_amount(), refunds[-1], ticket):
         return facts
