@@ -300,6 +300,42 @@ def test_a_batch_reports_each_rejection_and_keeps_the_rest(running: SessionStore
     assert [c.call_id for c in running.get("s1").tool_calls] == ["c1", "c2", "c5"]
 
 
+def test_one_batch_creates_writes_and_rejects_like_single_appends(store: SessionStore) -> None:
+    shared = tool_call("c1")
+    results = store.append_batch(
+        [
+            ("a", created(SessionCreate(user_query="q", session_id="a")), None),
+            ("a", StateChanged(state=SessionState.EXECUTING), 1),
+            ("a", shared, None),
+            ("b", created(SessionCreate(user_query="q", session_id="b")), None),
+            ("b", StateChanged(state=SessionState.EXECUTING), None),
+            ("b", shared, None),  # an event id session a used earlier in this batch
+            ("b", tool_call("c2"), 3),  # b is at version 2: stale
+            ("a", tool_call("c3"), 3),
+        ]
+    )
+    kinds = [type(r).__name__ for r in results]
+    assert kinds == [
+        "Session",
+        "Session",
+        "Session",
+        "Session",
+        "Session",
+        "InvalidEvent",
+        "StaleState",
+        "Session",
+    ]
+    # a: created, executing, c1, c3 = 4 events; b: created, executing = 2 events; one outbox row per event
+    assert {k: v for k, v in counts(store).items() if k in ("events", "outbox", "heads")} == {
+        "events": 6,
+        "outbox": 6,
+        "heads": 2,
+    }
+    for sid in ("a", "b"):
+        assert store.get(sid) == fold(e.event for e in store.events(sid))
+    assert [c.call_id for c in store.get("a").tool_calls] == ["c1", "c3"]
+
+
 # feedback anchors and last-writer-wins
 
 

@@ -84,21 +84,32 @@ def changed_shards(old: Session | None, new: Session, *, legacy: bool = False) -
 
 def write_session(conn: sqlite3.Connection, session: Session, shards: Iterable[str]) -> None:
     """Upsert the head row and the given shard rows of a session."""
-    conn.execute(
+    write_sessions(conn, [(session, shards)])
+
+
+def write_sessions(conn: sqlite3.Connection, views: Iterable[tuple[Session, Iterable[str]]]) -> None:
+    """Upsert the head rows and the given shard rows of many sessions, two statements in all."""
+    heads: list[tuple[Any, ...]] = []
+    shard_rows: list[tuple[str, str, str]] = []
+    for session, shards in views:
+        heads.append(head_row(session))
+        shard_rows.extend(
+            (session.session_id, shard, session.model_dump_json(include=SHARDS[shard])) for shard in shards
+        )
+    conn.executemany(
         "INSERT INTO session_head (session_id, schema_version, state, state_version, plan_version,"
         " execution_version, feedback_version, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (session_id) DO UPDATE SET schema_version = excluded.schema_version,"
         " state = excluded.state, state_version = excluded.state_version,"
         " plan_version = excluded.plan_version, execution_version = excluded.execution_version,"
         " feedback_version = excluded.feedback_version, doc = excluded.doc",
-        head_row(session),
+        heads,
     )
-    for shard in shards:
-        conn.execute(
-            "INSERT INTO session_shard (session_id, shard, doc) VALUES (?, ?, ?)"
-            " ON CONFLICT (session_id, shard) DO UPDATE SET doc = excluded.doc",
-            (session.session_id, shard, session.model_dump_json(include=SHARDS[shard])),
-        )
+    conn.executemany(
+        "INSERT INTO session_shard (session_id, shard, doc) VALUES (?, ?, ?)"
+        " ON CONFLICT (session_id, shard) DO UPDATE SET doc = excluded.doc",
+        shard_rows,
+    )
 
 
 def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
@@ -131,10 +142,16 @@ def read_documents(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict
 
 def read_session(conn: sqlite3.Connection, session_id: str) -> tuple[Session, bool] | None:
     """The current view of a stored session and whether its document is of an older schema, or None."""
-    doc = read_documents(conn, [session_id]).get(session_id)
-    if doc is None:
-        return None
-    return load_session(doc), doc.get("schema_version") != SCHEMA_VERSION
+    return read_sessions(conn, [session_id]).get(session_id)
+
+
+def read_sessions(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, tuple[Session, bool]]:
+    """Current views of the stored sessions among `session_ids`, each with whether its document is of an
+    older schema, by id."""
+    return {
+        sid: (load_session(doc), doc.get("schema_version") != SCHEMA_VERSION)
+        for sid, doc in read_documents(conn, session_ids).items()
+    }
 
 
 def chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:

@@ -111,6 +111,7 @@ class SessionStore:
         results: list[Session | SessionRLError] = []
         with self._db.atomic() as conn:
             writer = BatchWriter(conn, self._cache)
+            writer.load([item for item in prepared if isinstance(item, Prepared)])
             for item in prepared:
                 results.append(item if isinstance(item, SessionRLError) else _attempt(writer, item))
             writer.flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,11 @@ from sessionrl.session.model import SCHEMA_VERSION, Session
 from sessionrl.store.documents import (
     canonical_event,
     changed_shards,
+    chunks,
     encode_event,
     iso,
-    read_session,
-    write_session,
+    read_sessions,
+    write_sessions,
 )
 
 EventInput = Event | bytes | str | Mapping[str, Any]
@@ -74,18 +75,29 @@ def current(conn: sqlite3.Connection, cache: SessionCache, session_id: str) -> t
 
     Call inside a transaction so that the version check and the read see the same state.
     """
-    row = conn.execute(
-        "SELECT state_version FROM session_head WHERE session_id = ?", (session_id,)
-    ).fetchone()
-    if row is None:
-        return None
-    cached = cache.get(session_id, row[0])
-    if cached is not None:
-        return cached, False
-    loaded = read_session(conn, session_id)
-    if loaded is not None and not loaded[1]:
-        cache.put(loaded[0])
-    return loaded
+    return current_many(conn, cache, [session_id]).get(session_id)
+
+
+def current_many(
+    conn: sqlite3.Connection, cache: SessionCache, session_ids: Sequence[str]
+) -> dict[str, tuple[Session, bool]]:
+    """`current` for many sessions at once: one version query, one document read for the cache misses."""
+    found: dict[str, tuple[Session, bool]] = {}
+    missing: list[str] = []
+    for chunk in chunks(session_ids, 500):
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT session_id, state_version FROM session_head WHERE session_id IN ({marks})"
+        for sid, version in conn.execute(sql, chunk):
+            cached = cache.get(sid, version)
+            if cached is None:
+                missing.append(sid)
+            else:
+                found[sid] = (cached, False)
+    for sid, loaded in read_sessions(conn, missing).items():
+        if not loaded[1]:
+            cache.put(loaded[0])
+        found[sid] = loaded
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,23 +128,42 @@ def prepare(session_id: str, raw: EventInput, expected: int | None, max_bytes: i
 class BatchWriter:
     """Writes prepared events inside one open transaction; `touched` holds the resulting sessions.
 
-    Call `flush()` before the transaction commits: it writes the materialised views.
+    `load` reads what the checks need for the whole batch in a few statements; `write` then checks and folds
+    each event in memory; `flush` (call it before the transaction commits) writes the log, the outbox and
+    the materialised views with one statement per table. Few statements matter: each one hands the
+    interpreter lock to whatever else runs in the process, and a busy event loop makes the writer wait
+    for it back.
     """
 
     def __init__(self, conn: sqlite3.Connection, cache: SessionCache) -> None:
         self.conn = conn
         self.cache = cache
         self.touched: dict[str, Session] = {}
+        self._stored: dict[str, tuple[Session, bool] | None] = {}
+        """Sessions as stored before the batch (None: not stored), read by `load` or on first use."""
+        self._owners: dict[str, str] = {}
         self._legacy: set[str] = set()
         self._dirty: dict[str, set[str]] = {}
+        self._events: list[tuple[Any, ...]] = []
+        self._outbox: list[tuple[Any, ...]] = []
+
+    def load(self, items: Sequence[Prepared]) -> None:
+        """Read which of the batch's event ids are logged already, and the sessions its events touch."""
+        ids = [item.event.event_id for item in items]
+        for chunk in chunks(ids, 500):
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT event_id, session_id FROM events WHERE event_id IN ({marks})"
+            self._owners.update(self.conn.execute(sql, chunk))
+        sessions = list(dict.fromkeys(item.session_id for item in items))
+        found = current_many(self.conn, self.cache, sessions)
+        self._stored.update((sid, found.get(sid)) for sid in sessions)
 
     def write(self, item: Prepared) -> Session:
         """Append one event; raise (having written nothing) if it is a duplicate, stale or not allowed."""
         event, sid = item.event, item.session_id
-        owner = self.conn.execute("SELECT session_id FROM events WHERE event_id = ?", (event.event_id,))
-        found = owner.fetchone()
-        if found is not None:
-            return self._duplicate(item, found[0])
+        owner = self._owners.get(event.event_id)
+        if owner is not None:
+            return self._duplicate(item, owner)
         old = self._session(sid)
         if old is None and not isinstance(event, SessionCreated):
             raise NotFound("session", sid)
@@ -141,34 +172,43 @@ class BatchWriter:
             raise StaleState(sid, item.expected, actual)
         new = apply(old, event)
         at = iso(event.at)
-        self.conn.execute(
-            "INSERT INTO events (session_id, seq, event_id, type, schema_version, at, payload)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (sid, new.state_version, event.event_id, event.type, SCHEMA_VERSION, at, item.payload),
-        )
+        seq = new.state_version
+        self._events.append((sid, seq, event.event_id, event.type, SCHEMA_VERSION, at, item.payload))
+        self._outbox.append((sid, seq, event.type, at))
+        self._owners[event.event_id] = sid
         self._dirty.setdefault(sid, set()).update(changed_shards(old, new, legacy=sid in self._legacy))
-        self.conn.execute(
-            "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)",
-            (sid, new.state_version, event.type, at),
-        )
         self._legacy.discard(sid)
         self.touched[sid] = new
         return new
 
     def flush(self) -> None:
-        """Write each touched session's view once, with every shard any of its events changed.
+        """Write the batch's log and outbox rows, then each touched session's view once, with every shard
+        any of its events changed.
 
         Deferring the view to the end of the batch keeps a batch of many events of one session (an import,
         a replay) linear: each shard is encoded once, not once per event.
         """
-        for sid, shards in self._dirty.items():
-            write_session(self.conn, self.touched[sid], sorted(shards))
+        self.conn.executemany(
+            "INSERT INTO events (session_id, seq, event_id, type, schema_version, at, payload)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            self._events,
+        )
+        self.conn.executemany(
+            "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)", self._outbox
+        )
+        write_sessions(
+            self.conn, ((self.touched[sid], sorted(shards)) for sid, shards in self._dirty.items())
+        )
+        self._events.clear()
+        self._outbox.clear()
         self._dirty.clear()
 
     def _session(self, session_id: str) -> Session | None:
         if session_id in self.touched:
             return self.touched[session_id]
-        found = current(self.conn, self.cache, session_id)
+        if session_id not in self._stored:
+            self._stored[session_id] = current(self.conn, self.cache, session_id)
+        found = self._stored[session_id]
         if found is None:
             return None
         if found[1]:
