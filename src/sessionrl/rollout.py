@@ -19,6 +19,7 @@ requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,8 @@ from typing import Any
 
 from sessionrl.envs.base import DecisionEnv, Episode, ExpertPlan, Task
 from sessionrl.envs.faults import Faults, inject_plan_faults
+from sessionrl.errors import NotFound
+from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.orchestrator.results import PlanPayload, StepError, StepKind, StepResult, ToolPayload
@@ -45,6 +48,9 @@ class RolloutConfig:
     max_tool_chars: int = field(default=400, metadata={"help": "a tool message is cut to this length"})
     full_schemas: bool = field(
         default=True, metadata={"help": "show each tool's whole JSON schema; false: names and parameters"}
+    )
+    domain_policy: bool = field(
+        default=True, metadata={"help": "open the system prompt with the domain's policy text"}
     )
     executor: ExecutorConfig = field(
         default_factory=ExecutorConfig, metadata={"help": "retries and back-off of every episode's executor"}
@@ -92,7 +98,8 @@ def session_metadata(
 
 def prompt_messages(env: DecisionEnv, task: Task, config: RolloutConfig) -> list[Message]:
     """The conversation an episode starts from: the system prompt and the user's request."""
-    system = system_prompt(env.system_prompt(), env.contracts(), full_schemas=config.full_schemas)
+    policy = env.system_prompt() if config.domain_policy else f"You act for the {env.name} service."
+    system = system_prompt(policy, env.contracts(), full_schemas=config.full_schemas)
     return [
         Message(role="system", content=system),
         Message(role="user", content=task.instruction),
@@ -199,6 +206,30 @@ def _plan_rng(spec: EpisodeSpec) -> random.Random:
     return random.Random(f"plan:{spec.seed}:{spec.session_id}")
 
 
+def settle(store: SessionStore, spec: EpisodeSpec) -> tuple[EpisodeSpec, bool | None]:
+    """Make re-running an episode safe: the recorded verdict when its session already ran to the end, else
+    the spec with a session id still free (`<id>.1`, `<id>.2`, ... after an interrupted attempt)."""
+    candidate = spec
+    for attempt in range(1, 1000):
+        try:
+            session = store.get(candidate.session_id)
+        except NotFound:
+            return candidate, None
+        verdict = task_success(session)
+        if verdict is not None:
+            return candidate, verdict
+        candidate = dataclasses.replace(spec, session_id=f"{spec.session_id}.{attempt}")
+    raise RuntimeError(f"episode {spec.session_id!r} was interrupted too often")
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """One finished episode: the session that holds it, and whether it solved its task."""
+
+    session_id: str
+    success: bool
+
+
 async def rollout(
     env: DecisionEnv,
     specs: Sequence[EpisodeSpec],
@@ -207,24 +238,30 @@ async def rollout(
     config: RolloutConfig,
     *,
     policy_version: int | None = None,
-) -> list[bool]:
+) -> list[Ran]:
     """Run every episode of `specs`, `config.concurrency` at a time (the expert's when `backend` is None).
 
-    Returns each episode's success, in the order of `specs`.
+    Returns one `Ran` per spec, in order. An episode whose session already ran to its end is not run again.
     """
     gate = asyncio.Semaphore(config.concurrency)
 
-    async def one(spec: EpisodeSpec) -> bool:
+    async def one(spec: EpisodeSpec) -> Ran:
+        spec, verdict = await asyncio.to_thread(settle, store, spec)
+        if verdict is not None:
+            return Ran(spec.session_id, verdict)
         async with gate:
             if backend is None:
-                return await run_expert(env, spec, store, config)
-            return await run_episode(env, spec, backend, store, config, policy_version=policy_version)
+                ok = await run_expert(env, spec, store, config)
+            else:
+                ok = await run_episode(env, spec, backend, store, config, policy_version=policy_version)
+        return Ran(spec.session_id, ok)
 
     return list(await asyncio.gather(*(one(spec) for spec in specs)))
 
 
 __all__ = [
     "EpisodeSpec",
+    "Ran",
     "RolloutConfig",
     "expected_entities",
     "observation",
@@ -233,4 +270,5 @@ __all__ = [
     "run_episode",
     "run_expert",
     "session_metadata",
+    "settle",
 ]

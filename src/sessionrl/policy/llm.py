@@ -454,11 +454,12 @@ class Batcher(Generic[X, Y]):
     async def submit(self, item: X) -> Y:
         """The answer to `item`, computed in some batch."""
         future: asyncio.Future[Y] = asyncio.get_running_loop().create_future()
+        if self._worker is None or self._worker.done():  # (a new event loop, too, starts a new worker)
+            self._full = asyncio.Event()
+            self._worker = asyncio.create_task(self._drain())
         self._pending.append((item, future))
         if len(self._pending) >= self._max_batch:
             self._full.set()
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:

@@ -1,0 +1,61 @@
+"""`sessionrl train <config.yaml>` and `sessionrl eval <run>`: train a policy, and measure one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+
+from sessionrl.envs.base import Split
+from sessionrl.eval.report import metrics_table
+from sessionrl.policy.llm import HFPolicy
+from sessionrl.train.config import RunConfig
+from sessionrl.train.loop import evaluate, train
+from sessionrl.train.run import open_run
+from sessionrl.train.view import curve_table
+
+
+def train_command(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML); see examples/orders.yaml.")],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")
+    ] = False,
+) -> None:
+    """Imitation, a gate, then GRPO, as the config says; everything goes under its run_dir."""
+    console = Console()
+    run_config = RunConfig.load(config)
+    result = train(run_config, resume=resume, console=console)
+    if result.gate is not None:
+        console.print(
+            f"gate: success {result.gate.metrics.success:.3f} on {result.gate.metrics.n_tasks} tasks"
+        )
+    if result.curve:
+        console.print(curve_table(result.curve))
+    console.print(f"stage: {result.stage}; run folder: {run_config.run_dir}")
+
+
+def eval_command(
+    run: Annotated[Path, typer.Argument(help="Run folder (holding config.yaml and the exported policies).")],
+    split: Annotated[Split | None, typer.Option(help="Split to evaluate on; default: the config's.")] = None,
+    tasks: Annotated[int | None, typer.Option(help="How many tasks; default: the config's.")] = None,
+) -> None:
+    """Evaluate a run's exported policies (imitation and RL, where present) side by side."""
+    console = Console()
+    config = RunConfig.load(run / "config.yaml").model_copy(update={"run_dir": run})
+    chosen_split = split or config.evaluation.split
+    n_tasks = tasks or config.evaluation.tasks
+    columns = {}
+    with open_run(config) as opened:
+        for label in ("sft", "rl"):
+            folder = run / f"{label}_policy"
+            if folder.is_dir():
+                policy = HFPolicy.load(folder, config.rl.sampling, config.batching)
+                evaluation = evaluate(opened, policy, chosen_split, n_tasks, f"cli-{label}-{chosen_split}")
+                columns[label] = evaluation.metrics
+    if not columns:
+        raise typer.BadParameter(f"{run} holds no exported policy (sft_policy/ or rl_policy/)")
+    console.print(metrics_table(columns, title=f"{config.env.name} · {chosen_split} · {n_tasks} tasks"))
+    console.print(orjson.dumps({k: m.as_dict() for k, m in columns.items()}).decode())

@@ -1,0 +1,124 @@
+"""Checkpoints that resume a run exactly: weights, optimiser, loop state, change-feed cursor, RNG states.
+
+A checkpoint is a folder::
+
+    model.safetensors      every weight of the model (tied weights stored once)
+    optimizer.pt           the optimiser's state (moments, step counts)
+    rng.safetensors        torch's global generator and the sampling generator
+    state.json             the loop's own state (stage, iteration, policy version, feed cursor, curve,
+                           counters) and Python's `random` state
+
+It is written to a temporary folder and renamed into place, so a crash leaves the previous checkpoint
+whole. Loading puts everything back; the next batch read from the feed and the next random draws are
+then those an uninterrupted run would have made.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+
+@dataclass(frozen=True, slots=True)
+class LoopState:
+    """Where a training run stands."""
+
+    stage: str = "sft"
+    """`sft`, `rl`, or `stopped` (the imitation policy did not clear the gate)."""
+    step: int = 0
+    """Steps done in the current stage (SFT optimiser steps, or RL iterations)."""
+    policy_version: int = 0
+    """Version stamped on the policy's replies; raised by every RL update."""
+    cursor: int = 0
+    """Change-feed cursor of the trainer: every change up to it has been read."""
+    curve: tuple[Mapping[str, Any], ...] = ()
+    """One record per RL iteration (success, reward, loss, ...), for the learning curve."""
+    counters: Mapping[str, int] = field(default_factory=dict)
+    """Running totals (sessions trained on, stale sessions left out, ...)."""
+
+
+def save_checkpoint(
+    folder: str | Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    state: LoopState,
+    generators: Mapping[str, torch.Generator] = {},
+) -> Path:
+    """Write a checkpoint to `folder` atomically (replacing an older one) and return its path."""
+    final = Path(folder)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {"torch": torch.get_rng_state()} | {f"gen.{k}": g.get_state() for k, g in generators.items()}
+    save_file(rng, str(tmp / "rng.safetensors"))
+    payload = {"loop": asdict(state), "python_random": _python_state()}
+    (tmp / "state.json").write_text(json.dumps(payload, indent=1))
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    folder: str | Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer | None,
+    generators: Mapping[str, torch.Generator] = {},
+) -> LoopState:
+    """Restore a checkpoint into `model`, `optimizer` and the generators; return the loop state."""
+    path = Path(folder)
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (state.json missing)")
+    load_model(model, str(path / "model.safetensors"), device=str(next(model.parameters()).device))
+    if optimizer is not None and (path / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    rng = load_file(str(path / "rng.safetensors"))
+    torch.set_rng_state(rng["torch"])
+    for name, generator in generators.items():
+        generator.set_state(rng[f"gen.{name}"])
+    payload = json.loads((path / "state.json").read_text())
+    random.setstate(_python_tuple(payload["python_random"]))
+    state = read_state(path)
+    assert state is not None  # state.json was checked above
+    return state
+
+
+def read_state(folder: str | Path) -> LoopState | None:
+    """The loop state of the checkpoint in `folder` (nothing else is loaded), or None without one."""
+    path = Path(folder) / "state.json"
+    if not path.is_file():
+        return None
+    loop = json.loads(path.read_text())["loop"]
+    return LoopState(**(loop | {"curve": tuple(loop["curve"])}))
+
+
+def has_checkpoint(folder: str | Path) -> bool:
+    """True when `folder` holds a complete checkpoint."""
+    return (Path(folder) / "state.json").is_file()
+
+
+def _python_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_tuple(saved: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = saved
+    return (version, tuple(internal), gauss)
+
+
+__all__ = ["LoopState", "has_checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]

@@ -1,0 +1,165 @@
+"""A training run's configuration: one YAML file, validated into frozen models (one help line per field).
+
+```yaml
+run_dir: runs/orders
+env: {name: orders, test: 100}
+model: {tiny: {hidden_size: 128}}
+sft: {demos: 64, trainer: {steps: 60}}
+rl: {iterations: 20, tasks_per_iteration: 8, trainer: {group_size: 4}}
+evaluation: {tasks: 60}
+```
+
+Every section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
+mistake. The run writes everything under `run_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sessionrl.envs.base import DecisionEnv, Split
+from sessionrl.envs.faults import Faults, FaultSchedule
+from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.rollout import RolloutConfig
+from sessionrl.train.grpo import GRPOConfig
+from sessionrl.train.sft import SFTConfig
+
+RETAIL_DATA_ENV = "SESSIONRL_RETAIL_DATA"
+"""Environment variable naming the retail data folder when the config does not."""
+
+
+class Section(BaseModel):
+    """Base of every section: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSection(Section):
+    """Which domain to train on."""
+
+    name: Literal["orders", "retail"] = Field(default="orders", description="Built-in environment.")
+    seed: int = Field(default=0, description="Seeds the orders task generator.")
+    train: int = Field(default=400, ge=1, description="Orders training tasks.")
+    dev: int = Field(default=50, ge=0, description="Orders development tasks (the stage gate).")
+    test: int = Field(default=100, ge=0, description="Orders test tasks (the report).")
+    data: Path | None = Field(default=None, description=f"Retail data folder; else ${RETAIL_DATA_ENV}.")
+
+    def build(self) -> DecisionEnv:
+        """The environment this section describes."""
+        if self.name == "orders":
+            from sessionrl.envs.orders import DomainConfig, OrdersEnv
+
+            sizes = DomainConfig(seed=self.seed, train=self.train, dev=self.dev, test=self.test)
+            return OrdersEnv(sizes)
+        from sessionrl.envs.retail import RetailEnv
+
+        folder = self.data or os.environ.get(RETAIL_DATA_ENV)
+        if not folder:
+            raise ValueError(f"the retail environment needs env.data in the config or ${RETAIL_DATA_ENV}")
+        return RetailEnv(Path(folder))
+
+
+class ModelSection(Section):
+    """The policy: a local checkpoint, or a tiny model built from the environment's texts."""
+
+    path: Path | None = Field(default=None, description="Local Hugging Face checkpoint; none: build tiny.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model.")
+    lora: LoRAConfig | None = Field(default=None, description="LoRA on the top blocks; none: full tuning.")
+
+
+class FaultSection(Section):
+    """Injected faults: a rate that decays over RL iterations, and a fixed rate for evaluation."""
+
+    schedule: FaultSchedule = Field(default_factory=lambda: FaultSchedule(start=0.1, end=0.1, steps=1))
+    eval_rate: float = Field(default=0.1, ge=0, le=1, description="Tool-fault rate during evaluation.")
+    demo_rate: float = Field(default=0.0, ge=0, le=1, description="Tool-fault rate of expert demos.")
+
+    def at(self, iteration: int) -> Faults:
+        """Tool faults (errors and garbled outputs) for one RL iteration."""
+        rate = self.schedule.rate(iteration)
+        return Faults(tool_error=rate, garbled_output=rate)
+
+    @staticmethod
+    def fixed(rate: float) -> Faults:
+        """Tool faults at a fixed rate."""
+        return Faults(tool_error=rate, garbled_output=rate)
+
+
+class SFTSection(Section):
+    """The imitation stage."""
+
+    demos: int = Field(default=64, ge=1, description="Expert sessions recorded on training tasks.")
+    trainer: SFTConfig = Field(default_factory=SFTConfig, description="Imitation trainer settings.")
+
+
+class RLSection(Section):
+    """The reinforcement-learning stage."""
+
+    iterations: int = Field(default=20, ge=0, description="Rollout-reward-update iterations at most.")
+    minutes: float | None = Field(default=None, gt=0, description="Stop the stage after this long.")
+    tasks_per_iteration: int = Field(default=8, ge=1, description="Training tasks per iteration.")
+    max_lag: int = Field(default=2, ge=0, description="Oldest policy version (behind) a session may be.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
+    trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")
+
+    @model_validator(mode="after")
+    def _same_temperature(self) -> RLSection:
+        if self.sampling.temperature != self.trainer.temperature:
+            raise ValueError("rl.sampling.temperature and rl.trainer.temperature must be equal")
+        return self
+
+
+class EvalSection(Section):
+    """Evaluation: the gate between stages, and the final report."""
+
+    split: Split = Field(default=Split.TEST, description="Split of the final report.")
+    tasks: int = Field(default=60, ge=1, description="Tasks of the final report (at most the split's size).")
+    gate_split: Split = Field(default=Split.DEV, description="Split of the gate after imitation.")
+    gate_tasks: int = Field(default=20, ge=1, description="Tasks of the gate.")
+    gate_min_success: float = Field(default=0.0, ge=0, le=1, description="RL starts only at this success.")
+    max_new_tokens: int = Field(default=96, ge=1, description="Longest greedy reply in evaluation.")
+
+
+class RunConfig(Section):
+    """A whole run: environment, model, episodes, stages, evaluation."""
+
+    run_dir: Path = Field(default=Path("runs/train"), description="Where everything is written.")
+    seed: int = Field(default=0, description="Seeds task draws, sampling and initialisation.")
+    env: EnvSection = Field(default_factory=EnvSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How episodes run.")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Request batching.")
+    faults: FaultSection = Field(default_factory=FaultSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    rl: RLSection = Field(default_factory=RLSection)
+    evaluation: EvalSection = Field(default_factory=EvalSection)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        """Read and validate a YAML config file."""
+        data: Any = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a run config is a mapping of sections")
+        return cls.model_validate(data)
+
+    def dump(self) -> str:
+        """The config as YAML (what the run folder keeps next to its results)."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+__all__ = [
+    "RETAIL_DATA_ENV",
+    "EnvSection",
+    "EvalSection",
+    "FaultSection",
+    "ModelSection",
+    "RLSection",
+    "RunConfig",
+    "SFTSection",
+]

@@ -1,0 +1,381 @@
+"""The training loop: imitation, a gate, then GRPO; rollouts, rewards and updates meet in the store.
+
+    sft   expert episodes on training tasks ──▶ store ──▶ demonstrations ──▶ SFT steps ──▶ sft_policy/
+    gate  greedy episodes on the gate split; RL starts only if their success reaches the bar
+    rl    per iteration: K episodes per task with the current policy ──▶ store ──▶ reward shaper scores
+          them ──▶ trainer reads scored sessions from the change feed (at most `max_lag` versions old)
+          ──▶ group-relative advantages ──▶ one GRPO update ──▶ policy version + 1 ──▶ checkpoint
+
+Everything a stage does is read back from the store, never handed over in memory, so a resumed run
+(`resume=True`) continues from the last checkpoint with the same weights, optimiser, feed cursors and
+random states. Each stage reads top to bottom; the maths lives in `losses.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sessionrl.envs.base import Split, Task
+from sessionrl.eval.metrics import AgentMetrics, compute
+from sessionrl.policy.llm import HFPolicy, with_lora
+from sessionrl.rollout import EpisodeSpec, rollout
+from sessionrl.session.model import Session
+from sessionrl.train.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
+from sessionrl.train.config import RunConfig
+from sessionrl.train.data import (
+    TokenSequence,
+    call_advantages,
+    demonstration_turns,
+    merge_turns,
+    policy_turns,
+    session_advantages,
+)
+from sessionrl.train.feed import FeedRead, read_scored
+from sessionrl.train.grpo import GRPOTrainer, frozen_copy
+from sessionrl.train.run import (
+    Run,
+    build_policy,
+    evaluation_view,
+    export_policy,
+    open_run,
+    stream_seed,
+    tokenizer_corpus,
+)
+from sessionrl.train.sft import SFTTrainer
+from sessionrl.train.update import UpdateStats
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A labelled evaluation: the metrics and the sessions they came from."""
+
+    label: str
+    metrics: AgentMetrics
+    sessions: tuple[Session, ...]
+
+
+def progress(console: Console) -> Progress:
+    """The rich progress bar the stages share."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=False,
+    )
+
+
+# episodes
+
+
+def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str) -> Evaluation:
+    """Greedy episodes on the first `n_tasks` of `split`, with the evaluation fault rate.
+
+    Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
+    faults on the same tasks.
+    """
+    cfg = run.config
+    greedy = evaluation_view(policy, cfg.evaluation.max_new_tokens)
+    faults = cfg.faults.fixed(cfg.faults.eval_rate)
+    specs = [
+        EpisodeSpec(
+            task=task,
+            session_id=f"eval-{label}-{task.task_id}",
+            seed=stream_seed(cfg.seed, "eval", task.task_id),
+            faults=faults,
+            metadata={"stage": "eval", "label": label},
+        )
+        for task in run.env.tasks(split)[:n_tasks]
+    ]
+    ran = asyncio.run(rollout(run.env, specs, greedy, run.store, cfg.rollout, policy_version=policy.version))
+    sessions = tuple(run.store.get(r.session_id) for r in ran)
+    metrics = compute(sessions, ks=(1,))
+    run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict()})
+    return Evaluation(label, metrics, sessions)
+
+
+def record_demonstrations(run: Run) -> list[Session]:
+    """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones."""
+    cfg = run.config
+    faults = cfg.faults.fixed(cfg.faults.demo_rate)
+    specs = [
+        EpisodeSpec(
+            task=task,
+            session_id=f"demo-{task.task_id}",
+            seed=stream_seed(cfg.seed, "demo", task.task_id),
+            faults=faults,
+            metadata={"stage": "demo"},
+        )
+        for task in run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
+    ]
+    ran = asyncio.run(rollout(run.env, specs, None, run.store, cfg.rollout))
+    return [run.store.get(r.session_id) for r in ran if r.success]
+
+
+def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
+    """K episodes for each of the iteration's training tasks (drawn by a generator named by the iteration)."""
+    cfg = run.config
+    tasks: Sequence[Task] = run.env.tasks(Split.TRAIN)
+    chosen = random.Random(stream_seed(cfg.seed, "rl", iteration)).sample(
+        list(tasks), min(cfg.rl.tasks_per_iteration, len(tasks))
+    )
+    faults = cfg.faults.at(iteration)
+    return [
+        EpisodeSpec(
+            task=task,
+            session_id=f"rl-{iteration:04d}-{task.task_id}-{k}",
+            seed=stream_seed(cfg.seed, "rl", iteration, task.task_id, k),
+            faults=faults,
+            metadata={"stage": "rl", "iteration": iteration, "group": f"{iteration}:{task.task_id}"},
+        )
+        for task in chosen
+        for k in range(cfg.rl.trainer.group_size)
+    ]
+
+
+# imitation
+
+
+def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list[TokenSequence]:
+    """The demonstration sessions as training sequences."""
+    max_chars = run.config.rollout.max_tool_chars
+    return [
+        seq
+        for s in demos
+        for seq in merge_turns(demonstration_turns(s, run.system, policy, max_chars), s.session_id)
+    ]
+
+
+def imitation(run: Run, console: Console, resume: bool) -> None:
+    """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export."""
+    cfg = run.config
+    demos = record_demonstrations(run)
+    texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
+    run.policy = policy = build_policy(cfg, texts, run.folder / "base")
+    trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
+    if resume and has_checkpoint(run.folder / "checkpoint"):
+        run.state = load_checkpoint(
+            run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
+        )
+    sequences = demonstrations(run, policy, demos)
+    run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
+    steps = cfg.sft.trainer.steps
+    with progress(console) as bar:
+        task = bar.add_task("imitation", total=steps, completed=run.state.step, info="")
+        for step in range(run.state.step, steps):
+            # batch: a generator named by the step, so a resumed run draws the same batches
+            rng = random.Random(stream_seed(cfg.seed, "sft", step))
+            batch = rng.sample(sequences, min(cfg.sft.trainer.batch_sessions, len(sequences)))
+            # update
+            stats = trainer.step(batch)
+            # log
+            run.log.write("sft", step, _update_record(stats))
+            bar.update(task, advance=1, info=f"loss {stats.loss:.3f}")
+            run.state = dataclasses.replace(run.state, step=step + 1)
+            if (step + 1) % 25 == 0:
+                save_checkpoint(
+                    run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
+                )
+    export_policy(policy, run.folder / "sft_policy")
+
+
+def gate(run: Run) -> Evaluation:
+    """Evaluate the imitation policy on the gate split; the RL stage starts only if it clears the bar."""
+    bar = run.config.evaluation
+    evaluation = evaluate(run, run.need_policy(), bar.gate_split, bar.gate_tasks, "gate")
+    passed = evaluation.metrics.success >= bar.gate_min_success
+    next_stage = "rl" if passed else "stopped"
+    run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
+    save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, _generators(run))
+    return evaluation
+
+
+# reinforcement learning
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What one learning step took from the feed and did with it."""
+
+    read: FeedRead
+    session_ids: tuple[str, ...]
+    stats: UpdateStats | None
+
+
+def learn(run: Run, trainer: GRPOTrainer) -> Learned:
+    """Read scored sessions from the feed, compute advantages, update once; advance the cursor."""
+    cfg, policy = run.config.rl, run.need_policy()
+    read = read_scored(run.store, run.state.cursor, stage="rl", version=policy.version, max_lag=cfg.max_lag)
+    scored = sorted(read.fresh, key=lambda s: s.session.session_id)
+    # advantages: each session against its group, then per policy call
+    rewards = {s.session.session_id: s.reward(cfg.trainer.reward) for s in scored}
+    groups = {s.session.session_id: str(s.session.metadata["group"]) for s in scored}
+    advantage = session_advantages(rewards, groups)
+    sequences = [
+        seq
+        for s in scored
+        for seq in merge_turns(
+            policy_turns(
+                s.session,
+                call_advantages(
+                    s.session, advantage[s.session.session_id], s.step_rewards, cfg.trainer.step_coef
+                ),
+            ),
+            s.session.session_id,
+        )
+    ]
+    # update
+    useful = any(any(a != 0 for a in seq.advantages) for seq in sequences)
+    stats = trainer.step(sequences) if useful else None
+    counters = dict(run.state.counters)
+    counters["stale"] = counters.get("stale", 0) + read.stale
+    counters["trained_sessions"] = counters.get("trained_sessions", 0) + len(scored)
+    run.state = dataclasses.replace(run.state, cursor=read.cursor, counters=counters)
+    return Learned(read, tuple(rewards), stats)
+
+
+def start_rl(run: Run, resume: bool) -> GRPOTrainer:
+    """The GRPO trainer (its KL reference is the exported imitation policy), restored on resume."""
+    policy = run.need_policy()
+    reference = None
+    if run.config.rl.trainer.kl_coef > 0:
+        reference = frozen_copy(HFPolicy.load(run.folder / "sft_policy").model)
+    trainer = GRPOTrainer(policy.model, run.config.rl.trainer, policy.tokenizer.pad_token_id, reference)
+    if resume:
+        run.state = load_checkpoint(
+            run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
+        )
+        trainer.updates = int(run.state.counters.get("updates", 0))
+    policy.version = run.state.policy_version
+    return trainer
+
+
+def reinforce(
+    run: Run, console: Console, resume: bool, on_iteration: Callable[[dict[str, Any]], None]
+) -> None:
+    """The RL stage: rollout, rewards, learn, log and checkpoint, once per iteration."""
+    cfg, policy = run.config, run.need_policy()
+    trainer = start_rl(run, resume)
+    started = time.monotonic()
+    with progress(console) as bar:
+        task = bar.add_task("reinforce", total=cfg.rl.iterations, completed=run.state.step, info="")
+        for iteration in range(run.state.step, cfg.rl.iterations):
+            if cfg.rl.minutes is not None and time.monotonic() - started > 60 * cfg.rl.minutes:
+                break
+            tick = time.monotonic()
+            # rollout
+            specs = rl_specs(run, iteration)
+            ran = asyncio.run(
+                rollout(run.env, specs, policy, run.store, cfg.rollout, policy_version=policy.version)
+            )
+            # rewards
+            reward_cursor, _ = run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
+            run.state = dataclasses.replace(
+                run.state, counters={**run.state.counters, "reward_cursor": reward_cursor}
+            )
+            # learn: feed, advantages, update
+            learned = learn(run, trainer)
+            policy.version += 1
+            # log
+            record = _iteration_record(iteration, ran, learned, time.monotonic() - tick, policy.version)
+            run.log.write("rl", iteration, record)
+            on_iteration(record)
+            counters = {**run.state.counters, "updates": trainer.updates}
+            curve = (*run.state.curve, record)
+            run.state = dataclasses.replace(
+                run.state, step=iteration + 1, policy_version=policy.version, curve=curve, counters=counters
+            )
+            save_checkpoint(
+                run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
+            )
+            bar.update(task, advance=1, info=f"success {record['success']:.2f}")
+    export_policy(policy, run.folder / "rl_policy")
+
+
+def _iteration_record(
+    iteration: int, ran: Sequence[Any], learned: Learned, seconds: float, version: int
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "iteration": iteration,
+        "policy_version": version,
+        "success": sum(r.success for r in ran) / max(len(ran), 1),
+        "sessions": len(learned.session_ids),
+        "stale": learned.read.stale,
+        "seconds": round(seconds, 2),
+    }
+    if learned.stats is not None:
+        record |= _update_record(learned.stats)
+    return record
+
+
+def _update_record(stats: UpdateStats) -> dict[str, Any]:
+    return {
+        "loss": stats.loss,
+        **stats.parts,
+        "grad_norm": stats.grad_norm,
+        "policy_tokens": stats.policy_tokens,
+        "tokens": stats.tokens,
+        "padding": stats.padding,
+    }
+
+
+def _generators(run: Run) -> dict[str, Any]:
+    return {"sampling": run.policy.generator} if run.policy is not None else {}
+
+
+# the whole run
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    """What a run produced: its stage at the end, the gate's evaluation and the learning curve."""
+
+    stage: str
+    gate: Evaluation | None
+    curve: tuple[dict[str, Any], ...]
+
+
+def train(
+    config: RunConfig,
+    *,
+    resume: bool = False,
+    console: Console | None = None,
+    on_iteration: Callable[[dict[str, Any]], None] = lambda _: None,
+) -> TrainResult:
+    """Run (or, with `resume`, continue) the stages of `config` and return where they ended."""
+    console = console or Console()
+    if not resume and (config.run_dir / "sessions.db").exists():
+        raise FileExistsError(f"{config.run_dir} already holds a run; resume it or choose another run_dir")
+    with open_run(config) as run:
+        saved = read_state(run.folder / "checkpoint") if resume else None
+        gated: Evaluation | None = None
+        if saved is None or saved.stage == "sft":
+            imitation(run, console, resume=saved is not None)
+            gated = gate(run)
+        else:
+            run.policy = resumed_policy(run)
+            run.state = saved
+        if run.state.stage == "rl":
+            reinforce(run, console, saved is not None and saved.stage == "rl", on_iteration)
+        return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve))
+
+
+def resumed_policy(run: Run) -> HFPolicy:
+    """The imitation policy as exported (with fresh LoRA adapters when configured); a checkpoint's
+    weights are loaded into it next."""
+    cfg = run.config
+    policy = HFPolicy.load(run.folder / "sft_policy", cfg.rl.sampling, cfg.batching)
+    if cfg.model.lora is not None:
+        policy.model = with_lora(policy.model, cfg.model.lora)
+    return policy

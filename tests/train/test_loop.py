@@ -1,0 +1,120 @@
+"""The whole loop on a tiny model with every part real: store, orchestrator, skills, rewards, orders env."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sessionrl.policy.llm import SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.rollout import RolloutConfig, rollout
+from sessionrl.session.model import SessionState
+from sessionrl.store import SessionStore
+from sessionrl.train.checkpoint import read_state
+from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
+from sessionrl.train.grpo import GRPOConfig
+from sessionrl.train.loop import learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.run import open_run
+from sessionrl.train.sft import SFTConfig
+
+pytestmark = pytest.mark.slow
+SMALL = TinyModelConfig(vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def tiny_run(folder: Path, iterations: int) -> RunConfig:
+    return RunConfig(
+        run_dir=folder,
+        env=EnvSection(train=16, dev=4, test=4),
+        model=ModelSection(
+            tiny=TinyModelConfig(
+                vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64
+            )
+        ),
+        rollout=RolloutConfig(max_steps=3, full_schemas=False, domain_policy=False, max_tool_chars=120),
+        sft=SFTSection(demos=6, trainer=SFTConfig(steps=3, batch_sessions=4, token_budget=4096)),
+        rl=RLSection(
+            iterations=iterations,
+            tasks_per_iteration=2,
+            sampling=SamplingConfig(max_new_tokens=16),
+            trainer=GRPOConfig(group_size=2, token_budget=4096),
+        ),
+        evaluation=EvalSection(tasks=2, gate_tasks=2, max_new_tokens=16),
+    )
+
+
+def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> None:
+    config = tiny_run(tmp_path / "run", iterations=1)
+    result = train(config)
+    assert result.stage == "rl"
+    assert result.gate is not None
+    assert result.gate.metrics.n_tasks == 2
+    assert [r["iteration"] for r in result.curve] == [0]
+    folder = config.run_dir
+    for name in (
+        "config.yaml",
+        "sessions.db",
+        "sft_policy",
+        "rl_policy",
+        "checkpoint",
+        "metrics.jsonl",
+        "tb",
+    ):
+        assert (folder / name).exists(), name
+    with pytest.raises(FileExistsError):
+        train(config)
+
+    # every RL session was judged and scored, and its policy calls carry tokens, logprobs and version 0
+    with SessionStore.open(f"sqlite:///{folder / 'sessions.db'}") as store:
+        rl = [store.get(s) for s in store.session_ids() if s.startswith("rl-")]
+        assert len(rl) == 2 * 2
+        for session in rl:
+            assert session.state is SessionState.FINISHED
+            assert session.metadata["group"].startswith("0:")
+            assert store.reward(session.session_id).vector["long_term_reward"] is not None
+            calls = session.llm_calls
+            assert calls
+            assert all(c.token_ids and c.logprobs and c.policy_version == 0 for c in calls)
+        demos = [s for s in store.session_ids() if s.startswith("demo-")]
+        assert len(demos) == 6
+
+    # resume with a longer schedule: iteration 0 is kept as it was, iteration 1 runs with version 1
+    longer = tiny_run(folder, iterations=2)
+    resumed = train(longer, resume=True)
+    assert [r["iteration"] for r in resumed.curve] == [0, 1]
+    assert resumed.curve[0] == result.curve[0]
+    state = read_state(folder / "checkpoint")
+    assert state is not None
+    assert state.policy_version == 2
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records if r["stage"] == "rl"] == [0, 1]
+
+
+def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update(tmp_path: Path) -> None:
+    config = tiny_run(tmp_path / "run", iterations=1)
+    train(config)
+    # more scored sessions arrive after the checkpoint: a second run of iteration 0's episodes
+    with open_run(config) as run:
+        run.policy = resumed_policy(run)
+        start_rl(run, resume=True)
+        specs = [dataclasses.replace(s, session_id=s.session_id + "-again") for s in rl_specs(run, 0)]
+        asyncio.run(rollout(run.env, specs, run.policy, run.store, config.rollout, policy_version=0))
+        run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
+
+    outcomes = []
+    for _ in range(2):
+        with open_run(config) as run:
+            run.policy = resumed_policy(run)
+            trainer = start_rl(run, resume=True)
+            learned = learn(run, trainer)
+            state = {k: v.clone() for k, v in run.need_policy().model.state_dict().items()}
+            outcomes.append((learned.session_ids, state))
+    (ids_a, weights_a), (ids_b, weights_b) = outcomes
+    assert ids_a == ids_b
+    assert len(ids_a) == 4
+    assert all(i.endswith("-again") for i in ids_a)
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
