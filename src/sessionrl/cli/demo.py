@@ -20,7 +20,9 @@ from sessionrl.store.synthetic import ingest
 
 CHRONIC_SQL = """
 SELECT COUNT(*) AS matched,
-       COALESCE(SUM(s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = :tool)), 0) AS called
+       COALESCE(SUM(EXISTS (
+           SELECT 1 FROM tool_calls c WHERE c.tool = :tool AND c.session_id = s.session_id
+       )), 0) AS called
 FROM sessions s
 WHERE s.session_id IN (
     SELECT f.session_id FROM feedback_text t JOIN feedback f ON f.id = t.rowid
@@ -31,9 +33,9 @@ WHERE s.session_id IN (
 
 `:phrase` is the needle as an FTS5 phrase (`dialect.match_phrase`, 3+ characters) looked up in the
 trigram index `feedback_text`; `:pattern` (`dialect.contains_pattern`) re-checks the rows it finds with
-`LIKE`, so the answer is exactly that of the typed `comment_contains` filter. Both sub-queries are
-uncorrelated, so each is evaluated once (one index lookup, one range of the tool index); a correlated
-`EXISTS` per session would probe the tool's calls again for every match.
+`LIKE`, so the answer is exactly that of the typed `comment_contains` filter. The index leaves few
+sessions (about 2% of the generated traffic), so one probe of the `(tool, session_id)` index per match
+is cheaper than collecting every session that ever called the tool.
 """
 
 FAILURE_RATES_SQL = """

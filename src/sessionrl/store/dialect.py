@@ -170,7 +170,7 @@ END;
 """Query tables, filled from the outbox by the projector (rewards are written directly, see `rewards`).
 
 `feedback.id` is an explicit integer key (not the implicit rowid, which VACUUM may renumber) because the
-text index `feedback_text` refers to rows by it; the index's triggers are its only writers.
+text index `feedback_text` refers to rows by it; its triggers and `rebuild_text_index` are its only writers.
 """
 
 TEXT_INDEX = "feedback_text"
@@ -184,8 +184,20 @@ _FEEDBACK_V1_COLUMNS = (
     " anchor_subgoal_id, anchor_at, occurred_at, received_at"
 )
 
-PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA busy_timeout=10000")
-"""WAL so readers never block the writer; FULL so an acknowledged commit survives a power cut."""
+PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    "PRAGMA busy_timeout=10000",
+    "PRAGMA wal_autocheckpoint=4000",
+)
+"""WAL so readers never block the writer; FULL so an acknowledged commit survives a power cut.
+
+The commit that takes the WAL past `wal_autocheckpoint` pages copies it into the database and syncs it,
+which costs that one append about two extra fsyncs. At SQLite's default of 1000 pages (4 MiB), with about
+8 pages written per single append, that was 0.8% of appends, right at the p99; 4000 pages (16 MiB) makes
+it 0.2%, each checkpoint no slower (its fsyncs dominate), and pages rewritten between checkpoints (the
+outbox tail, index leaves) are copied once instead of up to four times.
+"""
 
 CONTAINS = "{column} LIKE ? ESCAPE '\\'"
 """Case-insensitive (ASCII) substring test; PostgreSQL spells it ILIKE. Use with `contains_pattern`."""
@@ -304,11 +316,13 @@ def text_index_problem(conn: sqlite3.Connection) -> str | None:
     """Why the text index disagrees with the feedback comments, or None when it agrees.
 
     This is FTS5's integrity check against its content table; it is spelled as an INSERT, so it runs on
-    the writer (it changes nothing).
+    the writer (it changes nothing). It reports disagreement as corruption; any other error is raised.
     """
     try:
         conn.execute(f"INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}, rank) VALUES ('integrity-check', 1)")
     except sqlite3.DatabaseError as exc:
+        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_CORRUPT:
+            raise
         return str(exc)
     return None
 
