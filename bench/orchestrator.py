@@ -7,8 +7,12 @@
    against the ideal (concurrency ÷ mean session time, 1000 / 4.1 s). The same workload run by one
    synchronous loop per CPU core (one step at a time per worker) gives the speed-up.
 
-The load comes from a small raw HTTP/1.1 client on asyncio (keep-alive, one request in flight per
-connection), so the client costs little of the machine's two cores. The last line is one JSON object.
+Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection) when it is
+installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on asyncio, which costs the
+two cores more and is said so. Both servers get the same client, and the server process's CPU time per
+request is printed next to requests/s: on a shared machine it is the steadier figure. The slow-tool
+phase needs session ids from answers, so it always runs on the asyncio client (it is mostly waiting).
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -200,6 +205,80 @@ def sync_load(port: int, workers: int, measure_s: float) -> float:
     return sum(steps) / SLOW_STEPS / measure_s
 
 
+WRK_SCRIPT = """
+-- paths come from a file, one a line; a session gets STEPS requests in a row, as with the asyncio client
+local paths, body, count = {}, "", 0
+function init(args)
+  for line in io.lines(args[1]) do paths[#paths + 1] = line end
+  body = args[2]
+  wrk.headers["Authorization"] = "Bearer " .. args[3]
+  wrk.headers["Content-Type"] = "application/json"
+end
+function request()
+  local path = paths[(math.floor(count / tonumber(STEPS)) % #paths) + 1]
+  count = count + 1
+  return wrk.format("POST", path, nil, body)
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, "failed": %d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout + e.status))
+end
+"""
+
+
+def server_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far (Linux /proc); 0.0 where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk_load(folder: Path, port: int, paths: list[str], seconds: float) -> dict[str, float]:
+    """CONCURRENCY wrk connections post tool steps to `paths` for `seconds`; the failed count must be 0."""
+    script = folder / "steps.lua"
+    script.write_text(WRK_SCRIPT.replace("STEPS", str(STEPS_PER_SESSION)))
+    listing = folder / f"paths-{port}.txt"
+    listing.write_text("\n".join(paths) + "\n")
+    body = json.dumps({"kind": "tool", "payload": {"tool": "echo", "params": {}}})
+    command = [
+        *("wrk", "-t1", f"-c{CONCURRENCY}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"),
+        *("-s", str(script), f"http://{HOST}:{port}", "--", str(listing), body, TOKEN),
+    ]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    if figures["failed"]:
+        raise RuntimeError(f"wrk saw {figures['failed']} failed requests: {out}")
+    return {
+        "rps": figures["requests"] / (figures["duration_us"] / 1e6),
+        "p50_ms": figures["p50_us"] / 1000,
+        "p99_ms": figures["p99_us"] / 1000,
+        "n": float(figures["requests"]),
+    }
+
+
+def measured_steps(
+    folder: Path, port: int, pid: int, sessions: list[str] | None, warmup_s: float, measure_s: float
+) -> dict[str, float]:
+    """Step load on one server (wrk if installed, else the asyncio client), with its CPU ms per request."""
+    if shutil.which("wrk") is None:
+        before = server_cpu_s(pid)
+        figures = asyncio.run(step_load(port, sessions, warmup_s, measure_s))
+        # the asyncio client's warm-up requests are not counted; charge CPU by the measured share of time
+        cpu_s = (server_cpu_s(pid) - before) * measure_s / (warmup_s + measure_s)
+    else:
+        paths = [f"/v1/sessions/{sid}/steps" for sid in sessions or ["bare"]]
+        split = len(paths) // 8  # warm up on sessions of their own, so measured ones start fresh
+        wrk_load(folder, port, paths[: max(split, 1)], warmup_s)
+        before = server_cpu_s(pid)
+        figures = wrk_load(folder, port, paths[split:], measure_s)
+        cpu_s = server_cpu_s(pid) - before
+    return {**figures, "cpu_ms": 1000 * cpu_s / figures["n"]}
+
+
 # servers
 
 
@@ -223,11 +302,12 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0
 
 
 @contextmanager
-def server(args: list[str], port: int) -> Iterator[None]:
+def server(args: list[str], port: int) -> Iterator[int]:
+    """Run a server process until the block ends; yields its pid."""
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL)
     try:
         wait_ready(port, proc)
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -276,20 +356,23 @@ def serve_bare(port: int) -> None:
 
 def run_steps(folder: Path, warmup_s: float, measure_s: float) -> dict[str, float]:
     port = free_port()
-    with server(sessionrl_server(folder, FAST_SKILL, port), port):
+    with server(sessionrl_server(folder, FAST_SKILL, port), port) as pid:
         n_sessions = CONCURRENCY * 160
         sessions = asyncio.run(create_sessions(port, n_sessions))
-        steps = asyncio.run(step_load(port, sessions, warmup_s, measure_s))
+        steps = measured_steps(folder, port, pid, sessions, warmup_s, measure_s)
     bare_port = free_port()
-    with server([__file__, "--bare", str(bare_port)], bare_port):
-        bare = asyncio.run(step_load(bare_port, None, warmup_s, measure_s))
+    with server([__file__, "--bare", str(bare_port)], bare_port) as pid:
+        bare = measured_steps(folder, bare_port, pid, None, warmup_s, measure_s)
     return {
         "steps_per_s": steps["rps"],
         "p50_ms": steps["p50_ms"],
         "p99_ms": steps["p99_ms"],
+        "cpu_ms_per_step": steps["cpu_ms"],
         "ceiling_rps": bare["rps"],
         "ceiling_p99_ms": bare["p99_ms"],
+        "ceiling_cpu_ms": bare["cpu_ms"],
         "ceiling_ratio": steps["rps"] / bare["rps"],
+        "ceiling_cpu_ratio": bare["cpu_ms"] / steps["cpu_ms"] if steps["cpu_ms"] else 0.0,
     }
 
 
@@ -322,12 +405,16 @@ def main() -> None:
     warm, measure, sync_s = (1.0, 3.0, 5.0) if args.quick else (2.0, 10.0, 20.0)
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.2f} at the start (other work skews every figure)")
+    client = "wrk" if shutil.which("wrk") else "the asyncio client (wrk is not installed; it costs more CPU)"
+    print(f"step load from {client}")
     with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
         folder = Path(tmp)
         steps = run_steps(folder, warm, measure)
         print(
             f"steps: {steps['steps_per_s']:.0f}/s  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
-            f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s  -> {steps['ceiling_ratio']:.0%} of the ceiling",
+            f"  server CPU {steps['cpu_ms_per_step']:.3f} ms/step"
+            f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s, {steps['ceiling_cpu_ms']:.3f} ms/request"
+            f"  -> {steps['ceiling_ratio']:.0%} of the ceiling ({steps['ceiling_cpu_ratio']:.0%} by CPU)",
             flush=True,
         )
         slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, 2 * measure, sync_s)
