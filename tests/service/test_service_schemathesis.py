@@ -55,4 +55,8 @@ def test_every_operation_answers_as_documented(case: schemathesis.Case) -> None:
     n = next(COUNTER)
     if case.path_parameters and "session_id" in case.path_parameters and n % 2 == 0:
         case.path_parameters["session_id"] = live_session(n)
+        if isinstance(case.body, dict) and isinstance(case.body.get("anchor"), dict):
+            # a live session has no calls or sub-goals, so an anchor naming one is rightly a 422 that the
+            # schema cannot express; the feedback is kept, about the whole session
+            case.body["anchor"] = {}
     case.call_and_validate(headers=AUTH)
