@@ -28,10 +28,10 @@ def ascii_fold(text: str) -> str:
     return text.translate(ASCII_LOWER)
 
 
-def add_comments(store: SessionStore, comments: Sequence[str | None], first: int = 0) -> None:
-    """Session `s{first + i}` gets one comment-type feedback carrying `comments[i]`."""
+def add_comments(store: SessionStore, comments: Sequence[str | None]) -> None:
+    """Session `s{i}` gets one comment-type feedback carrying `comments[i]`."""
     items: list[tuple[str, EventInput, int | None]] = []
-    for i, comment in enumerate(comments, start=first):
+    for i, comment in enumerate(comments):
         sid = f"s{i}"
         feedback = Feedback(type=FeedbackType.COMMENT, comment=comment)
         items += [(sid, created(SessionCreate(user_query="q", session_id=sid)), None)]
