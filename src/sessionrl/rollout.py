@@ -31,12 +31,16 @@ from sessionrl.envs.faults import Faults, inject_plan_faults
 from sessionrl.errors import NotFound
 from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.engine import Orchestrator
-from sessionrl.orchestrator.policy import PolicyBackend
-from sessionrl.orchestrator.results import PlanPayload, StepError, StepKind, StepResult, ToolPayload
+from sessionrl.orchestrator.policy import PolicyBackend, parse_tool_call
+from sessionrl.orchestrator.results import LLMPayload, PlanPayload, StepKind, StepResult, ToolPayload
 from sessionrl.policy.llm import parse_final, system_prompt, tool_message
+from sessionrl.policy.references import Context, resolve
 from sessionrl.session.model import Feedback, FeedbackType, Message, Plan, SessionCreate, SubGoal
 from sessionrl.skills import ExecutorConfig, ManualClock, SkillExecutor
 from sessionrl.store import SessionStore
+
+UNPARSEABLE = "UNPARSEABLE_ACTION"
+"""Error code of the tool message that answers a reply which is neither a tool call nor a final answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +110,10 @@ def prompt_messages(env: DecisionEnv, task: Task, config: RolloutConfig) -> list
     ]
 
 
-def observation(result: StepResult, max_chars: int) -> Message:
-    """The tool message an agent reads after a step: the tool's output, or why the step failed."""
+def observation(result: StepResult, number: int, max_chars: int) -> Message:
+    """Tool result `number` as the agent reads it: the tool's output, or why the step failed."""
     return tool_message(
+        number=number,
         ok=result.ok,
         output=result.output,
         error_code=result.error_code,
@@ -154,17 +159,39 @@ async def run_episode(
         messages = prompt_messages(env, spec.task, config)
         final: str | None = None
         for _ in range(config.max_steps):
-            result = await engine.execute_step(sid, StepKind.TOOL, ToolPayload(messages=tuple(messages)))
-            if result.error_code == StepError.POLICY_ERROR:
+            asked = await engine.execute_step(
+                sid, StepKind.LLM, LLMPayload(messages=tuple(messages), purpose="act")
+            )
+            if not asked.ok:
                 break
-            text = result.text or ""
-            messages.append(Message(role="assistant", content=text))
-            final = parse_final(text)
+            final = await _act(engine, sid, asked.text or "", messages, config)
             if final is not None or episode.terminated:
                 break
-            messages.append(observation(result, config.max_tool_chars))
         await engine.finish(sid, final or "")
         return await _judge(engine, sid, episode, [final] if final else [], env.name)
+
+
+async def _act(
+    engine: Orchestrator, sid: str, text: str, messages: list[Message], config: RolloutConfig
+) -> str | None:
+    """Carry out one reply of the policy: the final message it gives (references resolved), or None after
+    running the tool call it asks for (or noting that the reply was not an action) in `messages`."""
+    messages.append(Message(role="assistant", content=text))
+    context = Context.from_messages(messages)
+    number = len(context.outputs) + 1
+    answer = parse_final(text)
+    if answer is not None:
+        return str(resolve(answer, context))
+    choice = parse_tool_call(text)
+    if choice is None:
+        why = 'not an action: answer {"tool": ..., "params": {...}} or {"final": ...}'
+        messages.append(tool_message(number=number, ok=False, error_code=UNPARSEABLE, error_message=why))
+        return None
+    params = resolve(choice.params, context)
+    payload = ToolPayload(tool=choice.tool, params=params, subgoal_id=choice.subgoal_id)
+    result = await engine.execute_step(sid, StepKind.TOOL, payload)
+    messages.append(observation(result, number, config.max_tool_chars))
+    return None
 
 
 async def run_expert(env: DecisionEnv, spec: EpisodeSpec, store: SessionStore, config: RolloutConfig) -> bool:

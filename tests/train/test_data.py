@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from itertools import groupby
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from tiny_orders import SHORT_PROMPTS, OrdersWorld
 
-from sessionrl.policy.llm import final_action, tool_action
-from sessionrl.session.model import LLMCall, Session, utcnow
+from sessionrl.orchestrator.policy import parse_tool_call
+from sessionrl.policy.llm import parse_final
+from sessionrl.policy.references import Context, resolve
+from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, utcnow
 from sessionrl.train.data import (
     Turn,
     call_advantages,
+    call_message,
     collate,
     demonstration_turns,
     fixed_batches,
@@ -57,19 +63,36 @@ def test_a_prompt_that_does_not_extend_the_sequence_starts_a_new_one() -> None:
     assert [s.policy_tokens for s in sequences] == [1, 2]
 
 
-def test_demonstration_masks_are_exactly_the_expert_actions(orders_world: OrdersWorld) -> None:
+def test_demonstration_masks_cover_the_expert_actions_which_resolve_to_the_recorded_calls(
+    orders_world: OrdersWorld,
+) -> None:
     policy = orders_world.policy()
     session = next(s for s in orders_world.experts if len(s.tool_calls) >= 3)
     turns = demonstration_turns(session, orders_world.system, policy, SHORT_PROMPTS.max_tool_chars)
     (seq,) = merge_turns(turns, session.session_id)  # the turns nest: one sequence per session
-    trained = [t for t, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m]
-    actions = [tool_action(c.tool, c.params) for c in session.tool_calls]
+    runs = [
+        list(g) for m, g in groupby(zip(seq.input_ids, seq.loss_mask, strict=True), key=lambda x: x[1]) if m
+    ]
+    actions = [policy.tokenizer.decode([t for t, _ in run][:-1]) for run in runs]  # last id: the stop token
+    assert len(actions) == len(session.tool_calls) + 1
+    assert all(run[-1][0] == policy.tokenizer.eos_token_id for run in runs)
+    # replayed against the conversation, every action does exactly what the expert did
+    messages = [
+        Message(role="system", content=orders_world.system),
+        Message(role="user", content=session.user_query),
+    ]
+    for number, (call, text) in enumerate(zip(session.tool_calls, actions, strict=False), start=1):
+        choice = parse_tool_call(text)
+        assert choice is not None
+        assert choice.tool == call.tool
+        assert resolve(choice.params, Context.from_messages(messages)) == call.params
+        messages += [Message(role="assistant", content=text), call_message(call, number, 200)]
+    final = parse_final(actions[-1])
+    assert final is not None
     assert session.final_output is not None
-    actions.append(final_action(session.final_output.text))
-    expected = [i for a in actions for i in policy.encode_reply(a)]
-    assert trained == expected
-    # Everything else (system prompt, request, tool outputs) is context: the masked share is small.
-    assert seq.policy_tokens == len(expected) < len(seq) / 2
+    assert resolve(final, Context.from_messages(messages)) == session.final_output.text
+    assert "{{user." in actions[0]  # ids from the request are referenced, not retyped
+    assert seq.policy_tokens < len(seq) / 2  # the rest (system prompt, request, tool outputs) is context
 
 
 def test_policy_turns_carry_recorded_ids_logprobs_and_advantages() -> None:
@@ -87,11 +110,14 @@ def test_session_advantages_are_relative_to_each_group() -> None:
     assert adv == pytest.approx({"a": 1.0, "b": -1.0, "c": 0.0}, abs=1e-5)
 
 
-def test_call_advantages_add_the_step_reward_of_the_chosen_tool_call() -> None:
-    session = _session(LLMCall(call_id="l_x1"), LLMCall(call_id="l_x2"))
-    # the tool call c_x1 was chosen by l_x1 (same step id); l_x2 earned a reward itself
-    adv = call_advantages(session, 1.0, {"c_x1": -2.0, "l_x2": 0.5}, step_coef=0.5)
-    assert adv == {"l_x1": 1.0 + 0.5 * -2.0, "l_x2": 1.0 + 0.5 * 0.5}
+def test_call_advantages_add_the_step_rewards_of_the_tool_calls_each_policy_call_led_to() -> None:
+    t0 = utcnow()
+    first = LLMCall(call_id="l_1", started_at=t0)
+    second = LLMCall(call_id="l_2", started_at=t0 + timedelta(seconds=2))
+    tool = ToolCall(call_id="c_9", tool="x", status=CallStatus.ERROR, started_at=t0 + timedelta(seconds=1))
+    session = _session(first, second).model_copy(update={"tool_calls": (tool,)})
+    adv = call_advantages(session, 1.0, {"c_9": -2.0, "l_2": 0.5}, step_coef=0.5)
+    assert adv == {"l_1": 1.0 + 0.5 * -2.0, "l_2": 1.0 + 0.5 * 0.5}
 
 
 def test_lag_counts_versions_behind_the_oldest_call() -> None:

@@ -26,8 +26,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from sessionrl.orchestrator.results import StepIds
 from sessionrl.policy.llm import final_action, tool_action, tool_message
+from sessionrl.policy.references import Context, abstract
 from sessionrl.session.model import CallStatus, Message, Session, ToolCall
 from sessionrl.train.losses import group_advantages
 
@@ -126,9 +126,10 @@ def policy_turns(session: Session, advantages: Mapping[str, float]) -> list[Turn
     ]
 
 
-def call_message(call: ToolCall, max_chars: int) -> Message:
-    """The tool message an agent reads after `call` (the same text a rollout shows)."""
+def call_message(call: ToolCall, number: int, max_chars: int) -> Message:
+    """Tool result `number`, the message an agent reads after `call` (the same text a rollout shows)."""
     return tool_message(
+        number=number,
         ok=call.status == CallStatus.SUCCESS,
         output=call.output,
         error_code=call.error_code,
@@ -141,15 +142,18 @@ def demonstration_turns(
     session: Session, system: str, encoder: ChatEncoder, max_tool_chars: int
 ) -> list[Turn]:
     """An expert session as the turns a policy should produce: one JSON action per tool call, then the
-    final answer, each prompted with the conversation so far (`system` is the rollouts' system prompt)."""
+    final answer, each prompted with the conversation so far (`system` is the rollouts' system prompt).
+
+    Values the conversation already holds are written as references (`sessionrl.policy.references`).
+    """
     messages = [Message(role="system", content=system), Message(role="user", content=session.user_query)]
     turns: list[Turn] = []
-    for call in session.tool_calls:
-        action = tool_action(call.tool, call.params)
+    for number, call in enumerate(session.tool_calls, start=1):
+        action = tool_action(call.tool, abstract(call.params, Context.from_messages(messages)))
         turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(action))))
-        messages += [Message(role="assistant", content=action), call_message(call, max_tool_chars)]
+        messages += [Message(role="assistant", content=action), call_message(call, number, max_tool_chars)]
     if session.final_output is not None:
-        answer = final_action(session.final_output.text)
+        answer = final_action(abstract(session.final_output.text, Context.from_messages(messages)))
         turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(answer))))
     return turns
 
@@ -176,13 +180,15 @@ def call_advantages(
     session: Session, advantage: float, step_rewards: Mapping[str, float], step_coef: float
 ) -> dict[str, float]:
     """Advantage of each policy call of a session: the session's, plus `step_coef` times the step reward
-    credited to the call or to the tool call it chose (the two share the orchestrator's step id)."""
-    out = {}
-    for call in session.llm_calls:
-        base = call.call_id.removeprefix("l_")
-        step = step_rewards.get(call.call_id, 0.0) + step_rewards.get(StepIds(base).call, 0.0)
-        out[call.call_id] = advantage + step_coef * step
-    return out
+    credited to the call itself or to the tool calls it led to (those started after it, before the next
+    policy call)."""
+    calls = sorted(session.llm_calls, key=lambda c: c.started_at)
+    earned = {c.call_id: step_rewards.get(c.call_id, 0.0) for c in calls}
+    for tool_call in session.tool_calls:
+        chooser = [c for c in calls if c.started_at <= tool_call.started_at]
+        if chooser:
+            earned[chooser[-1].call_id] += step_rewards.get(tool_call.call_id, 0.0)
+    return {call_id: advantage + step_coef * reward for call_id, reward in earned.items()}
 
 
 def lag(session: Session, version: int) -> int:

@@ -366,7 +366,7 @@ def train(
         else:
             run.policy = resumed_policy(run)
             run.state = saved
-        if run.state.stage == "rl":
+        if run.state.stage == "rl" and config.rl.iterations > 0:
             reinforce(run, console, saved is not None and saved.stage == "rl", on_iteration)
         return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve))
 

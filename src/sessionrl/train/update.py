@@ -22,16 +22,36 @@ LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 
 
 def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> Tensor:
-    """``logp[b, t] = log softmax(logits[b, t-1] / temperature)[input_ids[b, t]]``, shape ``[B, T]``.
+    """``logp[b, t] = log softmax(logits[b, t-1] / temperature)[input_ids[b, t]]`` where ``loss_mask[b, t]``
+    is set, 0 elsewhere; shape ``[B, T]``.
 
-    Position 0 has no prediction and gets 0 (it is never a policy token: a prompt comes first).
+    Only the positions that predict a policy token go through the output layer: the decoder's hidden
+    states are gathered there first, so the vocabulary-sized logits exist for policy tokens alone (a
+    fraction of a session's tokens). Models that reshape their logits in their own forward (soft-capping,
+    scaling) take the plain path instead.
     """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    targets = batch.loss_mask[:, 1:]
+    if _plain_head(model):
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        logits = head(hidden[:, :-1][targets]).float()
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        logits = out.logits[:, :-1][targets].float()
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.input_ids[:, 1:, None]
-    picked = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
-    return F.pad(picked, (1, 0))
+    wanted = batch.input_ids[:, 1:][targets]
+    picked = logits.gather(-1, wanted[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    logp = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+    logp = logp.masked_scatter(targets, picked)
+    return F.pad(logp, (1, 0))
+
+
+def _plain_head(model: Any) -> bool:
+    """Whether the model's logits are just its output layer applied to its decoder's last hidden state."""
+    config = getattr(model, "config", None)
+    reshaped = any(getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale"))
+    return not reshaped and hasattr(model, "get_decoder") and model.get_output_embeddings() is not None
 
 
 def trainable(model: Any) -> list[torch.nn.Parameter]:

@@ -1,0 +1,131 @@
+"""The main job, `sessionrl demo`: a tiny policy learns the orders domain by imitation, then by GRPO.
+
+What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
+
+1. records expert episodes on a few training tickets (through the orchestrator, into the store);
+2. builds a tiny chat model whose tokenizer is trained on the domain's own texts;
+3. imitates the experts for a deliberately small number of steps, so the imitation policy is competent
+   but rough (it copies ids and amounts wrongly now and then, and it never saw a tool fail);
+4. runs GRPO on training tickets with injected tool faults, K sampled episodes per ticket, rewards from
+   the shaper, updates from the change feed;
+5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
+   same faults, and prints the learning curve, the metrics table and one JSON line.
+
+The system prompt here leaves out the domain's policy text and the full tool schemas (it keeps the
+action format and the tool signatures): a tiny model cannot read rules, and its context is the CPU cost.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from sessionrl.envs.base import Split
+from sessionrl.envs.faults import FaultSchedule
+from sessionrl.eval.report import metrics_table
+from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.rollout import RolloutConfig
+from sessionrl.skills import ExecutorConfig
+from sessionrl.train.config import (
+    EnvSection,
+    EvalSection,
+    FaultSection,
+    ModelSection,
+    RLSection,
+    RunConfig,
+    SFTSection,
+)
+from sessionrl.train.grpo import GRPOConfig
+from sessionrl.train.loop import Evaluation, evaluate, train
+from sessionrl.train.run import open_run
+from sessionrl.train.sft import SFTConfig
+from sessionrl.train.view import curve_table
+
+
+def demo_config(
+    run_dir: Path = Path("runs/demo"), *, rl_minutes: float = 2.5, eval_tasks: int = 60
+) -> RunConfig:
+    """The demo's run: tiny model, small imitation budget, a few minutes of GRPO, held-out evaluation."""
+    return RunConfig(
+        run_dir=run_dir,
+        seed=0,
+        env=EnvSection(name="orders", train=400, dev=50, test=100),
+        model=ModelSection(
+            tiny=TinyModelConfig(vocab_size=2048, hidden_size=128, num_layers=4, intermediate_size=512)
+        ),
+        rollout=RolloutConfig(
+            max_steps=7,
+            full_schemas=False,
+            domain_policy=False,
+            max_tool_chars=300,
+            executor=ExecutorConfig(max_attempts=2, backoff_initial_s=0.05, jitter_s=0.0),
+        ),
+        batching=BatchingConfig(max_batch=64, gather_ms=5.0),
+        faults=FaultSection(
+            schedule=FaultSchedule(start=0.1, end=0.1, steps=1), eval_rate=0.1, demo_rate=0.0
+        ),
+        sft=SFTSection(demos=48, trainer=SFTConfig(lr=3e-3, steps=60, batch_sessions=16, token_budget=6144)),
+        rl=RLSection(
+            iterations=200,
+            minutes=rl_minutes,
+            tasks_per_iteration=8,
+            max_lag=2,
+            sampling=SamplingConfig(max_new_tokens=64, temperature=1.0, max_prompt_tokens=1536),
+            trainer=GRPOConfig(lr=1e-3, group_size=4, clip_eps=0.2, kl_coef=0.0, token_budget=6144),
+        ),
+        evaluation=EvalSection(split=Split.TEST, tasks=eval_tasks, gate_tasks=20, max_new_tokens=64),
+    )
+
+
+def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
+    """Train as `config` says, evaluate both policies on the held-out tasks, print everything; return the
+    summary that the last line shows."""
+    started = time.monotonic()
+    console.rule("sessionrl demo: imitation, then GRPO, on orders")
+    console.print(
+        f"imitation budget: {config.sft.demos} expert sessions, {config.sft.trainer.steps} steps of "
+        f"{config.sft.trainer.batch_sessions} sessions; GRPO for up to {config.rl.minutes} minutes, "
+        f"{config.rl.tasks_per_iteration} tasks x K={config.rl.trainer.group_size} per iteration; "
+        f"tool faults at {config.faults.eval_rate:.0%} in RL and evaluation"
+    )
+    result = train(config, console=console)
+    with open_run(config) as run:
+        split, n = config.evaluation.split, config.evaluation.tasks
+        sft = _evaluate(run, config, "sft", split, n)
+        rl = _evaluate(run, config, "rl", split, n) if (config.run_dir / "rl_policy").is_dir() else sft
+    if result.curve:
+        console.print(curve_table(result.curve))
+    console.print(metrics_table({"sft": sft.metrics, "rl": rl.metrics}, title=f"held-out {split} tasks: {n}"))
+    minutes = (time.monotonic() - started) / 60
+    summary = {
+        "n_eval": rl.metrics.n_tasks,
+        "sft_success": sft.metrics.success,
+        "rl_success": rl.metrics.success,
+        "tcsr": rl.metrics.tcsr,
+        "dvr": rl.metrics.dvr,
+        "spt": rl.metrics.spt,
+        "sft_tcsr": sft.metrics.tcsr,
+        "sft_spt": sft.metrics.spt,
+        "rl_iterations": len(result.curve),
+        "stage": result.stage,
+        "minutes": round(minutes, 2),
+    }
+    return summary
+
+
+def _evaluate(run: Any, config: RunConfig, label: str, split: Split, n: int) -> Evaluation:
+    policy = HFPolicy.load(config.run_dir / f"{label}_policy", config.rl.sampling, config.batching)
+    return evaluate(run, policy, split, n, label)
+
+
+def main(run_dir: Path = Path("runs/demo"), console: Console | None = None) -> dict[str, Any]:
+    """The `sessionrl demo` job: a fresh run folder, the demo, and the JSON summary as the last line."""
+    console = console or Console()
+    summary = run_demo(demo_config(run_dir), console)
+    print(orjson.dumps(summary).decode(), flush=True)
+    return summary
