@@ -17,6 +17,7 @@ action format and the tool signatures): a tiny model cannot read rules, and its 
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -48,35 +49,47 @@ from sessionrl.train.view import curve_table
 
 
 def demo_config(
-    run_dir: Path = Path("runs/demo"), *, rl_minutes: float = 2.5, eval_tasks: int = 60
+    run_dir: Path = Path("runs/demo"),
+    *,
+    sft_steps: int = 300,
+    sft_batch: int = 8,
+    rl_minutes: float = 2.5,
+    temperature: float = 0.6,
+    eval_tasks: int = 60,
 ) -> RunConfig:
     """The demo's run: tiny model, small imitation budget, a few minutes of GRPO, held-out evaluation."""
+    tiny = TinyModelConfig(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
+    executor = ExecutorConfig(max_attempts=2, backoff_initial_s=0.05, jitter_s=0.0)
     return RunConfig(
         run_dir=run_dir,
         seed=0,
         env=EnvSection(name="orders", train=400, dev=50, test=100),
-        model=ModelSection(
-            tiny=TinyModelConfig(vocab_size=2048, hidden_size=128, num_layers=4, intermediate_size=512)
-        ),
+        model=ModelSection(tiny=tiny),
         rollout=RolloutConfig(
-            max_steps=7,
-            full_schemas=False,
-            domain_policy=False,
-            max_tool_chars=300,
-            executor=ExecutorConfig(max_attempts=2, backoff_initial_s=0.05, jitter_s=0.0),
+            max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300, executor=executor
         ),
         batching=BatchingConfig(max_batch=64, gather_ms=5.0),
         faults=FaultSection(
             schedule=FaultSchedule(start=0.1, end=0.1, steps=1), eval_rate=0.1, demo_rate=0.0
         ),
-        sft=SFTSection(demos=48, trainer=SFTConfig(lr=3e-3, steps=60, batch_sessions=16, token_budget=6144)),
+        sft=SFTSection(
+            demos=400,
+            trainer=SFTConfig(lr=5e-3, steps=sft_steps, batch_sessions=sft_batch, token_budget=8192),
+        ),
         rl=RLSection(
             iterations=200,
             minutes=rl_minutes,
             tasks_per_iteration=8,
             max_lag=2,
-            sampling=SamplingConfig(max_new_tokens=64, temperature=1.0, max_prompt_tokens=1536),
-            trainer=GRPOConfig(lr=1e-3, group_size=4, clip_eps=0.2, kl_coef=0.0, token_budget=6144),
+            sampling=SamplingConfig(max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536),
+            trainer=GRPOConfig(
+                lr=5e-4,
+                group_size=4,
+                clip_eps=0.2,
+                reward="layer:long_term",
+                temperature=temperature,
+                token_budget=8192,
+            ),
         ),
         evaluation=EvalSection(split=Split.TEST, tasks=eval_tasks, gate_tasks=20, max_new_tokens=64),
     )
@@ -126,6 +139,7 @@ def _evaluate(run: Any, config: RunConfig, label: str, split: Split, n: int) -> 
 def main(run_dir: Path = Path("runs/demo"), console: Console | None = None) -> dict[str, Any]:
     """The `sessionrl demo` job: a fresh run folder, the demo, and the JSON summary as the last line."""
     console = console or Console()
+    shutil.rmtree(run_dir, ignore_errors=True)
     summary = run_demo(demo_config(run_dir), console)
     print(orjson.dumps(summary).decode(), flush=True)
     return summary

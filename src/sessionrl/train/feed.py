@@ -64,7 +64,13 @@ class Scored:
     vector: dict[str, Any]
 
     def reward(self, key: str) -> float:
-        """The `session` or `long_term` reward of the vector."""
+        """One reward of the vector: `session` or `long_term` (weighted and normalised totals), or the raw
+        value of one layer (`layer:<name>`) or one term (`term:<name>`; 0 when the term did not fire)."""
+        kind, _, name = key.partition(":")
+        if kind == "layer":
+            return float(self.vector["layers"][name]["raw"])
+        if kind == "term":
+            return sum(float(t["value"]) for t in self.vector["terms"] if t["name"] == name)
         return float(self.vector[f"{key}_reward"])
 
     @property

@@ -10,9 +10,10 @@ imitation checkpoint) with a decaying coefficient.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,6 +21,8 @@ from torch import Tensor
 from sessionrl.train.data import MicroBatch, PackedBatch, TokenSequence, packed
 from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
 from sessionrl.train.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+
+REWARD_KEY = re.compile(r"session|long_term|(layer|term):\w+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +39,9 @@ class GRPOConfig:
     step_coef: float = field(
         default=0.0, metadata={"help": "weight of per-step rewards in a call's advantage"}
     )
-    reward: Literal["session", "long_term"] = field(
-        default="long_term", metadata={"help": "which reward of the vector to rank a group by"}
+    reward: str = field(
+        default="long_term",
+        metadata={"help": "what ranks a group: session, long_term, layer:<name> (raw) or term:<name>"},
     )
     temperature: float = field(
         default=1.0, metadata={"help": "sampling temperature the logprobs were taken at"}
@@ -48,6 +52,10 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.group_size < 2 or self.epochs < 1 or self.temperature <= 0:
             raise ValueError("GRPOConfig needs lr > 0, group_size >= 2, epochs >= 1 and temperature > 0")
+        if not REWARD_KEY.fullmatch(self.reward):
+            raise ValueError(
+                f"GRPOConfig.reward must be session, long_term, layer:<name> or term:<name>: {self.reward!r}"
+            )
         if self.clip_eps <= 0 or self.kl_coef < 0 or not 0 < self.kl_decay <= 1 or self.token_budget < 16:
             raise ValueError(
                 "GRPOConfig needs clip_eps > 0, kl_coef >= 0, 0 < kl_decay <= 1, token_budget >= 16"
