@@ -11,6 +11,7 @@ from sessionrl.cli.schema import app as schema_app
 from sessionrl.cli.serve import serve
 from sessionrl.cli.sessions import app as sessions_app
 from sessionrl.cli.store import app as store_app
+from sessionrl.cli.train import eval_command, train_command
 
 app = typer.Typer(
     name="sessionrl",
@@ -25,3 +26,5 @@ app.add_typer(store_app, name="store")
 app.add_typer(envs_app, name="envs")
 app.command("demo")(demo.command)
 app.command("serve")(serve)
+app.command("train")(train_command)
+app.command("eval")(eval_command)

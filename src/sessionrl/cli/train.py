@@ -1,4 +1,7 @@
-"""`sessionrl train <config.yaml>` and `sessionrl eval <run>`: train a policy, and measure one."""
+"""`sessionrl train <config.yaml>` and `sessionrl eval <run>`: train a policy, and measure one.
+
+The training stack (torch, transformers) is imported when a command runs, so `sessionrl --help` and the
+other commands stay quick."""
 
 from __future__ import annotations
 
@@ -10,12 +13,6 @@ import typer
 from rich.console import Console
 
 from sessionrl.envs.base import Split
-from sessionrl.eval.report import metrics_table
-from sessionrl.policy.llm import HFPolicy
-from sessionrl.train.config import RunConfig
-from sessionrl.train.loop import evaluate, train
-from sessionrl.train.run import open_run
-from sessionrl.train.view import curve_table
 
 
 def train_command(
@@ -25,6 +22,10 @@ def train_command(
     ] = False,
 ) -> None:
     """Imitation, a gate, then GRPO, as the config says; everything goes under its run_dir."""
+    from sessionrl.train.config import RunConfig
+    from sessionrl.train.loop import train
+    from sessionrl.train.view import curve_table
+
     console = Console()
     run_config = RunConfig.load(config)
     result = train(run_config, resume=resume, console=console)
@@ -43,6 +44,12 @@ def eval_command(
     tasks: Annotated[int | None, typer.Option(help="How many tasks; default: the config's.")] = None,
 ) -> None:
     """Evaluate a run's exported policies (imitation and RL, where present) side by side."""
+    from sessionrl.eval.report import metrics_table
+    from sessionrl.policy.llm import HFPolicy
+    from sessionrl.train.config import RunConfig
+    from sessionrl.train.loop import evaluate
+    from sessionrl.train.run import open_run
+
     console = Console()
     config = RunConfig.load(run / "config.yaml").model_copy(update={"run_dir": run})
     chosen_split = split or config.evaluation.split
