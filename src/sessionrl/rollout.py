@@ -56,13 +56,18 @@ class RolloutConfig:
     domain_policy: bool = field(
         default=True, metadata={"help": "open the system prompt with the domain's policy text"}
     )
+    max_invalid: int = field(
+        default=2, metadata={"help": "consecutive replies that are not actions before the episode ends"}
+    )
     executor: ExecutorConfig = field(
         default_factory=ExecutorConfig, metadata={"help": "retries and back-off of every episode's executor"}
     )
 
     def __post_init__(self) -> None:
-        if self.max_steps < 1 or self.concurrency < 1 or self.max_tool_chars < 16:
-            raise ValueError("RolloutConfig needs max_steps >= 1, concurrency >= 1 and max_tool_chars >= 16")
+        if self.max_steps < 1 or self.concurrency < 1 or self.max_tool_chars < 16 or self.max_invalid < 1:
+            raise ValueError(
+                "RolloutConfig needs max_steps, concurrency and max_invalid >= 1 and max_tool_chars >= 16"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +115,10 @@ def prompt_messages(env: DecisionEnv, task: Task, config: RolloutConfig) -> list
     ]
 
 
-def observation(result: StepResult, number: int, max_chars: int) -> Message:
-    """Tool result `number` as the agent reads it: the tool's output, or why the step failed."""
+def observation(tool: str, result: StepResult, max_chars: int) -> Message:
+    """The result of a call of `tool` as the agent reads it: the output, or why the step failed."""
     return tool_message(
-        number=number,
+        tool=tool,
         ok=result.ok,
         output=result.output,
         error_code=result.error_code,
@@ -158,6 +163,7 @@ async def run_episode(
         sid = await engine.init_session(create)
         messages = prompt_messages(env, spec.task, config)
         final: str | None = None
+        invalid = 0
         for _ in range(config.max_steps):
             asked = await engine.execute_step(
                 sid, StepKind.LLM, LLMPayload(messages=tuple(messages), purpose="act")
@@ -165,7 +171,8 @@ async def run_episode(
             if not asked.ok:
                 break
             final = await _act(engine, sid, asked.text or "", messages, config)
-            if final is not None or episode.terminated:
+            invalid = invalid + 1 if _was_invalid(messages) else 0
+            if final is not None or episode.terminated or invalid >= config.max_invalid:
                 break
         await engine.finish(sid, final or "")
         return await _judge(engine, sid, episode, [final] if final else [], env.name)
@@ -178,20 +185,25 @@ async def _act(
     running the tool call it asks for (or noting that the reply was not an action) in `messages`."""
     messages.append(Message(role="assistant", content=text))
     context = Context.from_messages(messages)
-    number = len(context.outputs) + 1
     answer = parse_final(text)
     if answer is not None:
         return str(resolve(answer, context))
     choice = parse_tool_call(text)
     if choice is None:
         why = 'not an action: answer {"tool": ..., "params": {...}} or {"final": ...}'
-        messages.append(tool_message(number=number, ok=False, error_code=UNPARSEABLE, error_message=why))
+        messages.append(tool_message(tool=None, ok=False, error_code=UNPARSEABLE, error_message=why))
         return None
     params = resolve(choice.params, context)
     payload = ToolPayload(tool=choice.tool, params=params, subgoal_id=choice.subgoal_id)
     result = await engine.execute_step(sid, StepKind.TOOL, payload)
-    messages.append(observation(result, number, config.max_tool_chars))
+    messages.append(observation(choice.tool, result, config.max_tool_chars))
     return None
+
+
+def _was_invalid(messages: Sequence[Message]) -> bool:
+    """Whether the last reply was not an action (its answer is the UNPARSEABLE tool message)."""
+    last = messages[-1]
+    return last.role == "tool" and f'"error":"{UNPARSEABLE}"' in last.content
 
 
 async def run_expert(env: DecisionEnv, spec: EpisodeSpec, store: SessionStore, config: RolloutConfig) -> bool:

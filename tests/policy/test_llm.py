@@ -82,7 +82,7 @@ def test_system_prompt_lists_full_schemas_or_signatures() -> None:
 
 
 def test_tool_message_is_cut_to_its_budget() -> None:
-    long = tool_message(number=1, ok=True, output={"text": "x" * 1000}, max_chars=50)
+    long = tool_message(tool="t", ok=True, output={"text": "x" * 1000}, max_chars=50)
     assert long.role == "tool"
     assert len(long.content) == 51
     assert long.content.endswith("…")

@@ -12,15 +12,21 @@ from sessionrl.session.model import Message
 REQUEST = (
     "Can you change where order O-716424 goes?\n[ticket: wrong address] · order O-716424 · phone 19993376103"
 )
-OUTPUTS = [{"sku": "SKU-26908", "on_hand": 12, "sizes": ["S", "M"]}, None, {"created_at": 1754986497}]
+RESULTS = [
+    ("inventory_check", {"sku": "SKU-26908", "on_hand": 12, "sizes": ["S", "M"]}),
+    ("waybill_generate", {"created_at": 1754986497}),
+]
 
 
 def test_references_resolve_with_their_json_type_or_as_text() -> None:
-    ctx = Context.of(REQUEST, OUTPUTS)
+    ctx = Context.of(REQUEST, RESULTS)
     action = {
         "order_id": "{{user.order}}",
-        "timestamp": "{{3.created_at}}",
-        "variables": {"text": "Order {{user.order}}: {{1.on_hand}} left", "size": "{{1.sizes.1}}"},
+        "timestamp": "{{waybill_generate.created_at}}",
+        "variables": {
+            "text": "Order {{user.order}}: {{inventory_check.on_hand}} left",
+            "size": "{{inventory_check.sizes.1}}",
+        },
         "list": ["{{ user.phone }}"],
     }
     assert resolve(action, ctx) == {
@@ -32,37 +38,46 @@ def test_references_resolve_with_their_json_type_or_as_text() -> None:
 
 
 def test_unknown_references_stay_as_written() -> None:
-    ctx = Context.of(REQUEST, OUTPUTS)
-    # result 2 failed (no output), result 9 does not exist, `waybill` labels nothing in the request
-    for ref in ("{{2.sku}}", "{{9.sku}}", "{{user.waybill}}", "{{1.missing}}", "{{1.sizes.5}}", "{{x.y}}"):
+    ctx = Context.of(REQUEST, RESULTS)
+    # no sms_send result, `waybill` labels nothing in the request, paths that lead nowhere
+    missing = (
+        "{{sms_send.code}}",
+        "{{user.waybill}}",
+        "{{inventory_check.missing}}",
+        "{{inventory_check.sizes.5}}",
+    )
+    for ref in missing:
         assert resolve(ref, ctx) == ref
-    assert resolve("keep {{9.a}} as is", ctx) == "keep {{9.a}} as is"
+    assert resolve("keep {{sms_send.a}} as is", ctx) == "keep {{sms_send.a}} as is"
 
 
-def test_context_reads_the_request_and_tool_messages_of_a_conversation() -> None:
+def test_context_reads_the_request_and_the_latest_successful_result_of_each_tool() -> None:
     messages = [
         Message(role="system", content="sys"),
         Message(role="user", content=REQUEST),
         Message(role="assistant", content="{}"),
-        tool_message(number=1, ok=True, output={"sku": "SKU-1"}),
-        tool_message(number=2, ok=False, error_code="TIMEOUT"),
-        Message(role="tool", content='{"n":3,"ok":true,"output":{"cut": "tex'),  # cut short: unreadable
+        tool_message(tool="inventory_check", ok=True, output={"sku": "SKU-1"}),
+        tool_message(tool="sms_send", ok=False, error_code="UNAVAILABLE"),
+        tool_message(tool=None, ok=False, error_code="UNPARSEABLE_ACTION"),
+        tool_message(tool="inventory_check", ok=True, output={"sku": "SKU-2"}),
+        Message(role="tool", content='{"tool":"sms_send","ok":true,"output":{"cut": "tex'),  # cut: unreadable
     ]
     ctx = Context.from_messages(messages)
     assert ctx.request == REQUEST
-    assert ctx.outputs == ({"sku": "SKU-1"}, None, None)
+    assert ctx.results == (("inventory_check", {"sku": "SKU-1"}), ("inventory_check", {"sku": "SKU-2"}))
+    assert resolve("{{inventory_check.sku}}", ctx) == "SKU-2"  # a retried call: its latest result counts
 
 
 def test_abstract_prefers_the_request_form_field_then_the_earliest_result() -> None:
-    ctx = Context.of(REQUEST, [{"order": "O-716424", "stock": 12}, {"stock": 12}])
+    ctx = Context.of(REQUEST, [("lookup", {"order": "O-716424", "stock": 12}), ("count", {"stock": 12})])
     assert abstract({"order_id": "O-716424", "n": 12, "flag": True, "name": "mug"}, ctx) == {
         "order_id": "{{user.order}}",
-        "n": "{{1.stock}}",
+        "n": "{{lookup.stock}}",
         "flag": True,
         "name": "mug",
     }
     assert abstract("Order O-716424 has 12 units; 1 is reserved.", ctx) == (
-        "Order {{user.order}} has {{1.stock}} units; 1 is reserved."
+        "Order {{user.order}} has {{lookup.stock}} units; 1 is reserved."
     )
 
 
@@ -75,6 +90,6 @@ ids = st.from_regex(r"[A-Z]{0,3}-?[0-9]{3,9}", fullmatch=True)
 )
 def test_resolve_undoes_abstract(request_ids: list[str], output: dict[str, str]) -> None:
     request = " · ".join(f"field{i} {v}" for i, v in enumerate(request_ids))
-    ctx = Context.of(request, [output])
+    ctx = Context.of(request, [("lookup", output)])
     literal = {"first": request_ids[0], "all": list(output.values()), "text": f"id {request_ids[-1]} done"}
     assert resolve(abstract(literal, ctx), ctx) == literal

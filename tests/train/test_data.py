@@ -81,12 +81,12 @@ def test_demonstration_masks_cover_the_expert_actions_which_resolve_to_the_recor
         Message(role="system", content=orders_world.system),
         Message(role="user", content=session.user_query),
     ]
-    for number, (call, text) in enumerate(zip(session.tool_calls, actions, strict=False), start=1):
+    for call, text in zip(session.tool_calls, actions, strict=False):
         choice = parse_tool_call(text)
         assert choice is not None
         assert choice.tool == call.tool
         assert resolve(choice.params, Context.from_messages(messages)) == call.params
-        messages += [Message(role="assistant", content=text), call_message(call, number, 200)]
+        messages += [Message(role="assistant", content=text), call_message(call, 200)]
     final = parse_final(actions[-1])
     assert final is not None
     assert session.final_output is not None

@@ -43,8 +43,8 @@ ACTION_INSTRUCTIONS = (
     "Answer with one JSON object and nothing else. "
     'To call a tool: {"tool":"<name>","params":{...}}. '
     'To answer the user and finish: {"final":"<message>"}. '
-    "In both, {{n.field}} stands for a field of tool result n and {{user.word}} for the id after that word "
-    "in the request."
+    "In both, {{tool.field}} stands for a field of that tool's latest result and {{user.word}} for the id "
+    "after that word in the request."
 )
 
 X = TypeVar("X")
@@ -116,24 +116,24 @@ def _name(contract: SkillContract) -> str:
 
 def tool_message(
     *,
-    number: int,
+    tool: str | None,
     ok: bool,
     output: Any = None,
     error_code: str | None = None,
     error_message: str | None = None,
     max_chars: int = 600,
 ) -> Message:
-    """Tool result `number` (1-based) as the ``tool`` message the policy reads next (cut to `max_chars`).
+    """What a call of `tool` returned, as the ``tool`` message the policy reads next (cut to `max_chars`).
 
-    >>> tool_message(number=1, ok=True, output={"stock": 3}).content
-    '{"n":1,"ok":true,"output":{"stock":3}}'
-    >>> tool_message(number=2, ok=False, error_code="TIMEOUT", error_message="no answer").content
-    '{"n":2,"ok":false,"error":"TIMEOUT","message":"no answer"}'
+    >>> tool_message(tool="stock", ok=True, output={"on_hand": 3}).content
+    '{"tool":"stock","ok":true,"output":{"on_hand":3}}'
+    >>> tool_message(tool="stock", ok=False, error_code="TIMEOUT", error_message="no answer").content
+    '{"tool":"stock","ok":false,"error":"TIMEOUT","message":"no answer"}'
     """
     body: dict[str, Any] = (
-        {"n": number, "ok": True, "output": output}
+        {"tool": tool, "ok": True, "output": output}
         if ok
-        else {"n": number, "ok": False, "error": error_code or "ERROR", "message": error_message or ""}
+        else {"tool": tool, "ok": False, "error": error_code or "ERROR", "message": error_message or ""}
     )
     text = orjson.dumps(body, default=str).decode()
     return Message(role="tool", content=text if len(text) <= max_chars else text[:max_chars] + "…")

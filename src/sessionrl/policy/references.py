@@ -2,13 +2,14 @@
 
 Inside a tool call's parameters or a final message the policy may write
 
-* ``{{3.waybill}}`` — field ``waybill`` of the 3rd tool result of the conversation (1-based; a dotted
-  path goes deeper, list positions included: ``{{2.items.0.sku}}``);
+* ``{{express_contact.waybill}}`` — field ``waybill`` of the latest successful result of the tool
+  ``express_contact`` (a dotted path goes deeper, list positions included: ``{{lookup.items.0.sku}}``);
 * ``{{user.phone}}`` — the identifier (a word holding a digit) that follows the word ``phone`` in the
   user's request.
 
 This is the evidence-variable idea of plan-and-execute agents: the executor substitutes the values, so
-ids, codes and timestamps reach the tools exactly as they were read. A parameter that is one reference
+ids, codes and timestamps reach the tools exactly as they were read. Naming the tool rather than a
+position keeps a reference valid when a failed call is tried again. A parameter that is one reference
 and nothing else takes the referenced value with its JSON type (a timestamp stays an integer); inside
 longer text a reference becomes the value's text. An unknown reference is left as written, and the
 tool's validation (or the reader) sees it. Literal values are always accepted too.
@@ -16,11 +17,11 @@ tool's validation (or the reader) sees it. Literal values are always accepted to
 `abstract` goes the other way: it rewrites literal values of an expert's action as references where the
 conversation already holds them, which is how demonstrations teach the habit.
 
->>> ctx = Context.of("Where is it? order O-123456 · phone 13800001234", [{"waybill": "SF1", "n": 7}])
->>> resolve({"order": "{{user.order}}", "n": "{{1.n}}", "note": "ship {{1.waybill}}"}, ctx)
+>>> ctx = Context.of("Lost? order O-123456 · phone 13800001234", [("track", {"waybill": "SF1", "n": 7})])
+>>> resolve({"order": "{{user.order}}", "n": "{{track.n}}", "note": "ship {{track.waybill}}"}, ctx)
 {'order': 'O-123456', 'n': 7, 'note': 'ship SF1'}
 >>> abstract({"phone": "13800001234", "waybill": "SF1"}, ctx)
-{'phone': '{{user.phone}}', 'waybill': '{{1.waybill}}'}
+{'phone': '{{user.phone}}', 'waybill': '{{track.waybill}}'}
 """
 
 from __future__ import annotations
@@ -44,31 +45,34 @@ MIN_TEXT_LENGTH = 2
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What references can point at: the user's request and the outputs of the tool results so far."""
+    """What references can point at: the user's request and the successful tool results so far."""
 
     request: str
-    outputs: tuple[Any, ...]
+    results: tuple[tuple[str, Any], ...]
+    """`(tool, output)` of each successful call, in call order."""
 
     @classmethod
-    def of(cls, request: str, outputs: Sequence[Any]) -> Context:
-        """A context from the request text and the tool outputs in order (None for a failed call)."""
-        return cls(request, tuple(outputs))
+    def of(cls, request: str, results: Sequence[tuple[str, Any]]) -> Context:
+        """A context from the request text and the `(tool, output)` of successful calls in order."""
+        return cls(request, tuple(results))
 
     @classmethod
     def from_messages(cls, messages: Sequence[Message]) -> Context:
-        """The context of a conversation: its first user message, and the `output` of each tool message
-        (as `sessionrl.policy.llm.tool_message` writes them; None when a call failed or was cut)."""
+        """The context of a conversation: its first user message, and each successful tool message (as
+        `sessionrl.policy.llm.tool_message` writes them; failed, unnamed or cut ones are skipped)."""
         request = next((m.content for m in messages if m.role == "user"), "")
-        return cls(request, tuple(_tool_output(m.content) for m in messages if m.role == "tool"))
+        results = (_tool_result(m.content) for m in messages if m.role == "tool")
+        return cls(request, tuple(r for r in results if r is not None))
 
     def lookup(self, name: str) -> tuple[bool, Any]:
-        """`(found, value)` of one reference name such as ``user.phone`` or ``2.items.0.sku``."""
+        """`(found, value)` of one reference name such as ``user.phone`` or ``lookup.items.0.sku``."""
         head, _, rest = name.partition(".")
         if head == "user":
             return self._labelled(rest)
-        if not head.isdigit() or not 1 <= int(head) <= len(self.outputs):
+        latest = [output for tool, output in self.results if tool == head]
+        if not latest:
             return False, None
-        return _walk(self.outputs[int(head) - 1], rest.split(".") if rest else [])
+        return _walk(latest[-1], rest.split(".") if rest else [])
 
     def _labelled(self, label: str) -> tuple[bool, Any]:
         for word, value in LABELLED.findall(self.request):
@@ -78,14 +82,15 @@ class Context:
 
     def names(self) -> Iterator[tuple[str, Any]]:
         """Every reference this context resolves, with its value: labelled request ids (the last label of
-        a kind first), then tool output fields in call order (leaves only)."""
+        a kind first), then the fields of each tool's latest result, tools in order of first use."""
         seen: set[str] = set()
         for word, value in reversed(LABELLED.findall(self.request)):  # a request's form fields come last
             if word.casefold() not in seen:
                 seen.add(word.casefold())
                 yield f"user.{word}", value
-        for index, output in enumerate(self.outputs, start=1):
-            yield from _leaves(str(index), output)
+        latest = dict(self.results)
+        for tool in dict.fromkeys(tool for tool, _ in self.results):
+            yield from _leaves(tool, latest[tool])
 
 
 def resolve(value: Any, context: Context) -> Any:
@@ -143,12 +148,14 @@ def _referable(value: Any) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool) and str(value) != ""
 
 
-def _tool_output(content: str) -> Any:
+def _tool_result(content: str) -> tuple[str, Any] | None:
     try:
         body = orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-    return body.get("output") if isinstance(body, dict) and body.get("ok") else None
+    if not (isinstance(body, dict) and body.get("ok") and isinstance(body.get("tool"), str)):
+        return None
+    return body["tool"], body.get("output")
 
 
 def _walk(value: Any, path: list[str]) -> tuple[bool, Any]:

@@ -80,15 +80,15 @@ class FaultSection(Section):
     eval_rate: float = Field(default=0.1, ge=0, le=1, description="Tool-fault rate during evaluation.")
     demo_rate: float = Field(default=0.0, ge=0, le=1, description="Tool-fault rate of expert demos.")
 
-    def at(self, iteration: int) -> Faults:
-        """Tool faults (errors and garbled outputs) for one RL iteration."""
-        rate = self.schedule.rate(iteration)
-        return Faults(tool_error=rate, garbled_output=rate)
+    garbled: bool = Field(default=True, description="Also garble outputs (effects kept) at the same rate.")
 
-    @staticmethod
-    def fixed(rate: float) -> Faults:
-        """Tool faults at a fixed rate."""
-        return Faults(tool_error=rate, garbled_output=rate)
+    def at(self, iteration: int) -> Faults:
+        """Tool faults for one RL iteration."""
+        return self.fixed(self.schedule.rate(iteration))
+
+    def fixed(self, rate: float) -> Faults:
+        """Tool faults at a fixed rate: failed calls, and garbled outputs when `garbled`."""
+        return Faults(tool_error=rate, garbled_output=rate if self.garbled else 0.0)
 
 
 class SFTSection(Section):

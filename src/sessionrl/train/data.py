@@ -126,10 +126,10 @@ def policy_turns(session: Session, advantages: Mapping[str, float]) -> list[Turn
     ]
 
 
-def call_message(call: ToolCall, number: int, max_chars: int) -> Message:
-    """Tool result `number`, the message an agent reads after `call` (the same text a rollout shows)."""
+def call_message(call: ToolCall, max_chars: int) -> Message:
+    """The tool message an agent reads after `call` (the same text a rollout shows)."""
     return tool_message(
-        number=number,
+        tool=call.tool,
         ok=call.status == CallStatus.SUCCESS,
         output=call.output,
         error_code=call.error_code,
@@ -148,10 +148,10 @@ def demonstration_turns(
     """
     messages = [Message(role="system", content=system), Message(role="user", content=session.user_query)]
     turns: list[Turn] = []
-    for number, call in enumerate(session.tool_calls, start=1):
+    for call in session.tool_calls:
         action = tool_action(call.tool, abstract(call.params, Context.from_messages(messages)))
         turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(action))))
-        messages += [Message(role="assistant", content=action), call_message(call, number, max_tool_chars)]
+        messages += [Message(role="assistant", content=action), call_message(call, max_tool_chars)]
     if session.final_output is not None:
         answer = final_action(abstract(session.final_output.text, Context.from_messages(messages)))
         turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(answer))))
@@ -161,19 +161,30 @@ def demonstration_turns(
 # advantages
 
 
-def session_advantages(rewards: Mapping[str, float], groups: Mapping[str, str]) -> dict[str, float]:
+def session_advantages(
+    rewards: Mapping[str, float], groups: Mapping[str, str], tolerance: float = 1e-6
+) -> dict[str, float]:
     """GRPO advantages by session id: each reward against the mean and std of its group's rewards.
+
+    A group whose rewards lie within `tolerance` of each other carries no signal and gets 0: dividing
+    tiny differences (say, of delay discounts) by their tiny std would turn noise into full-size advantages.
 
     >>> adv = session_advantages({"a": 1.0, "b": 0.0, "c": 5.0}, {"a": "g", "b": "g", "c": "h"})
     >>> round(adv["a"], 3), round(adv["b"], 3), adv["c"]
     (1.0, -1.0, 0.0)
+    >>> session_advantages({"a": -1.0, "b": -1.0 + 1e-9}, {"a": "g", "b": "g"})
+    {'a': 0.0, 'b': 0.0}
     """
     ids = list(rewards)
     labels = {name: i for i, name in enumerate(dict.fromkeys(groups[s] for s in ids))}
     values = torch.tensor([rewards[s] for s in ids], dtype=torch.float64)
     group_ids = torch.tensor([labels[groups[s]] for s in ids])
     adv = group_advantages(values, group_ids) if ids else values
-    return {s: float(a) for s, a in zip(ids, adv.tolist(), strict=True)}
+    spread: dict[str, list[float]] = {}
+    for s in ids:
+        spread.setdefault(groups[s], []).append(rewards[s])
+    flat = {g for g, rs in spread.items() if max(rs) - min(rs) <= tolerance}
+    return {s: 0.0 if groups[s] in flat else float(a) for s, a in zip(ids, adv.tolist(), strict=True)}
 
 
 def call_advantages(

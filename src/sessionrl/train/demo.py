@@ -47,6 +47,9 @@ from sessionrl.train.run import open_run
 from sessionrl.train.sft import SFTConfig
 from sessionrl.train.view import curve_table
 
+FAULTS = 0.15
+"""Chance that a tool call fails transiently (`UNAVAILABLE`), in RL and in evaluation; demos are clean."""
+
 
 def demo_config(
     run_dir: Path = Path("runs/demo"),
@@ -54,12 +57,12 @@ def demo_config(
     sft_steps: int = 300,
     sft_batch: int = 8,
     rl_minutes: float = 2.5,
-    temperature: float = 0.6,
+    temperature: float = 0.7,
     eval_tasks: int = 60,
 ) -> RunConfig:
     """The demo's run: tiny model, small imitation budget, a few minutes of GRPO, held-out evaluation."""
     tiny = TinyModelConfig(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
-    executor = ExecutorConfig(max_attempts=2, backoff_initial_s=0.05, jitter_s=0.0)
+    executor = ExecutorConfig(max_attempts=1)  # transient failures reach the policy, which must retry
     return RunConfig(
         run_dir=run_dir,
         seed=0,
@@ -70,7 +73,7 @@ def demo_config(
         ),
         batching=BatchingConfig(max_batch=64, gather_ms=5.0),
         faults=FaultSection(
-            schedule=FaultSchedule(start=0.1, end=0.1, steps=1), eval_rate=0.1, demo_rate=0.0
+            schedule=FaultSchedule(start=FAULTS, end=FAULTS, steps=1), eval_rate=FAULTS, garbled=False
         ),
         sft=SFTSection(
             demos=400,
@@ -83,7 +86,7 @@ def demo_config(
             max_lag=2,
             sampling=SamplingConfig(max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536),
             trainer=GRPOConfig(
-                lr=5e-4,
+                lr=2e-4,
                 group_size=4,
                 clip_eps=0.2,
                 reward="layer:long_term",

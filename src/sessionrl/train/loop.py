@@ -168,6 +168,7 @@ def imitation(run: Run, console: Console, resume: bool) -> None:
         run.state = load_checkpoint(
             run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
         )
+        trainer.steps = run.state.step
     sequences = demonstrations(run, policy, demos)
     run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
     steps = cfg.sft.trainer.steps
@@ -236,8 +237,9 @@ def learn(run: Run, trainer: GRPOTrainer) -> Learned:
         )
     ]
     # update
-    useful = any(any(a != 0 for a in seq.advantages) for seq in sequences)
-    stats = trainer.step(sequences) if useful else None
+    if cfg.trainer.kl_coef == 0:  # without a KL term, all-zero advantages carry no gradient: skip them
+        sequences = [seq for seq in sequences if any(a != 0 for a in seq.advantages)]
+    stats = trainer.step(sequences) if sequences else None
     counters = dict(run.state.counters)
     counters["stale"] = counters.get("stale", 0) + read.stale
     counters["trained_sessions"] = counters.get("trained_sessions", 0) + len(scored)

@@ -139,7 +139,7 @@ def tokenizer_corpus(
     texts = [system, *(task.instruction for task in env.tasks(Split.TRAIN))]
     for session in demos:
         texts += [tool_action(c.tool, c.params) for c in session.tool_calls]
-        texts += [call_message(c, i, max_tool_chars).content for i, c in enumerate(session.tool_calls, 1)]
+        texts += [call_message(c, max_tool_chars).content for c in session.tool_calls]
         if session.final_output is not None:
             texts.append(final_action(session.final_output.text))
     return texts

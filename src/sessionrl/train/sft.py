@@ -6,6 +6,7 @@ The data are expert sessions rendered as the turns a policy should produce
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +28,29 @@ class SFTConfig:
     batch_sessions: int = field(default=16, metadata={"help": "demonstration sessions per optimiser step"})
     token_budget: int = field(default=8192, metadata={"help": "padded tokens per micro-batch"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})
+    warmup_steps: int = field(default=10, metadata={"help": "steps of linear warm-up to `lr`"})
+    cosine: bool = field(default=True, metadata={"help": "decay the rate to 0 by `steps` on a half cosine"})
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.steps < 0 or self.batch_sessions < 1 or self.token_budget < 16:
             raise ValueError("SFTConfig needs lr > 0, steps >= 0, batch_sessions >= 1 and token_budget >= 16")
+        if self.warmup_steps < 0:
+            raise ValueError(f"SFTConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser step `step` (0-based): warm-up, then constant or half-cosine.
+
+        >>> config = SFTConfig(lr=1.0, steps=10, warmup_steps=2)
+        >>> [round(config.lr_at(s), 3) for s in (0, 1, 2, 6, 10)]
+        [0.5, 1.0, 1.0, 0.5, 0.0]
+        """
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if not self.cosine:
+            return self.lr
+        span = max(self.steps - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class SFTTrainer:
@@ -41,6 +61,8 @@ class SFTTrainer:
         self.config = config
         self.pad_id = pad_id
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay)
+        self.steps = 0
+        """Optimiser steps taken (the learning-rate schedule reads it; a resumed run sets it)."""
 
     def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
         """Mean negative log-likelihood of the micro-batch's policy tokens."""
@@ -50,7 +72,11 @@ class SFTTrainer:
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """One optimiser step on `sequences`, packed by the token budget."""
         batch = packed(sequences, self.config.token_budget, self.pad_id)
-        return accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr_at(self.steps)
+        stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+        self.steps += 1
+        return stats
 
 
 __all__ = ["SFTConfig", "SFTTrainer"]
