@@ -170,7 +170,9 @@ class BatchingConfig:
     """How concurrent requests are gathered into one forward pass."""
 
     max_batch: int = field(default=32, metadata={"help": "most conversations sampled together"})
-    gather_ms: float = field(default=5.0, metadata={"help": "how long the first request waits for company"})
+    gather_ms: float = field(
+        default=20.0, metadata={"help": "a batch starts when no request arrived for this long"}
+    )
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.gather_ms < 0:
@@ -439,8 +441,9 @@ def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 class Batcher(Generic[X, Y]):
     """Gathers single requests into batches for a blocking batch function run in a worker thread.
 
-    The first request of a batch waits `gather_ms` (or until `max_batch` requests are waiting), then the
-    batch runs; requests arriving meanwhile form the next one. One batch runs at a time.
+    A batch starts once `max_batch` requests wait, or once no new request has arrived for `gather_ms`
+    (requests of concurrent sessions trickle in as their tool calls finish), and at the latest
+    `10 x gather_ms` after its first request. Requests arriving while a batch runs form the next one.
     """
 
     def __init__(self, run: Callable[[list[X]], list[Y]], max_batch: int, gather_ms: float) -> None:
@@ -448,7 +451,7 @@ class Batcher(Generic[X, Y]):
         self._max_batch = max_batch
         self._gather_s = gather_ms / 1000.0
         self._pending: list[tuple[X, asyncio.Future[Y]]] = []
-        self._full = asyncio.Event()
+        self._arrived = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self.batches = 0
         self.sizes: list[int] = []
@@ -458,23 +461,25 @@ class Batcher(Generic[X, Y]):
         """The answer to `item`, computed in some batch."""
         future: asyncio.Future[Y] = asyncio.get_running_loop().create_future()
         if self._worker is None or self._worker.done():  # (a new event loop, too, starts a new worker)
-            self._full = asyncio.Event()
+            self._arrived = asyncio.Event()
             self._worker = asyncio.create_task(self._drain())
         self._pending.append((item, future))
-        if len(self._pending) >= self._max_batch:
-            self._full.set()
+        self._arrived.set()
         return await future
+
+    async def _gather(self) -> None:
+        """Wait for a full batch, a quiet `gather_ms`, or `10 x gather_ms` in all."""
+        deadline = time.monotonic() + 10 * self._gather_s
+        while len(self._pending) < self._max_batch and (left := deadline - time.monotonic()) > 0:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(self._gather_s, left))
+            except TimeoutError:
+                return
 
     async def _drain(self) -> None:
         while self._pending:
-            if len(self._pending) < self._max_batch:
-                self._full.clear()
-                deadline = time.monotonic() + self._gather_s
-                while len(self._pending) < self._max_batch and (left := deadline - time.monotonic()) > 0:
-                    try:
-                        await asyncio.wait_for(self._full.wait(), left)
-                    except TimeoutError:
-                        break
+            await self._gather()
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             live = [(x, f) for x, f in batch if not f.cancelled()]
             if not live:

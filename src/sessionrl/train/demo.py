@@ -71,7 +71,7 @@ def demo_config(
         rollout=RolloutConfig(
             max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300, executor=executor
         ),
-        batching=BatchingConfig(max_batch=64, gather_ms=5.0),
+        batching=BatchingConfig(max_batch=64, gather_ms=20.0),
         faults=FaultSection(
             schedule=FaultSchedule(start=FAULTS, end=FAULTS, steps=1), eval_rate=FAULTS, garbled=False
         ),
