@@ -380,6 +380,18 @@ async def test_concurrent_tool_steps_on_one_session_are_all_recorded(
     assert sorted(r.state_version for r in results) == sorted({r.state_version for r in results})
 
 
+async def test_concurrent_first_steps_wait_for_the_one_entering_executing(
+    make_engine: MakeEngine, skills: list[Skill]
+) -> None:
+    engine = make_engine(skills)
+    sid = await engine.init_session("q")
+    await asyncio.gather(*(engine.execute_step(sid, "tool", {"tool": "notify"}) for _ in range(10)))
+    # handed to the store: 1 created + 1 state change + 10 tool calls; a step that lost a race to the
+    # state change would add its own rejected pair and a retried call
+    assert engine.committer.events == 1 + 1 + 10
+    assert (await engine.session(sid)).state_version == 12
+
+
 async def test_a_slow_tool_lane_does_not_hold_up_llm_steps(
     make_engine: MakeEngine, make_contract: MakeContract
 ) -> None:

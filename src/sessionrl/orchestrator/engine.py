@@ -136,6 +136,8 @@ class Orchestrator:
         }
         self.committer = GroupCommitter(store, max_events=self.config.commit_batch)
         self._inflight: dict[str, asyncio.Future[Any]] = {}
+        self._chained: dict[str, asyncio.Future[None]] = {}
+        """Sessions with a unit of several events being committed, and a future set when it is done."""
         self._ids = IdSource()
 
     async def __aenter__(self) -> Self:
@@ -456,21 +458,43 @@ class Orchestrator:
     # plumbing
 
     async def _commit(self, session_id: str, build: Build, ids: StepIds) -> Session:
-        """Commit the unit `build` makes, rebuilding it on the fresh session after a lost race."""
-        session = await self.session(session_id)
+        """Commit the unit `build` makes, rebuilding it on the fresh session after a lost race.
+
+        A unit of several events carries chained expected versions, so any write to its session that
+        lands first makes it stale. While one is in flight, the engine's other units of that session
+        wait for it (`_settled`) and are built on the session it leads to, instead of losing a race to
+        it: concurrent first steps of a session then enter `executing` once, not once per loser.
+        """
         for attempt in range(self.config.commit_retries):
+            session = await self._settled(session_id)
             events = _seal(build(session), ids)
+            chained = len(events) > 1
+            if chained:
+                self._chained[session_id] = asyncio.get_running_loop().create_future()
             try:
                 committed = await self._commit_unit(session, events)
             except StaleState:
                 if attempt + 1 == self.config.commit_retries:
                     raise
                 self.cache.drop(session_id)
-                session = await self.session(session_id)
                 continue
+            finally:
+                if chained:
+                    self._chained.pop(session_id).set_result(None)
             self.cache.put(committed)
             return committed
         raise AssertionError("unreachable: the loop returns or raises")
+
+    async def _settled(self, session_id: str) -> Session:
+        """The session once no chained unit of it is in flight here (see `_commit`)."""
+        while True:
+            pending = self._chained.get(session_id)
+            if pending is not None:
+                await asyncio.wait((pending,))  # not awaited directly: a cancelled waiter must not cancel it
+                continue
+            session = await self.session(session_id)
+            if session_id not in self._chained:  # none began while the session was read from the store
+                return session
 
     async def _commit_unit(self, session: Session, events: list[Event]) -> Session:
         sid = session.session_id
