@@ -78,18 +78,29 @@ class ScopedBearer(SecurityBase):
         self.scope = scope
 
     async def __call__(self, request: Request) -> Principal:
-        challenge = {"WWW-Authenticate": 'Bearer realm="sessionrl"'}
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise ProblemError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
-        principal = request.app.state.tokens.lookup(token.strip())
-        if not isinstance(principal, Principal):
-            raise ProblemError(401, "unauthorized", "unknown token", headers=challenge)
-        if self.scope not in principal.scopes:
-            raise ProblemError(403, "forbidden", f"this token lacks the {self.scope.value!r} scope")
-        wait = request.app.state.limiter.check(principal.name)
-        if wait > 0:
-            retry = str(max(1, math.ceil(wait)))
-            detail = f"too many requests; retry in {retry} s"
-            raise ProblemError(429, "rate_limited", detail, headers={"Retry-After": retry})
+        principal = identify(request.app.state.tokens, request.headers.get("Authorization", ""), self.scope)
+        throttle(request.app.state.limiter, principal)
         return principal
+
+
+def identify(tokens: TokenTable, authorization: str, scope: Scope) -> Principal:
+    """The principal of an `Authorization` header value if it may use `scope`; else a 401 or 403 problem."""
+    challenge = {"WWW-Authenticate": 'Bearer realm="sessionrl"'}
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ProblemError(401, "unauthorized", "send Authorization: Bearer <token>", headers=challenge)
+    principal = tokens.lookup(token.strip())
+    if principal is None:
+        raise ProblemError(401, "unauthorized", "unknown token", headers=challenge)
+    if scope not in principal.scopes:
+        raise ProblemError(403, "forbidden", f"this token lacks the {scope.value!r} scope")
+    return principal
+
+
+def throttle(limiter: RateLimiter, principal: Principal) -> None:
+    """Take one request from the principal's rate; a 429 problem with `Retry-After` when it is spent."""
+    wait = limiter.check(principal.name)
+    if wait > 0:
+        retry = str(max(1, math.ceil(wait)))
+        detail = f"too many requests; retry in {retry} s"
+        raise ProblemError(429, "rate_limited", detail, headers={"Retry-After": retry})

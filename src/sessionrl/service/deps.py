@@ -23,6 +23,11 @@ def engine_of(request: Request) -> Orchestrator:
     return engine
 
 
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
+"""What an `Idempotency-Key` header may hold: 1 to 200 printable ASCII characters."""
+IF_MATCH_PATTERN = r'^(W/)?"?[0-9]{1,18}"?$'
+"""What an `If-Match` header may hold: a state_version, as an ETag or bare."""
+
 Reader = Annotated[Principal, Depends(ScopedBearer(Scope.READ))]
 Writer = Annotated[Principal, Depends(ScopedBearer(Scope.WRITE))]
 
@@ -30,7 +35,7 @@ IdempotencyKey = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        pattern=r"^[\x21-\x7e]{1,200}$",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
         description="Retrying a request with the same key returns the first result and writes nothing new.",
     ),
 ]
@@ -39,7 +44,7 @@ IfMatch = Annotated[
     str | None,
     Header(
         alias="If-Match",
-        pattern=r'^(W/)?"?[0-9]{1,18}"?$',
+        pattern=IF_MATCH_PATTERN,
         description='Run only if the session is at this state_version (its ETag, such as "7"); else 412.',
     ),
 ]

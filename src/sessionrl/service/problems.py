@@ -111,6 +111,13 @@ def named_error_response(exc: SessionRLError, instance: str | None = None) -> JS
     return problem_response(500, "internal", "the service failed unexpectedly", instance=instance)
 
 
+def error_response(exc: ProblemError | SessionRLError, instance: str | None) -> JSONResponse:
+    """The problem response of an error a route raises on purpose (a `ProblemError` or a named error)."""
+    if isinstance(exc, ProblemError):
+        return problem_response(exc.status, exc.code, exc.detail, instance=instance, headers=exc.headers)
+    return named_error_response(exc, instance)
+
+
 def _validation_errors(exc: RequestValidationError) -> tuple[FieldProblem, ...]:
     problems = []
     for error in exc.errors():
@@ -124,13 +131,11 @@ def install(app: FastAPI) -> None:
 
     async def on_problem(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ProblemError)
-        return problem_response(
-            exc.status, exc.code, exc.detail, instance=request.url.path, headers=exc.headers
-        )
+        return error_response(exc, request.url.path)
 
     async def on_named(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SessionRLError)
-        return named_error_response(exc, request.url.path)
+        return error_response(exc, request.url.path)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
