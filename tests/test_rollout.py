@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 
 import pytest
 
 from sessionrl.envs.base import Split, Task
+from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.policy import ScriptedBackend
@@ -142,3 +144,27 @@ def test_expert_episodes_plan_call_and_answer(env: OrdersEnv, store: SessionStor
         assert session.metadata["expert"] is True
         assert len(session.tool_calls) == len(session.plan.subgoals)
         assert all(entity in spec.task.instruction for entity in session.metadata["expected_entities"])
+
+
+def test_the_expert_calls_a_step_again_after_a_transient_failure(env: OrdersEnv, store: SessionStore) -> None:
+    task = task_of(env, "damaged_item")
+    patient = RolloutConfig(full_schemas=False, domain_policy=False, expert_retries=3)
+    hasty = RolloutConfig(full_schemas=False, domain_policy=False, expert_retries=0)
+    flaky = Faults(tool_error=0.5)
+    specs = [EpisodeSpec(task, f"e-{seed}", seed=seed, faults=flaky) for seed in range(8)]
+    patient_ran = asyncio.run(rollout(env, specs, None, store, patient))
+    hasty_ran = asyncio.run(
+        rollout(env, [EpisodeSpec(s.task, f"h-{s.seed}", s.seed, flaky) for s in specs], None, store, hasty)
+    )
+    retried = 0
+    for ran in patient_ran:
+        calls = store.get(ran.session_id).tool_calls
+        for first, again in itertools.pairwise(calls):
+            if first.error_code == "UNAVAILABLE":
+                assert (again.tool, again.params) == (first.tool, first.params)
+                retried += 1
+    assert retried > 0
+    for ran in hasty_ran:  # without retries a failed call is never repeated: each tool runs once
+        tools = [c.tool for c in store.get(ran.session_id).tool_calls]
+        assert len(tools) == len(set(tools))
+    assert sum(r.success for r in patient_ran) > sum(r.success for r in hasty_ran)

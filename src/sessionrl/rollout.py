@@ -7,8 +7,10 @@ A policy episode runs::
     ... until the policy answers {"final": ...}, the domain ends the task, or `max_steps` policy calls
     finish (the final message) ──▶ a `task_outcome` feedback: 1.0 when `episode.success(...)`, else 0.0
 
-An expert episode sends the expert's plan, calls each step's tool as planned, finishes with the expert's
-message and is judged the same way; imitation learning reads those sessions back from the store.
+An expert episode sends the expert's plan, calls each step's tool as planned (again, up to
+`expert_retries` times, after a retryable failure such as `UNAVAILABLE`), finishes with the expert's
+message and is judged the same way; imitation learning reads those sessions back from the store, so a
+demonstration that met a transient fault shows the failed call, the error and the call made again.
 
 Each episode gets its own skills (bound to its own copy of the domain state), executor and orchestrator,
 on a manual clock: simulated latencies and retry back-offs are recorded in contract time without being
@@ -59,6 +61,9 @@ class RolloutConfig:
     max_invalid: int = field(
         default=2, metadata={"help": "consecutive replies that are not actions before the episode ends"}
     )
+    expert_retries: int = field(
+        default=2, metadata={"help": "times the expert calls a step again after a retryable failure"}
+    )
     executor: ExecutorConfig = field(
         default_factory=ExecutorConfig, metadata={"help": "retries and back-off of every episode's executor"}
     )
@@ -68,6 +73,8 @@ class RolloutConfig:
             raise ValueError(
                 "RolloutConfig needs max_steps, concurrency and max_invalid >= 1 and max_tool_chars >= 16"
             )
+        if self.expert_retries < 0:
+            raise ValueError(f"RolloutConfig.expert_retries must be >= 0, got {self.expert_retries}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +240,10 @@ async def run_expert(env: DecisionEnv, spec: EpisodeSpec, store: SessionStore, c
         if planned.ok:
             for step in plan.steps:
                 payload = ToolPayload(tool=step.tool, params=dict(step.params), subgoal_id=step.id)
-                await engine.execute_step(sid, StepKind.TOOL, payload)
+                for _ in range(1 + config.expert_retries):
+                    result = await engine.execute_step(sid, StepKind.TOOL, payload)
+                    if result.ok or not result.retryable:
+                        break
                 if episode.terminated:
                     break
             await engine.finish(sid, plan.final_message)

@@ -124,7 +124,11 @@ def record_demonstrations(run: Run) -> list[Session]:
 
 
 def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
-    """K episodes for each of the iteration's training tasks (drawn by a generator named by the iteration)."""
+    """K episodes for each of the iteration's training tasks (drawn by a generator named by the iteration).
+
+    The K episodes of a group share their environment seed, so the same calls meet the same faults: what
+    tells the group's rewards apart is what the policy did (common random numbers for the baseline).
+    """
     cfg = run.config
     tasks: Sequence[Task] = run.env.tasks(Split.TRAIN)
     chosen = random.Random(stream_seed(cfg.seed, "rl", iteration)).sample(
@@ -135,7 +139,7 @@ def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
         EpisodeSpec(
             task=task,
             session_id=f"rl-{iteration:04d}-{task.task_id}-{k}",
-            seed=stream_seed(cfg.seed, "rl", iteration, task.task_id, k),
+            seed=stream_seed(cfg.seed, "rl", iteration, task.task_id),
             faults=faults,
             metadata={"stage": "rl", "iteration": iteration, "group": f"{iteration}:{task.task_id}"},
         )
