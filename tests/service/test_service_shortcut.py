@@ -1,4 +1,4 @@
-"""The step route's shortcut: which requests it serves itself, and that its answers are the route's."""
+"""The shortcut to the busiest routes: which requests it serves, and that it answers as the routes do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from service_support import AUTH, READER, make_app, serving
 from starlette.types import Message, Receive, Scope, Send
 
-from sessionrl.service.shortcut import StepShortcut
+from sessionrl.service.shortcut import Shortcut
 
 STEP = {"kind": "tool", "payload": {"tool": "find", "params": {"q": 1}}}
 FRAMEWORK = {"Content-Type": "application/json; charset=utf-8"}
@@ -36,7 +36,7 @@ class Inner:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def call(app: FastAPI, shortcut: StepShortcut, path: str, body: bytes, headers: dict[str, str]) -> int:
+async def call(app: FastAPI, shortcut: Shortcut, path: str, body: bytes, headers: dict[str, str]) -> int:
     """Send one POST through `shortcut` in two body chunks; return the status answered."""
     chunks = [body[:3], body[3:]]
 
@@ -67,16 +67,27 @@ def json_headers(body: bytes, **extra: str) -> dict[str, str]:
     return {**AUTH, "Content-Type": "application/json", "Content-Length": str(len(body)), **extra}
 
 
-async def test_a_well_formed_step_is_served_without_the_framework() -> None:
+async def test_well_formed_writes_are_served_without_the_framework() -> None:
     app = make_app()
-    async with serving(app) as client:
-        sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
+    async with serving(app):
         inner = Inner()
-        shortcut = StepShortcut(inner)
-        body = json.dumps(STEP).encode()
-        status = await call(app, shortcut, f"/v1/sessions/{sid}/steps", body, json_headers(body))
-        assert (status, inner.bodies) == (200, [])
-        assert len(app.state.engine.store.events(sid)) == 3  # created, executing, the tool call
+        shortcut = Shortcut(inner)
+        store = app.state.engine.store
+        create = json.dumps({"user_query": "q", "session_id": "s1"}).encode()
+        assert await call(app, shortcut, "/v1/sessions", create, json_headers(create)) == 201
+        step = json.dumps(STEP).encode()
+        assert await call(app, shortcut, "/v1/sessions/s1/steps", step, json_headers(step)) == 200
+        finish = json.dumps({"text": "done"}).encode()
+        assert await call(app, shortcut, "/v1/sessions/s1/finish", finish, json_headers(finish)) == 200
+        assert inner.bodies == []
+        # created, executing, the tool call, the output, finished
+        assert [e.type for e in store.events("s1")] == [
+            "session_created",
+            "state_changed",
+            "tool_call",
+            "output_set",
+            "state_changed",
+        ]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +100,10 @@ async def test_a_well_formed_step_is_served_without_the_framework() -> None:
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), {"Idempotency-Key": "a b"}),
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), {"If-Match": "seven"}),
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), FRAMEWORK),
-        ("/v1/sessions/S/finish", json.dumps({"text": "done"}).encode(), {}),
+        ("/v1/sessions/S/finish", json.dumps({"text": 3}).encode(), {}),
+        ("/v1/sessions", json.dumps({"user_query": "q"}).encode(), FRAMEWORK),
+        ("/v1/sessions/S/feedback", json.dumps({"type": "human_rating", "score": 5}).encode(), {}),
+        ("/v1/sessions/S/steps/", json.dumps(STEP).encode(), {}),
     ],
 )
 async def test_anything_else_goes_to_the_framework_with_its_body(
@@ -98,33 +112,57 @@ async def test_anything_else_goes_to_the_framework_with_its_body(
     app = make_app()
     async with serving(app):
         inner = Inner()
-        status = await call(app, StepShortcut(inner), path, body, json_headers(body, **extra))
+        status = await call(app, Shortcut(inner), path, body, json_headers(body, **extra))
         assert (status, inner.bodies) == (599, [body])
 
 
-def comparable(response: httpx.Response) -> tuple[int, dict[str, Any]]:
-    """Status and body, without what differs between any two steps (ids, versions)."""
+def comparable(response: httpx.Response, *differing: str) -> tuple[int, dict[str, Any]]:
+    """Status and body, without the fields named (ids and times that differ between two sessions)."""
     body = dict(response.json())
-    for field in ("call_id", "state_version", "latency_ms"):
-        body.pop(field, None)
+    for name in differing:
+        body.pop(name, None)
+    if "detail" in body:
+        body["detail"] = body["detail"].replace(response.request.url.path.split("/")[3], "SID")
     return response.status_code, body
 
 
-async def test_the_shortcut_answers_as_the_framework_route_does() -> None:
+async def test_the_shortcut_answers_as_the_framework_routes_do() -> None:
     async with serving(make_app()) as client:
-        sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
+        created = []
+        for headers in ({}, FRAMEWORK):
+            response = await client.post(
+                "/v1/sessions", json={"user_query": "q", "tags": ["a"]}, headers=headers
+            )
+            created.append(response)
+        assert comparable(created[0], "session_id", "trace_id", "created_at", "updated_at") == comparable(
+            created[1], "session_id", "trace_id", "created_at", "updated_at"
+        )
+        assert created[0].headers["location"] == f"/v1/sessions/{created[0].json()['session_id']}"
+        assert created[0].headers["etag"] == created[1].headers["etag"] == '"1"'
+        sids = [r.json()["session_id"] for r in created]
         cases: list[tuple[str, dict[str, Any], dict[str, str]]] = [
-            (sid, STEP, {}),
-            (sid, {"kind": "tool", "payload": {"tool": "missing"}}, {}),
-            (sid, STEP, {"If-Match": '"1"'}),
-            ("nobody", STEP, {}),
+            ("steps", STEP, {}),
+            ("steps", {"kind": "tool", "payload": {"tool": "missing"}}, {}),
+            ("steps", STEP, {"If-Match": '"1"'}),
+            ("finish", {"text": "done"}, {"If-Match": '"1"'}),
+            ("finish", {"text": "done"}, {}),
+            ("finish", {"text": "again"}, {}),
+            ("steps", STEP, {}),
         ]
-        for target, body, headers in cases:
-            path = f"/v1/sessions/{target}/steps"
-            direct = await client.post(path, json=body, headers=headers)
-            framework = await client.post(path, json=body, headers={**headers, **FRAMEWORK})
-            assert comparable(direct) == comparable(framework), (target, body, headers)
+        for route, body, headers in cases:
+            direct, framework = [
+                await client.post(f"/v1/sessions/{sid}/{route}", json=body, headers={**headers, **extra})
+                for sid, extra in zip(sids, ({}, FRAMEWORK), strict=True)
+            ]
+            differing = ("session_id", "instance", "call_id", "latency_ms")
+            assert comparable(direct, *differing) == comparable(framework, *differing), (route, body, headers)
             assert direct.headers["content-type"] == framework.headers["content-type"]
+        unknown = [
+            await client.post("/v1/sessions/nobody/steps", json=STEP, headers=extra)
+            for extra in ({}, FRAMEWORK)
+        ]
+        assert comparable(unknown[0]) == comparable(unknown[1])
+        assert unknown[0].status_code == 404
 
 
 async def test_a_key_is_the_same_request_on_either_path() -> None:

@@ -23,7 +23,7 @@ from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
 from sessionrl.service.routers import feedback, ops, sessions, steps
 from sessionrl.service.routers import skills as skills_router
-from sessionrl.service.shortcut import StepShortcut
+from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
 
@@ -81,7 +81,7 @@ def create_app(
     problems.install(app)
     for module in (sessions, steps, feedback, skills_router, ops):
         app.include_router(module.router)
-    app.add_middleware(StepShortcut)
+    app.add_middleware(Shortcut)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     _document_problems(app)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Response
+from pydantic import BaseModel
 
 from sessionrl.errors import StaleState
 from sessionrl.orchestrator.engine import Orchestrator
@@ -48,6 +49,18 @@ IfMatch = Annotated[
         description='Run only if the session is at this state_version (its ETag, such as "7"); else 412.',
     ),
 ]
+
+
+def json_response(
+    model: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A model as a JSON answer, encoded by its own serializer (the route's response model documents it)."""
+    return Response(
+        model.__pydantic_serializer__.to_json(model),
+        status_code=status_code,
+        headers=headers,
+        media_type="application/json",
+    )
 
 
 def scoped_key(principal: Principal, request: Request, key: str | None) -> str | None:

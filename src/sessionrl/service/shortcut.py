@@ -1,13 +1,14 @@
-"""A direct way in for the busiest route, `POST /v1/sessions/{session_id}/steps`.
+"""A direct way in for the busiest routes: steps, and opening and finishing sessions.
 
-The framework's routing, dependency resolution and parameter validation cost a step more than the engine
-spends on it. `StepShortcut`, an ASGI middleware just outside the framework's router (inside the metrics
-and body-limit layers), serves a step request itself when everything about it is in order: a JSON body
-that is a valid step, a token that may write, well-formed `Idempotency-Key` and `If-Match` headers. It
-then calls the route function itself (`steps.run_step`), so the answer, the step metrics, the key's scope
-and the rate limit are the route's. Anything else (another route, a bad body or header, a missing or
-unknown token, a body of undeclared length, a request the framework traces) goes on to the framework
-unchanged, its body replayed, and is answered there as documented; nothing was charged to it yet.
+The framework's routing, dependency resolution and parameter validation cost a request more than the
+engine spends on it. `Shortcut`, an ASGI middleware just outside the framework's router (inside the
+metrics and body-limit layers), serves a request to one of the `DIRECT` routes itself when everything
+about it is in order: a JSON body the route's model accepts, a token that may write, well-formed
+`Idempotency-Key` and `If-Match` headers. It then calls the route function itself, so the answer, the
+metrics, the key's scope and the rate limit are the route's. Anything else (another route, a bad body or
+header, a missing or unknown token, a body of undeclared length, a request the framework traces) goes on
+to the framework unchanged, its body replayed, and is answered there as documented; nothing was charged
+to it yet.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from fastapi import Request
+from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,66 +31,111 @@ from sessionrl.service.auth import Principal, identify, throttle
 from sessionrl.service.config import Scope as TokenScope
 from sessionrl.service.deps import IDEMPOTENCY_KEY_PATTERN, IF_MATCH_PATTERN
 from sessionrl.service.problems import ProblemError, error_response
-from sessionrl.service.routers import steps
+from sessionrl.service.routers import sessions, steps
 from sessionrl.service.schemas import StepRequest
+from sessionrl.session.model import FinalOutput, SessionCreate
 
-STEP_PATH = re.compile(r"/v1/sessions/([^/]+)/steps")
-STEP_BODY: TypeAdapter[Any] = TypeAdapter(StepRequest)
 IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 IF_MATCH = re.compile(IF_MATCH_PATTERN)
 HEADERS = (b"authorization", b"content-type", b"content-length", b"idempotency-key", b"if-match")
-"""The request headers the step route reads (besides those the outer layers read themselves)."""
+"""The request headers the direct routes read (besides those the outer layers read themselves)."""
 
 
-class StepShortcut:
-    """Serve well-formed, authorised step requests without the framework's router (see the module)."""
+@dataclass(frozen=True)
+class Direct:
+    """A POST route the shortcut serves: its path (named groups are the path parameters), the route
+    function and its router, the body it takes, and whether it reads `If-Match`."""
+
+    path: re.Pattern[str]
+    router: APIRouter
+    endpoint: Callable[..., Awaitable[Response]]
+    body: TypeAdapter[Any]
+    if_match: bool
+
+    @cached_property
+    def route(self) -> APIRoute:
+        """The framework's route (the metrics label requests with its path template)."""
+        return next(r for r in self.router.routes if isinstance(r, APIRoute) and r.endpoint is self.endpoint)
+
+
+DIRECT = (
+    Direct(
+        re.compile(r"/v1/sessions/(?P<session_id>[^/]+)/steps"),
+        steps.router,
+        steps.run_step,
+        TypeAdapter(StepRequest),
+        if_match=True,
+    ),
+    Direct(
+        re.compile(r"/v1/sessions"),
+        sessions.router,
+        sessions.create_session,
+        TypeAdapter(SessionCreate),
+        False,
+    ),
+    Direct(
+        re.compile(r"/v1/sessions/(?P<session_id>[^/]+)/finish"),
+        sessions.router,
+        sessions.finish_session,
+        TypeAdapter(FinalOutput),
+        if_match=True,
+    ),
+)
+
+
+class Shortcut:
+    """Serve well-formed, authorised requests to the `DIRECT` routes without the framework's router."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.route = next(
-            r for r in steps.router.routes if isinstance(r, APIRoute) and r.endpoint is steps.run_step
-        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = _step_target(scope)
-        headers = _step_headers(scope) if session_id is not None else None
-        if session_id is None or headers is None:
+        target = _target(scope)
+        headers = _headers(scope) if target is not None else None
+        if target is None or headers is None:
             await self.app(scope, receive, send)
             return
+        direct, params = target
         messages, body = await _read_body(receive)
-        admitted = None if body is None else _admit(scope["app"].state, headers, body)
+        admitted = None if body is None else _admit(direct, scope["app"].state, headers, body)
         if admitted is None:
             await self.app(scope, _replay(messages, receive), send)
             return
-        principal, step = admitted
-        scope["route"] = self.route
+        principal, model = admitted
+        scope["route"] = direct.route
         request = Request(scope)
+        arguments: dict[str, Any] = {
+            **params,
+            "body": model,
+            "request": request,
+            "principal": principal,
+            "idempotency_key": headers.get(b"idempotency-key"),
+        }
+        if direct.if_match:
+            arguments["if_match"] = headers.get(b"if-match")
         try:
             throttle(request.app.state.limiter, principal)
-            response = await steps.run_step(
-                session_id,
-                step,
-                request,
-                principal,
-                headers.get(b"idempotency-key"),
-                headers.get(b"if-match"),
-            )
+            response = await direct.endpoint(**arguments)
         except (ProblemError, SessionRLError) as exc:
             response = error_response(exc, request.url.path)
         await response(scope, receive, send)
 
 
-def _step_target(scope: Scope) -> str | None:
-    """The session id of a step request this shortcut may serve, else None."""
+def _target(scope: Scope) -> tuple[Direct, dict[str, str]] | None:
+    """The direct route a request is for, and its path parameters; None if the shortcut may not serve it."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
         return None
     if "fastapi.telemetry" in scope:  # traced: the framework names the span after the route it picks
         return None
-    match = STEP_PATH.fullmatch(scope["path"])
-    return match.group(1) if match is not None else None
+    path = scope["path"]
+    for direct in DIRECT:
+        match = direct.path.fullmatch(path)
+        if match is not None:
+            return direct, match.groupdict()
+    return None
 
 
-def _step_headers(scope: Scope) -> dict[bytes, str] | None:
+def _headers(scope: Scope) -> dict[bytes, str] | None:
     """The headers the route reads, when each is there at most once and the body is declared JSON."""
     found: dict[bytes, str] = {}
     for name, value in scope["headers"]:
@@ -121,8 +170,10 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return again
 
 
-def _admit(state: Any, headers: dict[bytes, str], body: bytes) -> tuple[Principal, Any] | None:
-    """The principal and the validated step when the route would accept them; None sends the request to
+def _admit(
+    direct: Direct, state: Any, headers: dict[bytes, str], body: bytes
+) -> tuple[Principal, Any] | None:
+    """The principal and the validated body when the route would accept them; None sends the request to
     the framework, which answers its problem (bad JSON, token, header or body) as the route documents."""
     try:
         doc = json.loads(body)
@@ -132,9 +183,9 @@ def _admit(state: Any, headers: dict[bytes, str], body: bytes) -> tuple[Principa
     key, if_match = headers.get(b"idempotency-key"), headers.get(b"if-match")
     if key is not None and IDEMPOTENCY_KEY.fullmatch(key) is None:
         return None
-    if if_match is not None and IF_MATCH.fullmatch(if_match) is None:
+    if direct.if_match and if_match is not None and IF_MATCH.fullmatch(if_match) is None:
         return None
     try:
-        return principal, STEP_BODY.validate_python(doc)
+        return principal, direct.body.validate_python(doc)
     except ValidationError:
         return None

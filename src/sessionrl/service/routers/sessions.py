@@ -16,6 +16,7 @@ from sessionrl.service.deps import (
     Writer,
     engine_of,
     expected_version,
+    json_response,
     precondition,
     scoped_key,
 )
@@ -33,17 +34,19 @@ AUTH = (401, 403, 429)
 async def create_session(
     body: SessionCreate,
     request: Request,
-    response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
-) -> Session:
-    """Open a session. A retry with the same `Idempotency-Key` returns the same session."""
+) -> Response:
+    """Open a session. A retry with the same `Idempotency-Key` returns the same session.
+
+    Like every answer of a write route, it is encoded here from the engine's own model (valid by
+    construction), not validated again against the response model, which still documents it.
+    """
     engine = engine_of(request)
     session_id = await engine.init_session(body, key=scoped_key(principal, request, idempotency_key))
     session = await engine.session(session_id)
-    response.headers["Location"] = f"/v1/sessions/{session_id}"
-    response.headers["ETag"] = f'"{session.state_version}"'
-    return session
+    headers = {"Location": f"/v1/sessions/{session_id}", "ETag": f'"{session.state_version}"'}
+    return json_response(session, status_code=201, headers=headers)
 
 
 @router.get("/{session_id}", response_model=Session, responses=problems.responses(*AUTH, 404, 422))
@@ -120,13 +123,14 @@ async def finish_session(
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
     if_match: IfMatch = None,
-) -> FinishResult:
+) -> Response:
     """Give the final output and close the session; the finishing guards add their feedback."""
     expected = expected_version(if_match)
     with precondition(expected):
-        return await engine_of(request).finish(
+        result = await engine_of(request).finish(
             session_id,
             body,
             key=scoped_key(principal, request, idempotency_key),
             expected_version=expected,
         )
+    return json_response(result)

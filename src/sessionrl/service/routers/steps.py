@@ -14,14 +14,13 @@ from sessionrl.service.deps import (
     Writer,
     engine_of,
     expected_version,
+    json_response,
     precondition,
     scoped_key,
 )
 from sessionrl.service.schemas import StepRequest
 
 router = APIRouter(prefix="/v1/sessions", tags=["steps"])
-STEP_JSON = StepResult.__pydantic_serializer__.to_json
-"""Encodes a `StepResult` as the response body."""
 
 
 @router.post(
@@ -52,7 +51,7 @@ async def run_step(
             expected_version=expected,
         )
     request.app.state.metrics.steps.labels(result.kind.value, outcome(result)).inc()
-    return Response(STEP_JSON(result), media_type="application/json")
+    return json_response(result)
 
 
 def outcome(result: StepResult) -> str:
