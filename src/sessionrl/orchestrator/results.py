@@ -12,7 +12,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +26,10 @@ from sessionrl.session.model import (
     Plan,
     Session,
     SessionState,
+    ToolCall,
 )
+
+C = TypeVar("C", ToolCall, LLMCall)
 
 
 class StepKind(StrEnum):
@@ -197,7 +200,13 @@ class IdSource:
 
 
 def _llm_call(session: Session, call_id: str) -> LLMCall | None:
-    return next((c for c in session.llm_calls if c.call_id == call_id), None)
+    return _by_id(session.llm_calls, call_id)
+
+
+def _by_id(calls: tuple[C, ...], call_id: str) -> C | None:
+    """The call with this id (ids are unique in a session), looked for from the end: a step's result is
+    built right after its call was appended, so the search does not grow with the session."""
+    return next((c for c in reversed(calls) if c.call_id == call_id), None)
 
 
 def _base(session: Session, kind: StepKind, masked: tuple[str, ...]) -> dict[str, Any]:
@@ -214,7 +223,7 @@ def tool_result(session: Session, ids: StepIds, masked: tuple[str, ...]) -> Step
     """The result of a committed tool step (its call, and the policy call that chose it, if any)."""
     base = _base(session, StepKind.TOOL, masked)
     chooser = _llm_call(session, ids.llm)
-    call = session.tool_call(ids.call)
+    call = _by_id(session.tool_calls, ids.call)
     if call is None:
         text = chooser.response if chooser is not None else None
         return StepResult(

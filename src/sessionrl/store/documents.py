@@ -9,13 +9,15 @@ version into the current view, and `upcast_event` does the same for logged event
 
 from __future__ import annotations
 
+import operator
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sessionrl.errors import InvalidEvent
 from sessionrl.session.events import EVENT_ADAPTER, Event, invalid_from, parse_event
@@ -82,20 +84,73 @@ def changed_shards(old: Session | None, new: Session, *, legacy: bool = False) -
     ]
 
 
+SHARD_FIELDS = {
+    shard: tuple(f for f in Session.model_fields if f in fields) for shard, fields in SHARDS.items()
+}
+"""Each shard's fields in the order the session model declares them (the order its JSON lists them in)."""
+
+
+class ShardEncoder:
+    """Encodes shard documents, re-using the encoded items of lists it encoded before (calls, feedback).
+
+    A step appends one call to the execution shard; encoding the whole shard again made a step cost more
+    the longer its session was. Records are frozen, so an item that is the very same object as one encoded
+    before encodes the same: only the items after the longest such shared prefix are encoded. The lists
+    of the `capacity` sessions written last are remembered. The result is, byte for byte,
+    `session.model_dump_json(include=SHARDS[shard])`.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lists: OrderedDict[str, dict[str, tuple[tuple[BaseModel, ...], list[bytes]]]] = OrderedDict()
+
+    def encode(self, session: Session, shard: str) -> str:
+        """The document of one shard of `session`."""
+        known = self._lists.pop(session.session_id, {})
+        parts: list[bytes] = []
+        for name in SHARD_FIELDS[shard]:
+            value = getattr(session, name)
+            if isinstance(value, tuple):
+                items = _encoded_items(value, *known.get(name, ((), [])))
+                known[name] = (value, items)
+                encoded = b"[" + b",".join(items) + b"]"
+            else:
+                encoded = b"null" if value is None else value.__pydantic_serializer__.to_json(value)
+            parts.append(b'"' + name.encode() + b'":' + encoded)
+        if self.capacity:
+            self._lists[session.session_id] = known
+            while len(self._lists) > self.capacity:
+                self._lists.popitem(last=False)
+        return (b"{" + b",".join(parts) + b"}").decode()
+
+
+def _encoded_items(
+    items: tuple[BaseModel, ...], before: tuple[BaseModel, ...], encoded: list[bytes]
+) -> list[bytes]:
+    """The encoded `items`, re-using `encoded` (the encoding of `before`) for their shared prefix."""
+    shared = 0
+    if len(before) <= len(items) and all(map(operator.is_, before, items)):
+        shared = len(before)  # the usual case: items were appended
+    else:
+        while shared < min(len(before), len(items)) and before[shared] is items[shared]:
+            shared += 1
+    return encoded[:shared] + [item.__pydantic_serializer__.to_json(item) for item in items[shared:]]
+
+
 def write_session(conn: sqlite3.Connection, session: Session, shards: Iterable[str]) -> None:
     """Upsert the head row and the given shard rows of a session."""
-    write_sessions(conn, [(session, shards)])
+    write_sessions(conn, [(session, shards)], ShardEncoder(0))
 
 
-def write_sessions(conn: sqlite3.Connection, views: Iterable[tuple[Session, Iterable[str]]]) -> None:
+def write_sessions(
+    conn: sqlite3.Connection, views: Iterable[tuple[Session, Iterable[str]]], encoder: ShardEncoder
+) -> None:
     """Upsert the head rows and the given shard rows of many sessions, two statements in all."""
     heads: list[tuple[Any, ...]] = []
     shard_rows: list[tuple[str, str, str]] = []
     for session, shards in views:
         heads.append(head_row(session))
-        shard_rows.extend(
-            (session.session_id, shard, session.model_dump_json(include=SHARDS[shard])) for shard in shards
-        )
+        shard_rows.extend((session.session_id, shard, encoder.encode(session, shard)) for shard in shards)
     conn.executemany(
         "INSERT INTO session_head (session_id, schema_version, state, state_version, plan_version,"
         " execution_version, feedback_version, doc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"

@@ -32,7 +32,7 @@ from sessionrl.store import consistency, projector
 from sessionrl.store import query as queries
 from sessionrl.store.consistency import ConsistencyReport, DigestSource
 from sessionrl.store.dialect import Database, parse_url
-from sessionrl.store.documents import chunks, decode_event, iso, read_documents
+from sessionrl.store.documents import ShardEncoder, chunks, decode_event, iso, read_documents
 from sessionrl.store.query import SessionQuery
 from sessionrl.store.records import Change, ChangeBatch, RewardRecord, SessionRow, StoredEvent
 from sessionrl.store.writes import BatchWriter, EventInput, Prepared, SessionCache, current, prepare
@@ -58,6 +58,7 @@ class SessionStore:
         self.config = config
         self._db = Database(parse_url(config.url))
         self._cache = SessionCache(config.cache_sessions)
+        self._encoder = ShardEncoder(config.cache_sessions)
 
     @classmethod
     def open(cls, url: str, *, max_event_bytes: int = MiB, cache_sessions: int = 1024) -> SessionStore:
@@ -110,7 +111,7 @@ class SessionStore:
                 prepared.append(exc)
         results: list[Session | SessionRLError] = []
         with self._db.atomic() as conn:
-            writer = BatchWriter(conn, self._cache)
+            writer = BatchWriter(conn, self._cache, self._encoder)
             writer.load([item for item in prepared if isinstance(item, Prepared)])
             for item in prepared:
                 results.append(item if isinstance(item, SessionRLError) else _attempt(writer, item))

@@ -18,6 +18,7 @@ from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, StaleState
 from sessionrl.session.events import Event, SessionCreated, apply, parse_event
 from sessionrl.session.model import SCHEMA_VERSION, Session
 from sessionrl.store.documents import (
+    ShardEncoder,
     canonical_event,
     changed_shards,
     chunks,
@@ -135,9 +136,10 @@ class BatchWriter:
     for it back.
     """
 
-    def __init__(self, conn: sqlite3.Connection, cache: SessionCache) -> None:
+    def __init__(self, conn: sqlite3.Connection, cache: SessionCache, encoder: ShardEncoder) -> None:
         self.conn = conn
         self.cache = cache
+        self.encoder = encoder
         self.touched: dict[str, Session] = {}
         self._stored: dict[str, tuple[Session, bool] | None] = {}
         """Sessions as stored before the batch (None: not stored), read by `load` or on first use."""
@@ -196,9 +198,8 @@ class BatchWriter:
         self.conn.executemany(
             "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)", self._outbox
         )
-        write_sessions(
-            self.conn, ((self.touched[sid], sorted(shards)) for sid, shards in self._dirty.items())
-        )
+        views = ((self.touched[sid], sorted(shards)) for sid, shards in self._dirty.items())
+        write_sessions(self.conn, views, self.encoder)
         self._events.clear()
         self._outbox.clear()
         self._dirty.clear()
