@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -390,6 +391,35 @@ async def test_concurrent_first_steps_wait_for_the_one_entering_executing(
     # state change would add its own rejected pair and a retried call
     assert engine.committer.events == 1 + 1 + 10
     assert (await engine.session(sid)).state_version == 12
+
+
+async def test_a_cancelled_waiter_leaves_the_chained_unit_and_the_other_waiters_alone(
+    make_engine: MakeEngine, skills: list[Skill], store: SessionStore
+) -> None:
+    engine = make_engine(skills)
+    sid = await engine.init_session("q")
+    release = threading.Event()
+    append_batch = store.append_batch
+
+    def held(items: Any) -> Any:
+        release.wait(10)
+        return append_batch(items)
+
+    store.append_batch = held  # type: ignore[method-assign]
+    first = asyncio.create_task(engine.execute_step(sid, "tool", {"tool": "notify"}))
+    while sid not in engine._chained:  # the first step's unit (executing + its call) is being committed
+        await asyncio.sleep(0)
+    waiting = [asyncio.create_task(engine.execute_step(sid, "tool", {"tool": "notify"})) for _ in range(2)]
+    while len(engine._chained[sid]) < 2:
+        await asyncio.sleep(0)
+    waiting[0].cancel()
+    release.set()
+    assert (await first).ok
+    assert (await waiting[1]).ok
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[0]
+    # 1 created + the first step's 2 + the waiter that stayed; the cancelled one wrote nothing
+    assert engine.committer.events == 1 + 2 + 1
 
 
 async def test_a_slow_tool_lane_does_not_hold_up_llm_steps(

@@ -136,8 +136,8 @@ class Orchestrator:
         }
         self.committer = GroupCommitter(store, max_events=self.config.commit_batch)
         self._inflight: dict[str, asyncio.Future[Any]] = {}
-        self._chained: dict[str, asyncio.Future[None]] = {}
-        """Sessions with a unit of several events being committed, and a future set when it is done."""
+        self._chained: dict[str, list[asyncio.Future[None]]] = {}
+        """Sessions with a unit of several events being committed, and the steps waiting for it to end."""
         self._ids = IdSource()
 
     async def __aenter__(self) -> Self:
@@ -468,29 +468,34 @@ class Orchestrator:
         for attempt in range(self.config.commit_retries):
             session = await self._settled(session_id)
             events = _seal(build(session), ids)
-            chained = len(events) > 1
-            if chained:
-                self._chained[session_id] = asyncio.get_running_loop().create_future()
+            waiters: list[asyncio.Future[None]] | None = [] if len(events) > 1 else None
+            if waiters is not None:
+                self._chained[session_id] = waiters
             try:
                 committed = await self._commit_unit(session, events)
+                self.cache.put(committed)
             except StaleState:
                 if attempt + 1 == self.config.commit_retries:
                     raise
                 self.cache.drop(session_id)
                 continue
             finally:
-                if chained:
-                    self._chained.pop(session_id).set_result(None)
-            self.cache.put(committed)
+                if waiters is not None:
+                    del self._chained[session_id]
+                    for waiter in waiters:
+                        if not waiter.done():  # a cancelled waiter is done
+                            waiter.set_result(None)
             return committed
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def _settled(self, session_id: str) -> Session:
         """The session once no chained unit of it is in flight here (see `_commit`)."""
         while True:
-            pending = self._chained.get(session_id)
-            if pending is not None:
-                await asyncio.wait((pending,))  # not awaited directly: a cancelled waiter must not cancel it
+            waiters = self._chained.get(session_id)
+            if waiters is not None:
+                waiter = asyncio.get_running_loop().create_future()
+                waiters.append(waiter)  # its own future: cancelling one waiter cancels no other
+                await waiter
                 continue
             session = await self.session(session_id)
             if session_id not in self._chained:  # none began while the session was read from the store
