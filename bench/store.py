@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from sessionrl.cli.demo import CHRONIC_SQL, CHRONIC_TOOL, FAILURE_RATES_SQL
+from sessionrl.cli.store_demo import CHRONIC_SQL, CHRONIC_TOOL, FAILURE_RATES_SQL
 from sessionrl.errors import SessionRLError
 from sessionrl.session import Session, codec
 from sessionrl.store import SessionQuery, SessionStore

@@ -23,7 +23,7 @@ from sessionrl.rollout import (
     prompt_messages,
     rollout,
 )
-from sessionrl.session.model import Message, SessionCreate, SessionState
+from sessionrl.session.model import FeedbackType, Message, SessionCreate, SessionState
 from sessionrl.store import SessionStore
 from sessionrl.train.data import call_message
 
@@ -105,6 +105,8 @@ def test_replies_that_are_not_actions_end_the_episode_as_a_failure(
     assert told.role == "tool"
     assert UNPARSEABLE in told.content
     assert task_success(session) is False
+    verdicts = [f for f in session.feedback if f.type == FeedbackType.AUTO_VALIDATION]
+    assert [(f.score, f.anchor.call_id) for f in verdicts] == [(0.0, c.call_id) for c in session.llm_calls]
 
 
 def test_an_episode_is_cut_after_max_steps(env: OrdersEnv, store: SessionStore) -> None:

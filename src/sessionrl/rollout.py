@@ -37,7 +37,7 @@ from sessionrl.orchestrator.policy import PolicyBackend, parse_tool_call
 from sessionrl.orchestrator.results import LLMPayload, PlanPayload, StepKind, StepResult, ToolPayload
 from sessionrl.policy.llm import parse_final, system_prompt, tool_message
 from sessionrl.policy.references import Context, resolve
-from sessionrl.session.model import Feedback, FeedbackType, Message, Plan, SessionCreate, SubGoal
+from sessionrl.session.model import Anchor, Feedback, FeedbackType, Message, Plan, SessionCreate, SubGoal
 from sessionrl.skills import ExecutorConfig, ManualClock, SkillExecutor
 from sessionrl.store import SessionStore
 
@@ -177,7 +177,7 @@ async def run_episode(
             )
             if not asked.ok:
                 break
-            final = await _act(engine, sid, asked.text or "", messages, config)
+            final = await _act(engine, sid, asked, messages, config)
             invalid = invalid + 1 if _was_invalid(messages) else 0
             if final is not None or episode.terminated or invalid >= config.max_invalid:
                 break
@@ -186,10 +186,14 @@ async def run_episode(
 
 
 async def _act(
-    engine: Orchestrator, sid: str, text: str, messages: list[Message], config: RolloutConfig
+    engine: Orchestrator, sid: str, asked: StepResult, messages: list[Message], config: RolloutConfig
 ) -> str | None:
     """Carry out one reply of the policy: the final message it gives (references resolved), or None after
-    running the tool call it asks for (or noting that the reply was not an action) in `messages`."""
+    running the tool call it asks for in `messages`.
+
+    A reply that is neither is answered in `messages` and recorded as an `auto_validation` verdict of 0
+    anchored to the LLM call, so rewards can charge the reply that broke the format."""
+    text = asked.text or ""
     messages.append(Message(role="assistant", content=text))
     context = Context.from_messages(messages)
     answer = parse_final(text)
@@ -199,6 +203,14 @@ async def _act(
     if choice is None:
         why = 'not an action: answer {"tool": ..., "params": {...}} or {"final": ...}'
         messages.append(tool_message(tool=None, ok=False, error_code=UNPARSEABLE, error_message=why))
+        verdict = Feedback(
+            type=FeedbackType.AUTO_VALIDATION,
+            score=0.0,
+            comment=f"{UNPARSEABLE}: {why}",
+            annotator="action_parser",
+            anchor=Anchor(call_id=asked.call_id),
+        )
+        await engine.inject_feedback(sid, verdict)
         return None
     params = resolve(choice.params, context)
     payload = ToolPayload(tool=choice.tool, params=params, subgoal_id=choice.subgoal_id)

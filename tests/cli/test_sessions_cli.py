@@ -1,4 +1,4 @@
-"""`sessionrl sessions ...`, `sessionrl store ...` and `sessionrl demo`, driven through typer's runner."""
+"""`sessionrl sessions ...` and `sessionrl store ...` (the store demo too), driven through typer's runner."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_store_archive_then_check_against_the_archive(tmp_path: Path) -> None:
 
 
 def test_demo_answers_every_question(tmp_path: Path) -> None:
-    result = run("demo", "--sessions", "120", "--out", str(tmp_path / "demo"))
+    result = run("store", "demo", "--sessions", "120", "--out", str(tmp_path / "demo"))
     assert result.exit_code == 0, result.output
     for title in ("crp_test_request", "Tool failure rates", "Human ratings by scenario", "Slowest tools"):
         assert title in result.stdout

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionrl.cli.demo import CHRONIC_NEEDLES, CHRONIC_TOOL, chronic_answer
+from sessionrl.cli.store_demo import CHRONIC_NEEDLES, CHRONIC_TOOL, chronic_answer
 from sessionrl.errors import InvalidEvent
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, Session, SessionCreate, created
 from sessionrl.store import EventInput, SessionQuery, SessionStore, projector

@@ -52,7 +52,11 @@ def sequence_logprob(policy: HFPolicy, seq: TokenSequence) -> float:
 def test_sft_moves_the_parameters_and_lowers_the_loss(orders_world: OrdersWorld) -> None:
     policy = orders_world.policy()
     batch = demos(orders_world, policy)[:6]
-    trainer = SFTTrainer(policy.model, SFTConfig(lr=1e-2, token_budget=2048, warmup_steps=0, cosine=False), policy.tokenizer.pad_token_id)
+    trainer = SFTTrainer(
+        policy.model,
+        SFTConfig(lr=1e-2, token_budget=2048, warmup_steps=0, cosine=False),
+        policy.tokenizer.pad_token_id,
+    )
     before = weights(policy.model)
     losses = [trainer.step(batch).loss for _ in range(8)]
     after = weights(policy.model)

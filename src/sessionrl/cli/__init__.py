@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sessionrl.cli import demo
+from sessionrl.cli import demo, store_demo
 from sessionrl.cli.envs import app as envs_app
 from sessionrl.cli.rewards import app as rewards_app
 from sessionrl.cli.schema import app as schema_app
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(schema_app, name="schema")
 app.add_typer(rewards_app, name="rewards")
 app.add_typer(sessions_app, name="sessions")
+store_app.command("demo")(store_demo.command)
 app.add_typer(store_app, name="store")
 app.add_typer(envs_app, name="envs")
 app.command("demo")(demo.command)

@@ -26,6 +26,7 @@ from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.envs.faults import Faults, FaultSchedule
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.rewards.engine import RewardConfig
 from sessionrl.rollout import RolloutConfig
 from sessionrl.train.grpo import GRPOConfig
 from sessionrl.train.sft import SFTConfig
@@ -139,6 +140,10 @@ class RunConfig(Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     rl: RLSection = Field(default_factory=RLSection)
     evaluation: EvalSection = Field(default_factory=EvalSection)
+    rewards: RewardConfig = Field(
+        default_factory=RewardConfig,
+        description="How episodes are rewarded (rule file, judge); layer stats default to the run folder.",
+    )
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:

@@ -30,6 +30,7 @@ from sessionrl.envs.faults import FaultSchedule
 from sessionrl.eval.report import metrics_table
 from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.rewards.engine import RewardConfig
 from sessionrl.rollout import RolloutConfig
 from sessionrl.skills import ExecutorConfig
 from sessionrl.train.config import (
@@ -46,6 +47,9 @@ from sessionrl.train.loop import Evaluation, evaluate, train
 from sessionrl.train.run import open_run
 from sessionrl.train.sft import SFTConfig
 from sessionrl.train.view import curve_table
+
+REWARD_RULES = Path(__file__).with_name("demo_rewards.yaml")
+"""Outcome for the group ranking; the policy's own failed calls charged to the replies that made them."""
 
 FAULTS = 0.15
 """Chance that a tool call fails transiently (`UNAVAILABLE`), in RL and in evaluation; demos are clean."""
@@ -95,6 +99,7 @@ def demo_config(
             ),
         ),
         evaluation=EvalSection(split=Split.TEST, tasks=eval_tasks, gate_tasks=20, max_new_tokens=64),
+        rewards=RewardConfig(rules=REWARD_RULES),
     )
 
 
@@ -139,10 +144,16 @@ def _evaluate(run: Any, config: RunConfig, label: str, split: Split, n: int) -> 
     return evaluate(run, policy, split, n, label)
 
 
-def main(run_dir: Path = Path("runs/demo"), console: Console | None = None) -> dict[str, Any]:
+def main(
+    run_dir: Path = Path("runs/demo"),
+    *,
+    rl_minutes: float = 2.5,
+    eval_tasks: int = 60,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """The `sessionrl demo` job: a fresh run folder, the demo, and the JSON summary as the last line."""
     console = console or Console()
     shutil.rmtree(run_dir, ignore_errors=True)
-    summary = run_demo(demo_config(run_dir), console)
+    summary = run_demo(demo_config(run_dir, rl_minutes=rl_minutes, eval_tasks=eval_tasks), console)
     print(orjson.dumps(summary).decode(), flush=True)
     return summary

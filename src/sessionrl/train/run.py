@@ -28,7 +28,7 @@ from tokenizers import pre_tokenizers
 from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action, with_lora
 from sessionrl.policy.tiny import build_tiny_policy
-from sessionrl.rewards.engine import RewardConfig, RewardEngine
+from sessionrl.rewards.engine import RewardEngine
 from sessionrl.rollout import prompt_messages
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
@@ -120,7 +120,10 @@ def open_run(config: RunConfig) -> Run:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(config.dump(), encoding="utf-8")
     store = SessionStore.open(f"sqlite:///{folder.resolve() / 'sessions.db'}")
-    engine = RewardEngine(RewardConfig(stats_path=folder / "reward_stats.json"))
+    rewards = config.rewards
+    if rewards.stats_path is None:
+        rewards = rewards.model_copy(update={"stats_path": folder / "reward_stats.json"})
+    engine = RewardEngine(rewards)
     return Run(
         config=config,
         env=config.env.build(),
