@@ -94,6 +94,7 @@ async def test_well_formed_writes_are_served_without_the_framework() -> None:
     ("path", "body", "extra"),
     [
         ("/v1/sessions/S/steps", b"{not json", {}),
+        ("/v1/sessions/S/steps", b"[" * 100_000, {}),
         ("/v1/sessions/S/steps", json.dumps({"kind": "dance"}).encode(), {}),
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), {"Authorization": f"Bearer {READER}"}),
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), {"Authorization": "Bearer nobody"}),

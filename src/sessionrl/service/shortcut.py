@@ -178,7 +178,7 @@ def _admit(
     try:
         doc = json.loads(body)
         principal = identify(state.tokens, headers.get(b"authorization", ""), TokenScope.WRITE)
-    except (ValueError, ProblemError):
+    except (ValueError, RecursionError, ProblemError):  # RecursionError: JSON nested too deep to parse
         return None
     key, if_match = headers.get(b"idempotency-key"), headers.get(b"if-match")
     if key is not None and IDEMPOTENCY_KEY.fullmatch(key) is None:
