@@ -21,7 +21,9 @@ def train_command(
         bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")
     ] = False,
 ) -> None:
-    """Imitation, a gate, then GRPO, as the config says; everything goes under its run_dir."""
+    """Imitation, a gate, then GRPO, as the config says, and the exported policies evaluated side by side;
+    everything goes under its run_dir."""
+    from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
     from sessionrl.train.loop import train
     from sessionrl.train.view import curve_table
@@ -35,6 +37,10 @@ def train_command(
         )
     if result.curve:
         console.print(curve_table(result.curve))
+    evaluation = run_config.evaluation
+    columns = {label: e.metrics for label, e in result.report.items()}
+    title = f"{run_config.env.name} · {evaluation.split} · {evaluation.tasks} tasks"
+    console.print(metrics_table(columns, title=title))
     console.print(f"stage: {result.stage}; run folder: {run_config.run_dir}")
 
 
@@ -45,23 +51,17 @@ def eval_command(
 ) -> None:
     """Evaluate a run's exported policies (imitation and RL, where present) side by side."""
     from sessionrl.eval.report import metrics_table
-    from sessionrl.policy.llm import HFPolicy
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.loop import evaluate
+    from sessionrl.train.loop import evaluate_exported
     from sessionrl.train.run import open_run
 
     console = Console()
     config = RunConfig.load(run / "config.yaml").model_copy(update={"run_dir": run})
     chosen_split = split or config.evaluation.split
     n_tasks = tasks or config.evaluation.tasks
-    columns = {}
     with open_run(config) as opened:
-        for label in ("sft", "rl"):
-            folder = run / f"{label}_policy"
-            if folder.is_dir():
-                policy = HFPolicy.load(folder, config.rl.sampling, config.batching)
-                evaluation = evaluate(opened, policy, chosen_split, n_tasks, f"cli-{label}-{chosen_split}")
-                columns[label] = evaluation.metrics
+        report = evaluate_exported(opened, chosen_split, n_tasks, prefix=f"cli-{chosen_split}-")
+    columns = {label: evaluation.metrics for label, evaluation in report.items()}
     if not columns:
         raise typer.BadParameter(f"{run} holds no exported policy (sft_policy/ or rl_policy/)")
     console.print(metrics_table(columns, title=f"{config.env.name} · {chosen_split} · {n_tasks} tasks"))

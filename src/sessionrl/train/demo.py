@@ -28,7 +28,7 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import FaultSchedule
 from sessionrl.eval.report import metrics_table
-from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
+from sessionrl.policy.llm import BatchingConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
 from sessionrl.rollout import RolloutConfig
@@ -43,8 +43,7 @@ from sessionrl.train.config import (
     SFTSection,
 )
 from sessionrl.train.grpo import GRPOConfig
-from sessionrl.train.loop import Evaluation, evaluate, train
-from sessionrl.train.run import open_run
+from sessionrl.train.loop import train
 from sessionrl.train.sft import SFTConfig
 from sessionrl.train.view import curve_table
 
@@ -115,10 +114,9 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         f"tool faults at {config.faults.eval_rate:.0%} in RL and evaluation"
     )
     result = train(config, console=console)
-    with open_run(config) as run:
-        split, n = config.evaluation.split, config.evaluation.tasks
-        sft = _evaluate(run, config, "sft", split, n)
-        rl = _evaluate(run, config, "rl", split, n) if (config.run_dir / "rl_policy").is_dir() else sft
+    split, n = config.evaluation.split, config.evaluation.tasks
+    sft = result.report["sft"]
+    rl = result.report.get("rl", sft)
     if result.curve:
         console.print(curve_table(result.curve))
     console.print(metrics_table({"sft": sft.metrics, "rl": rl.metrics}, title=f"held-out {split} tasks: {n}"))
@@ -137,11 +135,6 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "minutes": round(minutes, 2),
     }
     return summary
-
-
-def _evaluate(run: Any, config: RunConfig, label: str, split: Split, n: int) -> Evaluation:
-    policy = HFPolicy.load(config.run_dir / f"{label}_policy", config.rl.sampling, config.batching)
-    return evaluate(run, policy, split, n, label)
 
 
 def main(

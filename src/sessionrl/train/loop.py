@@ -105,6 +105,18 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     return Evaluation(label, metrics, sessions)
 
 
+def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
+    """The run's exported policies (`sft_policy/`, then `rl_policy/`, where present) evaluated on the same
+    tasks under labels `<prefix>sft` and `<prefix>rl`; keyed by `sft` and `rl`."""
+    cfg, report = run.config, {}
+    for label in ("sft", "rl"):
+        folder = run.folder / f"{label}_policy"
+        if folder.is_dir():
+            policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
+            report[label] = evaluate(run, policy, split, n_tasks, f"{prefix}{label}")
+    return report
+
+
 def record_demonstrations(run: Run) -> list[Session]:
     """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones."""
     cfg = run.config
@@ -345,11 +357,13 @@ def _generators(run: Run) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class TrainResult:
-    """What a run produced: its stage at the end, the gate's evaluation and the learning curve."""
+    """What a run produced: its stage at the end, the gate's evaluation, the learning curve, and the final
+    report (each exported policy evaluated on the report split, by label)."""
 
     stage: str
     gate: Evaluation | None
     curve: tuple[dict[str, Any], ...]
+    report: dict[str, Evaluation]
 
 
 def train(
@@ -374,7 +388,8 @@ def train(
             run.state = saved
         if run.state.stage == "rl" and config.rl.iterations > 0:
             reinforce(run, console, saved is not None and saved.stage == "rl", on_iteration)
-        return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve))
+        report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
+        return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve), report)
 
 
 def resumed_policy(run: Run) -> HFPolicy:
