@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
@@ -31,7 +30,13 @@ from sessionrl.skills.clock import Clock, SystemClock
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.errors import NOT_SKILL_FAULTS, ErrorCode, SkillError
 from sessionrl.skills.ratelimit import TokenBucket
-from sessionrl.skills.schema import clip_numbers, fill_defaults, validation_errors, validator_for
+from sessionrl.skills.schema import (
+    SchemaValidator,
+    clip_numbers,
+    fill_defaults,
+    validation_errors,
+    validator_for,
+)
 from sessionrl.skills.skill import Skill, SkillResult
 from sessionrl.skills.stats import SkillStats, StatsRecorder
 
@@ -59,8 +64,8 @@ class _Slot:
     """Everything the executor keeps for one skill."""
 
     skill: Skill
-    params: Draft202012Validator
-    output: Draft202012Validator
+    params: SchemaValidator
+    output: SchemaValidator
     breaker: CircuitBreaker
     bucket: TokenBucket | None
     concurrency: asyncio.Semaphore | None

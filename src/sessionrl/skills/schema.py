@@ -21,13 +21,31 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from sessionrl.skills.quickcheck import quick_check
+
 Json = dict[str, Any]
 _MAX_MESSAGE = 200
 
 
-def validator_for(schema: Json) -> Draft202012Validator:
+class SchemaValidator:
+    """JSON Schema 2020-12, `format` included, built once per schema and checked on every call.
+
+    A plain schema's yes comes from a predicate compiled for it (`quick_check`); anything else, every
+    no included, is jsonschema's to decide and to word.
+    """
+
+    def __init__(self, schema: Json) -> None:
+        self.full = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        self._quick = quick_check(schema)
+
+    def is_valid(self, value: Any) -> bool:
+        """Whether `value` satisfies the schema."""
+        return (self._quick is not None and self._quick(value)) or self.full.is_valid(value)
+
+
+def validator_for(schema: Json) -> SchemaValidator:
     """A validator for `schema` (JSON Schema 2020-12) that also checks the `format` keyword."""
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return SchemaValidator(schema)
 
 
 def schema_problems(schema: object) -> str | None:
@@ -51,11 +69,11 @@ def field_path(path: Sequence[str | int], root: str) -> str:
     return text or root
 
 
-def validation_errors(validator: Draft202012Validator, value: Any, root: str = "params") -> tuple[str, ...]:
+def validation_errors(validator: SchemaValidator, value: Any, root: str = "params") -> tuple[str, ...]:
     """Every way `value` breaks the schema, as `field: rule` lines sorted by field."""
     if validator.is_valid(value):  # the common case stops at the first check, without building errors
         return ()
-    errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted(validator.full.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
     lines = []
     for error in errors:
         message = error.message
