@@ -36,6 +36,13 @@ def serve(
         float, typer.Option("--time-factor", help="Wall seconds per simulated skill second.")
     ] = 1.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+    proxy_headers: Annotated[
+        bool,
+        typer.Option(
+            "--proxy-headers",
+            help="Take client address and scheme from X-Forwarded-* headers (behind a proxy on this host).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the session API. Plan steps need a `plan` in their payload: no policy backend is attached."""
     fields: dict[str, object] = {
@@ -60,4 +67,7 @@ def serve(
         http="httptools",
         log_level=log_level,
         access_log=False,
+        proxy_headers=proxy_headers,
+        server_header=False,
+        date_header=False,
     )

@@ -1,0 +1,37 @@
+"""`sessionrl serve` hands uvicorn the app and its options (uvicorn itself is replaced: nothing listens)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from sessionrl.cli import app
+
+runner = CliRunner()
+
+
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The keyword arguments `sessionrl serve ARGS` passes to `uvicorn.run`."""
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: seen.update(kw))
+    command = ["serve", "--db", str(tmp_path / "s.db"), "--tokens", "t:read,write", "--port", "9123", *args]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+def test_serve_sends_no_server_or_date_header_and_ignores_forwarded_headers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    options = served(monkeypatch, tmp_path)
+    assert (options["port"], options["loop"], options["http"]) == (9123, "uvloop", "httptools")
+    headers = (options["server_header"], options["date_header"], options["proxy_headers"])
+    assert headers == (False, False, False)
+
+
+def test_proxy_headers_are_trusted_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert served(monkeypatch, tmp_path, "--proxy-headers")["proxy_headers"] is True
