@@ -142,3 +142,21 @@ def test_logprobs_must_match_token_ids() -> None:
 
     with pytest.raises(ValueError, match="logprobs has 1 entries but token_ids has 2"):
         LLMCall(call_id="l1", token_ids=(1, 2), logprobs=(-0.1,))
+
+
+def test_recording_a_call_id_again_moves_the_new_record_last_and_drops_the_old() -> None:
+    from sessionrl.session import LLMCall, LLMCallRecorded
+
+    def tool(call_id: str, status: str = "success") -> ToolCallRecorded:
+        return ToolCallRecorded(call=ToolCall(call_id=call_id, tool="t", status=status))
+
+    session = fold([*base_events(), tool("c2"), tool("c3"), tool("c1", "error")])
+    assert [(c.call_id, c.status) for c in session.tool_calls] == [
+        ("c2", CallStatus.SUCCESS),
+        ("c3", CallStatus.SUCCESS),
+        ("c1", CallStatus.ERROR),
+    ]
+    replies = [("l1", "a"), ("l2", "b"), ("l1", "c")]
+    llm = [LLMCallRecorded(call=LLMCall(call_id=i, response=r)) for i, r in replies]
+    session = fold([*base_events(), *llm])
+    assert [(c.call_id, c.response) for c in session.llm_calls] == [("l2", "b"), ("l1", "c")]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from operator import attrgetter
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError
@@ -31,6 +32,9 @@ from sessionrl.session.model import (
     new_trace_id,
     utcnow,
 )
+
+CallT = TypeVar("CallT", ToolCall, LLMCall)
+_CALL_ID = attrgetter("call_id")
 
 
 class EventBase(Input):
@@ -189,11 +193,9 @@ def _changes(session: Session, event: Event) -> tuple[dict[str, Any], str]:
         case StateChanged(state=state):
             return {"state": state}, "execution"
         case ToolCallRecorded(call=call):
-            kept = tuple(c for c in session.tool_calls if c.call_id != call.call_id)
-            return {"tool_calls": (*kept, call)}, "execution"
+            return {"tool_calls": _recorded(session.tool_calls, call)}, "execution"
         case LLMCallRecorded(call=call):
-            kept_llm = tuple(c for c in session.llm_calls if c.call_id != call.call_id)
-            return {"llm_calls": (*kept_llm, call)}, "execution"
+            return {"llm_calls": _recorded(session.llm_calls, call)}, "execution"
         case OutputSet(output=output):
             return {"final_output": output}, "execution"
         case SessionPatched(patch=patch):
@@ -201,6 +203,17 @@ def _changes(session: Session, event: Event) -> tuple[dict[str, Any], str]:
         case FeedbackAdded(feedback=feedback):
             return {"feedback": _merge_feedback(session, feedback)}, "feedback"
     raise InvalidEvent("type", f"unknown event type {event.type!r}")
+
+
+def _recorded(calls: tuple[CallT, ...], call: CallT) -> tuple[CallT, ...]:
+    """`calls` with `call` last, in place of an earlier record of the same id.
+
+    A new id is the common case: its test runs in C (`in` over a `map`), and only a replaced call pays
+    for rebuilding the tuple without the old record.
+    """
+    if call.call_id in map(_CALL_ID, calls):
+        calls = tuple(c for c in calls if c.call_id != call.call_id)
+    return calls + (call,)
 
 
 def _merge_feedback(session: Session, new: Feedback) -> tuple[Feedback, ...]:
