@@ -12,10 +12,9 @@ True
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections import OrderedDict, deque
 
 from sessionrl.errors import SessionRLError
 from sessionrl.orchestrator.config import LaneConfig
@@ -32,35 +31,67 @@ class Overloaded(SessionRLError):
 
 
 class Lane:
-    """At most `concurrency` holders at once, at most `max_waiting` waiting; more are refused at once."""
+    """At most `concurrency` holders at once, at most `max_waiting` waiting; more are refused at once.
+
+    Waiters are served first come, first served: a released slot passes straight to the longest waiter.
+    The lane keeps its own count and queue instead of an `asyncio.Semaphore`, whose `locked()` builds a
+    generator on every acquire; a step takes a free slot without suspending.
+    """
 
     def __init__(self, name: str, config: LaneConfig) -> None:
         self.name = name
         self._config = config
-        self._slots = asyncio.Semaphore(config.concurrency)
-        self._waiting = 0
+        self._free = config.concurrency
+        self._queue: deque[asyncio.Future[None]] = deque()
         self.running = 0
         """Holders right now (for metrics and tests)."""
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot of the lane for the duration of the block; raise `Overloaded` if none can be had."""
-        if self._slots.locked():
-            if self._waiting >= self._config.max_waiting:
-                raise Overloaded(self.name, self._waiting)
-            self._waiting += 1
-            try:
-                await self._slots.acquire()
-            finally:
-                self._waiting -= 1
-        else:
-            await self._slots.acquire()
-        self.running += 1
+    def slot(self) -> _Held:
+        """Hold one slot of the lane for an `async with` block; raise `Overloaded` if none can be had."""
+        return _Held(self)
+
+    async def _acquire(self) -> None:
+        if self._free and not self._queue:
+            self._free -= 1
+            return
+        if len(self._queue) >= self._config.max_waiting:
+            raise Overloaded(self.name, len(self._queue))
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(future)
         try:
-            yield
-        finally:
-            self.running -= 1
-            self._slots.release()
+            await future
+        except asyncio.CancelledError:
+            if future.cancelled():  # still queued, unless a release already skipped it
+                with contextlib.suppress(ValueError):
+                    self._queue.remove(future)
+            else:  # handed a slot while being cancelled: pass it on
+                self._release()
+            raise
+
+    def _release(self) -> None:
+        while self._queue:
+            future = self._queue.popleft()
+            if not future.done():  # a cancelled waiter is done
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+class _Held:
+    """One slot of a lane, held for an `async with` block."""
+
+    __slots__ = ("_lane",)
+
+    def __init__(self, lane: Lane) -> None:
+        self._lane = lane
+
+    async def __aenter__(self) -> None:
+        await self._lane._acquire()
+        self._lane.running += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lane.running -= 1
+        self._lane._release()
 
 
 class SessionCache:
