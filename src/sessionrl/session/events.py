@@ -213,7 +213,7 @@ def _recorded(calls: tuple[CallT, ...], call: CallT) -> tuple[CallT, ...]:
     """
     if call.call_id in map(_CALL_ID, calls):
         calls = tuple(c for c in calls if c.call_id != call.call_id)
-    return calls + (call,)
+    return calls + (call,)  # noqa: RUF005 (mypy rejects the unpacked form for a constrained type)
 
 
 def _merge_feedback(session: Session, new: Feedback) -> tuple[Feedback, ...]:
