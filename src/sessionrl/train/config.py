@@ -124,7 +124,10 @@ class EvalSection(Section):
     gate_split: Split = Field(default=Split.DEV, description="Split of the gate after imitation.")
     gate_tasks: int = Field(default=20, ge=1, description="Tasks of the gate.")
     gate_min_success: float = Field(default=0.0, ge=0, le=1, description="RL starts only at this success.")
-    max_new_tokens: int = Field(default=96, ge=1, description="Longest greedy reply in evaluation.")
+    max_new_tokens: int = Field(default=96, ge=1, description="Longest reply in evaluation.")
+    temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of evaluation episodes (0: greedy)."
+    )
 
 
 class RunConfig(Section):

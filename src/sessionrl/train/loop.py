@@ -1,7 +1,7 @@
 """The training loop: imitation, a gate, then GRPO; rollouts, rewards and updates meet in the store.
 
     sft   expert episodes on training tasks ──▶ store ──▶ demonstrations ──▶ SFT steps ──▶ sft_policy/
-    gate  greedy episodes on the gate split; RL starts only if their success reaches the bar
+    gate  evaluation episodes on the gate split; RL starts only if their success reaches the bar
     rl    per iteration: K episodes per task with the current policy ──▶ store ──▶ reward shaper scores
           them ──▶ trainer reads scored sessions from the change feed (at most `max_lag` versions old)
           ──▶ group-relative advantages ──▶ one GRPO update ──▶ policy version + 1 ──▶ checkpoint
@@ -80,13 +80,14 @@ def progress(console: Console) -> Progress:
 
 
 def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str) -> Evaluation:
-    """Greedy episodes on the first `n_tasks` of `split`, with the evaluation fault rate.
+    """Episodes on the first `n_tasks` of `split` (greedy unless `evaluation.temperature` > 0), with the
+    evaluation fault rate.
 
     Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
     faults on the same tasks.
     """
     cfg = run.config
-    greedy = evaluation_view(policy, cfg.evaluation.max_new_tokens)
+    view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
     faults = cfg.faults.fixed(cfg.faults.eval_rate)
     specs = [
         EpisodeSpec(
@@ -98,7 +99,7 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
         )
         for task in run.env.tasks(split)[:n_tasks]
     ]
-    ran = asyncio.run(rollout(run.env, specs, greedy, run.store, cfg.rollout, policy_version=policy.version))
+    ran = asyncio.run(rollout(run.env, specs, view, run.store, cfg.rollout, policy_version=policy.version))
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
     run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict()})

@@ -189,13 +189,16 @@ def export_policy(policy: HFPolicy, folder: Path) -> Path:
     return folder
 
 
-def evaluation_view(policy: HFPolicy, max_new_tokens: int) -> HFPolicy:
-    """The policy answering greedily (what evaluations and the stage gate use)."""
+def evaluation_view(policy: HFPolicy, max_new_tokens: int, temperature: float = 0.0) -> HFPolicy:
+    """The policy as evaluations and the stage gate use it: greedy (temperature 0) or sampling."""
     base = policy.sampling
-    greedy = SamplingConfig(
-        max_new_tokens=max_new_tokens, temperature=0.0, max_prompt_tokens=base.max_prompt_tokens
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        max_prompt_tokens=base.max_prompt_tokens,
+        seed=base.seed,
     )
-    return policy.view(greedy)
+    return policy.view(sampling)
 
 
 __all__ = [
