@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from sessionrl.eval import compute, correction_uplift, metrics_table, task_success
-from sessionrl.eval.metrics import failure_attribution, pass_hat_k
+from sessionrl.eval.metrics import dag_validity_rate, failure_attribution, pass_hat_k
 from sessionrl.session import (
     Feedback,
     FeedbackAdded,
@@ -126,3 +126,10 @@ def test_metrics_table_renders_every_column() -> None:
     text = console.export_text()
     assert "task success" in text
     assert text.count("1.000") >= 4  # success and TCSR for both columns
+
+
+def test_dvr_is_undefined_when_no_session_planned() -> None:
+    unplanned = fold([created(SessionCreate(user_query="where is my parcel?", metadata={"task_id": "t"}))])
+    assert unplanned.plan is None
+    assert dag_validity_rate([unplanned]) is None
+    assert compute([unplanned]).as_dict()["dvr"] is None

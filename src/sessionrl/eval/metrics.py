@@ -47,10 +47,13 @@ def tool_call_success_rate(sessions: Iterable[Session]) -> float:
     return _ratio(sum(c.status == CallStatus.SUCCESS for c in calls), len(calls))
 
 
-def dag_validity_rate(sessions: Iterable[Session]) -> float:
-    """DVR: planned sessions whose plan passed the guards, over all planned sessions."""
+def dag_validity_rate(sessions: Iterable[Session]) -> float | None:
+    """DVR: planned sessions whose plan passed the guards, over all planned sessions; None when no session
+    sent a plan (an agent that acts step by step has no DAG to judge)."""
     planned = [s for s in sessions if s.plan is not None or _rejections(s)]
-    return _ratio(sum(not _rejections(s) for s in planned), len(planned))
+    if not planned:
+        return None
+    return sum(not _rejections(s) for s in planned) / len(planned)
 
 
 def entity_recall_at_5(session: Session) -> float | None:
@@ -120,7 +123,7 @@ class AgentMetrics:
     success: float
     pass_k: dict[int, float]
     tcsr: float
-    dvr: float
+    dvr: float | None
     er5: float | None
     spt: float
     failures: dict[str, int] = field(default_factory=dict)
