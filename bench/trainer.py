@@ -134,7 +134,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="completions per prompt (group size)")
     parser.add_argument("--new-tokens", type=int, default=32, help="longest completion")
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per trainer (median reported)")
-    parser.add_argument("--budget", type=int, default=8192, help="token budget of a micro-batch")
+    parser.add_argument(
+        "--budget", type=int, default=16384, help="token budget of a micro-batch (TRL takes the batch whole)"
+    )
     parser.add_argument("--fixed", type=int, default=8, help="sequences per fixed-size micro-batch")
     args = parser.parse_args()
     torch.manual_seed(0)
