@@ -73,3 +73,26 @@ async def test_an_output_function_shapes_the_answer(make_contract: ContractFacto
 def test_a_contract_without_a_profile_cannot_be_simulated(make_contract: ContractFactory):
     with pytest.raises(ContractError, match="needs a `simulation` section"):
         simulated_skill(make_contract())
+
+
+@pytest.mark.parametrize(
+    "output_schema",
+    [
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+        {
+            "type": "object",
+            "properties": {"rows": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
+            "required": ["rows"],
+        },
+    ],
+    ids=["flat", "nested"],
+)
+async def test_every_answer_is_a_fresh_copy_of_the_sample(make_contract: ContractFactory, output_schema):
+    skill = simulated_skill(make_contract(simulation={"mean_ms": 0.0}, output_schema=output_schema))
+    first = await skill.invoke({"amount": 1}, ManualClock())
+    expected = {key: (list(value) if isinstance(value, list) else value) for key, value in first.items()}
+    for value in first.values():
+        if isinstance(value, list):
+            value.append(99)
+    first["extra"] = True
+    assert await skill.invoke({"amount": 1}, ManualClock()) == expected

@@ -62,6 +62,8 @@ class SimulatedSkill(Skill):
             )
         self._output = output
         self._sample: Json = sample
+        self._flat = all(isinstance(value, str | int | float | None) for value in sample.values())
+        """Whether the sample holds only immutable values, so a shallow copy is a full one."""
         self._rng = random.Random(seed)
 
     def draw_latency_ms(self) -> float:
@@ -82,7 +84,9 @@ class SimulatedSkill(Skill):
             raise SkillError(
                 code or ErrorCode.INTERNAL, f"simulated failure (fail rate {self._profile.fail_rate})"
             )
-        return self._output(params) if self._output is not None else copy.deepcopy(self._sample)
+        if self._output is not None:
+            return self._output(params)
+        return dict(self._sample) if self._flat else copy.deepcopy(self._sample)
 
 
 def simulated_skill(
