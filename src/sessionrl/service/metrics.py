@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.results import StepKind
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -39,6 +43,13 @@ class Metrics:
         self.steps = Counter(
             "sessionrl_steps", "Steps run, by kind and outcome.", ["kind", "outcome"], registry=self.registry
         )
+        self._answered = _Children(self.requests)
+        self._timed = _Children(self.latency)
+        self._stepped = _Children(self.steps)
+
+    def count_step(self, kind: str, outcome: str) -> None:
+        """Count one step of `kind` that ended with `outcome`."""
+        self._stepped.labels(kind, outcome).inc()
 
     def watch(self, engine: Callable[[], Orchestrator | None]) -> None:
         """Publish the engine's cache size, commit counts and busy lane slots, read when scraped."""
@@ -85,10 +96,26 @@ class Metrics:
                 await app(scope, receive, send_status)
             finally:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                self.requests.labels(scope["method"], route, str(status)).inc()
-                self.latency.labels(route).observe(time.perf_counter() - started)
+                self._answered.labels(scope["method"], route, str(status)).inc()
+                self._timed.labels(route).observe(time.perf_counter() - started)
 
         return measured
+
+
+class _Children(Generic[M]):
+    """A labelled metric's children, kept in a dict by label values: the metric's own `labels()` checks
+    its arguments and takes a lock on every call, three times a step."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def labels(self, *values: str) -> M:
+        """The child for these label values (made by the metric the first time)."""
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 def _lane_running(kind: StepKind) -> Callable[[Orchestrator], float]:

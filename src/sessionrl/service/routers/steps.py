@@ -50,7 +50,7 @@ async def run_step(
             key=scoped_key(principal, request, idempotency_key),
             expected_version=expected,
         )
-    request.app.state.metrics.steps.labels(result.kind.value, outcome(result)).inc()
+    request.app.state.metrics.count_step(result.kind.value, outcome(result))
     return json_response(result)
 
 
