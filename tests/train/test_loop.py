@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sessionrl.envs.base import Split
 from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rollout import RolloutConfig, rollout
@@ -118,3 +119,20 @@ def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update
     assert len(ids_a) == 4
     assert all(i.endswith("-again") for i in ids_a)
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+def test_rl_draws_unseen_tasks_when_asked_and_a_group_shares_its_faults(tmp_path: Path) -> None:
+    config = tiny_run(tmp_path / "run", iterations=1)
+    unseen = config.model_copy(update={"rl": config.rl.model_copy(update={"unseen_tasks": True})})
+    with open_run(unseen) as run:
+        imitated = {t.task_id for t in run.env.tasks(Split.TRAIN)[: unseen.sft.demos]}
+        specs = [s for i in range(6) for s in rl_specs(run, i)]
+    assert not imitated & {s.task.task_id for s in specs}
+    seeds: dict[str, list[int]] = {}
+    for spec in specs:
+        seeds.setdefault(spec.metadata["group"], []).append(spec.seed)
+    assert all(len(group) == unseen.rl.trainer.group_size == 2 for group in seeds.values())
+    assert all(len(set(group)) == 1 for group in seeds.values())  # the same env seed: the same faults
+    everything = unseen.model_copy(update={"sft": unseen.sft.model_copy(update={"demos": 16})})
+    with open_run(everything) as run, pytest.raises(ValueError, match="unseen_tasks"):
+        rl_specs(run, 0)

@@ -105,6 +105,10 @@ class RLSection(Section):
     iterations: int = Field(default=20, ge=0, description="Rollout-reward-update iterations at most.")
     minutes: float | None = Field(default=None, gt=0, description="Stop the stage after this long.")
     tasks_per_iteration: int = Field(default=8, ge=1, description="Training tasks per iteration.")
+    unseen_tasks: bool = Field(
+        default=False,
+        description="Draw RL tasks only from training tasks past the first `sft.demos` (none imitated).",
+    )
     max_lag: int = Field(default=2, ge=0, description="Oldest policy version (behind) a session may be.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")

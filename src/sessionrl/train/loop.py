@@ -144,6 +144,10 @@ def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
     """
     cfg = run.config
     tasks: Sequence[Task] = run.env.tasks(Split.TRAIN)
+    if cfg.rl.unseen_tasks:
+        tasks = tasks[cfg.sft.demos :]
+        if not tasks:
+            raise ValueError(f"rl.unseen_tasks: no training tasks past the first {cfg.sft.demos} demos")
     chosen = random.Random(stream_seed(cfg.seed, "rl", iteration)).sample(
         list(tasks), min(cfg.rl.tasks_per_iteration, len(tasks))
     )
