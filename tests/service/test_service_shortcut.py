@@ -105,6 +105,8 @@ async def test_well_formed_writes_are_served_without_the_framework() -> None:
         ("/v1/sessions", json.dumps({"user_query": "q"}).encode(), FRAMEWORK),
         ("/v1/sessions/S/feedback", json.dumps({"type": "human_rating", "score": 5}).encode(), {}),
         ("/v1/sessions/S/steps/", json.dumps(STEP).encode(), {}),
+        ("/v1/sessions/S/steps", b'{"kind": "tool", "payload": {"tool": "find", "params": {"q": NaN}}}', {}),
+        ("/v1/sessions/S/steps", b"\xef\xbb\xbf" + json.dumps(STEP).encode(), {}),
     ],
 )
 async def test_anything_else_goes_to_the_framework_with_its_body(
@@ -115,6 +117,22 @@ async def test_anything_else_goes_to_the_framework_with_its_body(
         inner = Inner()
         status = await call(app, Shortcut(inner), path, body, json_headers(body, **extra))
         assert (status, inner.bodies) == (599, [body])
+
+
+async def test_integers_past_64_bits_are_read_exactly() -> None:
+    app = make_app()
+    async with serving(app):
+        inner = Inner()
+        shortcut = Shortcut(inner)
+        create = json.dumps({"user_query": "q", "session_id": "s1"}).encode()
+        assert await call(app, shortcut, "/v1/sessions", create, json_headers(create)) == 201
+        big = 2**70 + 1  # a float would round it to 2**70
+        step = json.dumps({"kind": "tool", "payload": {"tool": "find", "params": {"q": big}}}).encode()
+        assert await call(app, shortcut, "/v1/sessions/s1/steps", step, json_headers(step)) == 200
+        assert inner.bodies == []
+        (call_record,) = app.state.engine.store.get("s1").tool_calls
+        assert call_record.params == {"q": big}
+        assert type(call_record.params["q"]) is int
 
 
 def comparable(response: httpx.Response, *differing: str) -> tuple[int, dict[str, Any]]:
