@@ -19,7 +19,7 @@ def command(
     ] = 2.5,
     eval_tasks: Annotated[
         int, typer.Option(min=1, help="Held-out test tasks each policy is judged on.")
-    ] = 60,
+    ] = 100,
 ) -> None:
     """Imitation, then GRPO, on orders; the learning curve, the held-out metrics and one JSON line."""
     from sessionrl.train.demo import main

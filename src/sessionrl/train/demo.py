@@ -2,16 +2,16 @@
 
 What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
 
-1. records expert episodes on a few training tickets (through the orchestrator, into the store);
+1. records expert episodes on 400 training tickets (through the orchestrator, into the store);
 2. builds a tiny chat model whose tokenizer is trained on the domain's own texts;
 3. imitates the experts for a deliberately small number of steps, so the imitation policy is competent
    but rough: it copies ids and amounts wrongly now and then, and it saw few tool failures (the
    demonstrations meet transient faults at 5%, and the expert calls again after one);
-4. runs GRPO on training tickets with transient tool faults at 15%, K episodes per ticket sampled at
-   temperature 0.6 with the same faults (the group's baseline compares what the policy did), rewards from
-   the demo's rules (`demo_rewards.yaml`: the task's outcome ranks the group; a failed call the policy
-   caused, or a reply that is not an action, is charged to the reply that made it), updates from the
-   change feed;
+4. runs GRPO on the other 400 training tickets (none of them imitated) with transient tool faults at
+   15%, K episodes per ticket sampled at temperature 0.6 with the same faults (the group's baseline
+   compares what the policy did), rewards from the demo's rules (`demo_rewards.yaml`: the task's outcome
+   ranks the group; a failed call the policy caused, or a reply that is not an action, is charged to the
+   reply that made it), updates from the change feed;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
    same faults, and prints the learning curve, the metrics table and one JSON line.
 
@@ -71,7 +71,7 @@ def demo_config(
     sft_batch: int = 8,
     rl_minutes: float = 2.5,
     temperature: float = 0.6,
-    eval_tasks: int = 60,
+    eval_tasks: int = 100,
 ) -> RunConfig:
     """The demo's run: tiny model, small imitation budget, a few minutes of GRPO, held-out evaluation."""
     tiny = TinyModelConfig(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
@@ -79,7 +79,7 @@ def demo_config(
     return RunConfig(
         run_dir=run_dir,
         seed=0,
-        env=EnvSection(name="orders", train=400, dev=50, test=100),
+        env=EnvSection(name="orders", train=800, dev=50, test=100),
         model=ModelSection(tiny=tiny),
         rollout=RolloutConfig(
             max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300, executor=executor
@@ -99,6 +99,7 @@ def demo_config(
             iterations=200,
             minutes=rl_minutes,
             tasks_per_iteration=8,
+            unseen_tasks=True,
             max_lag=2,
             sampling=SamplingConfig(max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536),
             trainer=GRPOConfig(
@@ -155,7 +156,7 @@ def main(
     run_dir: Path = Path("runs/demo"),
     *,
     rl_minutes: float = 2.5,
-    eval_tasks: int = 60,
+    eval_tasks: int = 100,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The `sessionrl demo` job: a fresh run folder, the demo, and the JSON summary as the last line."""
