@@ -126,7 +126,9 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         f"imitation budget: {config.sft.demos} expert sessions, {config.sft.trainer.steps} steps of "
         f"{config.sft.trainer.batch_sessions} sessions; GRPO for up to {config.rl.minutes} minutes, "
         f"{config.rl.tasks_per_iteration} tasks x K={config.rl.trainer.group_size} per iteration; "
-        f"tool faults at {config.faults.eval_rate:.0%} in RL and evaluation"
+        f"transient tool faults at {config.faults.demo_rate:.0%} in the demonstrations, "
+        f"{config.faults.eval_rate:.0%} in RL and evaluation"
+        + ("; RL on tasks the imitation never saw" if config.rl.unseen_tasks else "")
     )
     result = train(config, console=console)
     split, n = config.evaluation.split, config.evaluation.tasks
