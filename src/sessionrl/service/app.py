@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from sessionrl import __version__
 from sessionrl.orchestrator.engine import Orchestrator
@@ -65,7 +66,7 @@ def create_app(
             await executor.aclose()
             store.close()
 
-    app = FastAPI(
+    app = _Service(
         title="sessionrl",
         version=__version__,
         summary="Capture Decision Sessions: plans, tool calls, LLM calls, feedback and final outputs.",
@@ -84,7 +85,6 @@ def create_app(
     problems.install(app)
     for module in (sessions, steps, feedback, skills_router, ops):
         app.include_router(module.router)
-    app.add_middleware(Shortcut)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     _document_problems(app)
@@ -111,6 +111,14 @@ def young_gc_threshold(threshold: int) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
+
+
+class _Service(FastAPI):
+    """The app, with `Shortcut` around the framework's whole middleware stack (its error layer included),
+    so the requests the shortcut serves pass none of it."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return Shortcut(super().build_middleware_stack())
 
 
 class _Measured:

@@ -47,6 +47,11 @@ class Metrics:
         self._timed = _Children(self.latency)
         self._stepped = _Children(self.steps)
 
+    def answered(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one HTTP request to `route` answered with `status`, and time it."""
+        self._answered.labels(method, route, str(status)).inc()
+        self._timed.labels(route).observe(seconds)
+
     def count_step(self, kind: str, outcome: str) -> None:
         """Count one step of `kind` that ended with `outcome`."""
         self._stepped.labels(kind, outcome).inc()
@@ -96,8 +101,7 @@ class Metrics:
                 await app(scope, receive, send_status)
             finally:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                self._answered.labels(scope["method"], route, str(status)).inc()
-                self._timed.labels(route).observe(time.perf_counter() - started)
+                self.answered(scope["method"], route, status, time.perf_counter() - started)
 
         return measured
 

@@ -1,20 +1,23 @@
 """A direct way in for the busiest routes: steps, and opening and finishing sessions.
 
-The framework's routing, dependency resolution and parameter validation cost a request more than the
-engine spends on it. `Shortcut`, an ASGI middleware just outside the framework's router (inside the
-metrics and body-limit layers), serves a request to one of the `DIRECT` routes itself when everything
-about it is in order: a JSON body the route's model accepts, a token that may write, well-formed
-`Idempotency-Key` and `If-Match` headers. It then calls the route function itself, so the answer, the
-metrics, the key's scope and the rate limit are the route's. Anything else (another route, a bad body or
-header, a missing or unknown token, a body of undeclared length, a request the framework traces) goes on
-to the framework unchanged, its body replayed, and is answered there as documented; nothing was charged
-to it yet.
+The framework's middleware, routing, dependency resolution and parameter validation cost a request more
+than the engine spends on it. `Shortcut`, the outermost ASGI layer of the app (around the framework's
+whole middleware stack), serves a request to one of the `DIRECT` routes itself when everything about it
+is in order: a JSON body within the app's size limit that the route's model accepts, a token that may
+write, well-formed `Idempotency-Key` and `If-Match` headers. It then calls the route function itself, so
+the answer, the key's scope and the rate limit are the route's; it counts and times the request in the
+app's metrics as the metrics layer does, and answers an unexpected failure with the app's own handler
+for it, as the framework's error layer does. Anything else (another route, a bad body or header, a body
+over the limit or of undeclared length, a missing or unknown token, a request the framework traces)
+goes on to the framework unchanged, its body replayed, and is answered there as documented; nothing was
+charged to it yet.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -93,34 +96,60 @@ class Shortcut:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = _target(scope)
-        headers = _headers(scope) if target is not None else None
+        state: Any = scope["app"].state if target is not None else None
+        headers = None if target is None else _headers(scope, state.config.max_body_bytes)
         if target is None or headers is None:
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         direct, params = target
         messages, body = await _read_body(receive)
-        admitted = None if body is None else _admit(direct, scope["app"].state, headers, body)
+        admitted = None
+        if body is not None and len(body) <= state.config.max_body_bytes:
+            admitted = _admit(direct, state, headers, body)
         if admitted is None:
             await self.app(scope, _replay(messages, receive), send)
             return
-        principal, model = admitted
         scope["route"] = direct.route
         request = Request(scope)
-        arguments: dict[str, Any] = {
-            **params,
-            "body": model,
-            "request": request,
-            "principal": principal,
-            "idempotency_key": headers.get(b"idempotency-key"),
-        }
-        if direct.if_match:
-            arguments["if_match"] = headers.get(b"if-match")
+        status = 500
         try:
-            throttle(request.app.state.limiter, principal)
-            response = await direct.endpoint(**arguments)
-        except (ProblemError, SessionRLError) as exc:
-            response = error_response(exc, request.url.path)
-        await response(scope, receive, send)
+            response = await _serve(direct, params, headers, admitted, request)
+        except Exception as exc:  # raised on to the server, as the framework's error layer does
+            handler = request.app.exception_handlers.get(Exception)
+            if handler is not None:
+                await (await handler(request, exc))(scope, receive, send)
+            raise
+        else:
+            status = response.status_code
+            await response(scope, receive, send)
+        finally:
+            state.metrics.answered("POST", direct.route.path, status, time.perf_counter() - started)
+
+
+async def _serve(
+    direct: Direct,
+    params: dict[str, str],
+    headers: dict[bytes, str],
+    admitted: tuple[Principal, Any],
+    request: Request,
+) -> Response:
+    """The route's answer to an admitted request, or the problem document of the error it raised."""
+    principal, model = admitted
+    arguments: dict[str, Any] = {
+        **params,
+        "body": model,
+        "request": request,
+        "principal": principal,
+        "idempotency_key": headers.get(b"idempotency-key"),
+    }
+    if direct.if_match:
+        arguments["if_match"] = headers.get(b"if-match")
+    try:
+        throttle(request.app.state.limiter, principal)
+        return await direct.endpoint(**arguments)
+    except (ProblemError, SessionRLError) as exc:
+        return error_response(exc, request.url.path)
 
 
 def _target(scope: Scope) -> tuple[Direct, dict[str, str]] | None:
@@ -137,17 +166,19 @@ def _target(scope: Scope) -> tuple[Direct, dict[str, str]] | None:
     return None
 
 
-def _headers(scope: Scope) -> dict[bytes, str] | None:
-    """The headers the route reads, when each is there at most once and the body is declared JSON."""
+def _headers(scope: Scope, max_bytes: int) -> dict[bytes, str] | None:
+    """The headers the route reads, when each is there at most once and the body is declared JSON of at
+    most `max_bytes`."""
     found: dict[bytes, str] = {}
     for name, value in scope["headers"]:
         if name in HEADERS:
             if name in found:
                 return None
             found[name] = value.decode("latin-1")
-    if b"content-length" not in found or found.get(b"content-type", "").lower() != "application/json":
+    length = found.get(b"content-length", "")
+    if not (length.isascii() and length.isdigit()) or int(length) > max_bytes:
         return None
-    return found
+    return found if found.get(b"content-type", "").lower() == "application/json" else None
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes | None]:
