@@ -9,8 +9,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from service_support import AUTH, READER, make_app, serving
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sessionrl.orchestrator.policy import PolicyReply
 from sessionrl.service.shortcut import Shortcut
 
 STEP = {"kind": "tool", "payload": {"tool": "find", "params": {"q": 1}}}
@@ -216,3 +217,51 @@ async def test_a_step_over_the_rate_is_429() -> None:
         assert limited.status_code == 429
         assert limited.json()["code"] == "rate_limited"
         assert 95 <= int(limited.headers["retry-after"]) <= 100
+
+
+async def test_served_requests_pass_none_of_the_framework_s_middleware() -> None:
+    app = make_app()
+    seen: list[str] = []
+
+    class Tap:
+        """A user middleware that records the HTTP requests reaching it."""
+
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                seen.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    app.add_middleware(Tap)
+    async with serving(app) as client:
+        sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
+        assert (await client.post(f"/v1/sessions/{sid}/steps", json=STEP)).status_code == 200
+        framework = await client.post(f"/v1/sessions/{sid}/steps", json=STEP, headers=FRAMEWORK)
+        assert framework.status_code == 200
+        assert seen == [f"/v1/sessions/{sid}/steps"]
+
+
+class Broken:
+    """A policy backend that fails unexpectedly."""
+
+    async def generate(self, messages: Any, *, purpose: str) -> PolicyReply:
+        raise RuntimeError("secret internals")
+
+
+async def test_an_unexpected_failure_is_answered_500_counted_and_raised_on() -> None:
+    app = make_app(backends=[Broken()])
+    async with serving(app, raise_errors=False) as client:
+        sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
+        failed = await client.post(f"/v1/sessions/{sid}/steps", json={"kind": "llm"})
+        assert failed.status_code == 500
+        assert failed.headers["content-type"] == "application/problem+json"
+        assert failed.json()["code"] == "internal"
+        text = (await client.get("/metrics")).text
+        route = 'route="/v1/sessions/{session_id}/steps"'
+        assert f'sessionrl_http_requests_total{{method="POST",{route},status="500"}} 1.0' in text
+    async with serving(make_app(backends=[Broken()])) as client:
+        sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
+        with pytest.raises(RuntimeError, match="secret internals"):
+            await client.post(f"/v1/sessions/{sid}/steps", json={"kind": "llm"})
