@@ -76,7 +76,7 @@ DIRECT = (
         sessions.router,
         sessions.create_session,
         TypeAdapter(SessionCreate),
-        False,
+        if_match=False,
     ),
     Direct(
         re.compile(r"/v1/sessions/(?P<session_id>[^/]+)/finish"),

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sessionrl.envs.base import Split, Task
+from sessionrl.envs.faults import Faults
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.rollout import EpisodeSpec, rollout
@@ -79,6 +80,28 @@ def progress(console: Console) -> Progress:
 # episodes
 
 
+def once_per_task(
+    seed: int,
+    tasks: Sequence[Task],
+    stream: str,
+    prefix: str,
+    faults: Faults,
+    metadata: Mapping[str, Any],
+) -> list[EpisodeSpec]:
+    """One episode per task, in session `<prefix>-<task id>`, seeded by the task alone within `stream`
+    (so any two runs of the same tasks meet the same faults)."""
+    return [
+        EpisodeSpec(
+            task=task,
+            session_id=f"{prefix}-{task.task_id}",
+            seed=stream_seed(seed, stream, task.task_id),
+            faults=faults,
+            metadata=dict(metadata),
+        )
+        for task in tasks
+    ]
+
+
 def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str) -> Evaluation:
     """Episodes on the first `n_tasks` of `split` (greedy unless `evaluation.temperature` > 0), with the
     evaluation fault rate.
@@ -89,16 +112,8 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     cfg = run.config
     view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
     faults = cfg.faults.fixed(cfg.faults.eval_rate)
-    specs = [
-        EpisodeSpec(
-            task=task,
-            session_id=f"eval-{label}-{task.task_id}",
-            seed=stream_seed(cfg.seed, "eval", task.task_id),
-            faults=faults,
-            metadata={"stage": "eval", "label": label},
-        )
-        for task in run.env.tasks(split)[:n_tasks]
-    ]
+    tasks = run.env.tasks(split)[:n_tasks]
+    specs = once_per_task(cfg.seed, tasks, "eval", f"eval-{label}", faults, {"stage": "eval", "label": label})
     ran = asyncio.run(rollout(run.env, specs, view, run.store, cfg.rollout, policy_version=policy.version))
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
@@ -122,16 +137,8 @@ def record_demonstrations(run: Run) -> list[Session]:
     """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones."""
     cfg = run.config
     faults = cfg.faults.fixed(cfg.faults.demo_rate)
-    specs = [
-        EpisodeSpec(
-            task=task,
-            session_id=f"demo-{task.task_id}",
-            seed=stream_seed(cfg.seed, "demo", task.task_id),
-            faults=faults,
-            metadata={"stage": "demo"},
-        )
-        for task in run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
-    ]
+    tasks = run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
+    specs = once_per_task(cfg.seed, tasks, "demo", "demo", faults, {"stage": "demo"})
     ran = asyncio.run(rollout(run.env, specs, None, run.store, cfg.rollout))
     return [run.store.get(r.session_id) for r in ran if r.success]
 
