@@ -50,7 +50,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = SessionStore.open(config.db_url)
+        # the store keeps as many sessions as the engine: a write to a session the engine still holds but
+        # the store forgot would re-read and re-parse its document on the commit thread
+        store = SessionStore.open(config.db_url, cache_sessions=config.orchestrator.cache_size)
         executor = SkillExecutor(
             skills if skills is not None else simulated_skills(config),
             ExecutorConfig(time_factor=config.time_factor),

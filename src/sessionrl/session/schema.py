@@ -75,8 +75,10 @@ def migrate(doc: Doc) -> Doc:
 
 
 def load_session(doc: Doc) -> Session:
-    """Validate a stored document of any version as the current `Session` view."""
-    return Session.model_validate(migrate(doc))
+    """Validate a stored document of any version as the current `Session` view (a current document is
+    validated as it is: validation does not change it, so it needs no migrated copy)."""
+    current = doc.get("schema_version", 1) == SCHEMA_VERSION
+    return Session.model_validate(doc if current else migrate(doc))
 
 
 def export_schemas(out_dir: Path) -> list[Path]:

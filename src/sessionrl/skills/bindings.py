@@ -79,7 +79,8 @@ class SimulatedSkill(Skill):
         latency_ms = self.draw_latency_ms()
         fails = self._rng.random() < self._profile.fail_rate
         code = self._rng.choice(self._profile.fail_codes) if fails and self._profile.fail_codes else None
-        await clock.sleep(latency_ms / 1000.0)
+        if latency_ms > 0:  # a zero-latency skill answers at once, as an in-process function does
+            await clock.sleep(latency_ms / 1000.0)
         if fails:
             raise SkillError(
                 code or ErrorCode.INTERNAL, f"simulated failure (fail rate {self._profile.fail_rate})"

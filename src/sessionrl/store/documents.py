@@ -56,7 +56,8 @@ def iso(value: str | datetime) -> str:
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat is several times faster than strftime; without a zone it is the same fixed-width text
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def head_row(session: Session) -> tuple[Any, ...]:
