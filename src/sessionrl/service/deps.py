@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Depends, Header, Request, Response
@@ -51,16 +50,29 @@ IfMatch = Annotated[
 ]
 
 
+class JSONAnswer(Response):
+    """An encoded JSON body as a response. With no extra headers its two header lines are set directly, as
+    the framework's `Response` would write them, without its general header handling."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self, content: bytes, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        if headers:
+            super().__init__(content, status_code, headers)
+            return
+        self.status_code = status_code
+        self.background = None
+        self.body = content
+        self.raw_headers = [(b"content-length", b"%d" % len(content)), (b"content-type", b"application/json")]
+
+
 def json_response(
     model: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     """A model as a JSON answer, encoded by its own serializer (the route's response model documents it)."""
-    return Response(
-        model.__pydantic_serializer__.to_json(model),
-        status_code=status_code,
-        headers=headers,
-        media_type="application/json",
-    )
+    return JSONAnswer(model.__pydantic_serializer__.to_json(model), status_code, headers)
 
 
 def scoped_key(principal: Principal, request: Request, key: str | None) -> str | None:
@@ -81,12 +93,18 @@ def expected_version(if_match: str | None) -> int | None:
     return int(if_match.removeprefix("W/").strip('"'))
 
 
-@contextmanager
-def precondition(expected: int | None) -> Iterator[None]:
-    """Turn a stale-state error into 412 when the caller set a precondition (it stays 409 otherwise)."""
-    try:
-        yield
-    except StaleState as exc:
-        if expected is None:
-            raise
-        raise ProblemError(412, "precondition_failed", str(exc)) from exc
+class Precondition:
+    """Turn a stale-state error into 412 when the caller set a precondition (it stays 409 otherwise).
+
+    A class rather than a generator: the step route enters it on every request.
+    """
+
+    def __init__(self, expected: int | None) -> None:
+        self.expected = expected
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, StaleState) and self.expected is not None:
+            raise ProblemError(412, "precondition_failed", str(exc)) from exc

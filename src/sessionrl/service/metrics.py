@@ -7,17 +7,18 @@ counted by the steps router; cache, commit and lane figures are read from the en
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from bisect import bisect_left
+from collections import Counter as TallyCounter
+from collections.abc import Callable, Iterator
+from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.results import StepKind
-
-M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -27,34 +28,22 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "sessionrl_http_requests",
-            "HTTP requests answered.",
-            ["method", "route", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "sessionrl_http_request_seconds",
-            "Time to answer an HTTP request.",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.steps = Counter(
-            "sessionrl_steps", "Steps run, by kind and outcome.", ["kind", "outcome"], registry=self.registry
-        )
-        self._answered = _Children(self.requests)
-        self._timed = _Children(self.latency)
-        self._stepped = _Children(self.steps)
+        self.tallies = Tallies()
+        self.registry.register(self.tallies)
 
     def answered(self, method: str, route: str, status: int, seconds: float) -> None:
         """Count one HTTP request to `route` answered with `status`, and time it."""
-        self._answered.labels(method, route, str(status)).inc()
-        self._timed.labels(route).observe(seconds)
+        tallies = self.tallies
+        tallies.requests[method, route, str(status)] += 1
+        timed = tallies.latency.get(route)
+        if timed is None:
+            timed = tallies.latency[route] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        timed[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        timed[-1] += seconds
 
     def count_step(self, kind: str, outcome: str) -> None:
         """Count one step of `kind` that ended with `outcome`."""
-        self._stepped.labels(kind, outcome).inc()
+        self.tallies.steps[kind, outcome] += 1
 
     def watch(self, engine: Callable[[], Orchestrator | None]) -> None:
         """Publish the engine's cache size, commit counts and busy lane slots, read when scraped."""
@@ -106,20 +95,40 @@ class Metrics:
         return measured
 
 
-class _Children(Generic[M]):
-    """A labelled metric's children, kept in a dict by label values: the metric's own `labels()` checks
-    its arguments and takes a lock on every call, three times a step."""
+class Tallies(Collector):
+    """Request and step counts kept as plain numbers on the event loop, made into metric families when
+    scraped.
 
-    def __init__(self, metric: M) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], M] = {}
+    Requests are counted several times a step; a labelled `prometheus_client` metric checks its state and
+    takes a lock on every `inc` and `observe`, which cost a step about 3 us, while a scrape is rare.
+    `latency[route]` holds one count per bucket (a request lands in the first bucket whose bound is at
+    least its time; the one after the last bound is +Inf), then the sum of the times.
+    """
 
-    def labels(self, *values: str) -> M:
-        """The child for these label values (made by the metric the first time)."""
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self._metric.labels(*values)
-        return child
+    def __init__(self) -> None:
+        self.requests: TallyCounter[tuple[str, str, str]] = TallyCounter()
+        self.latency: dict[str, list[float]] = {}
+        self.steps: TallyCounter[tuple[str, str]] = TallyCounter()
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "sessionrl_http_requests", "HTTP requests answered.", labels=["method", "route", "status"]
+        )
+        for request, count in list(self.requests.items()):  # a copy: a scrape may run beside the loop
+            requests.add_metric(request, count)
+        latency = HistogramMetricFamily(
+            "sessionrl_http_request_seconds", "Time to answer an HTTP request.", labels=["route"]
+        )
+        for route, timed in list(self.latency.items()):
+            counts = list(accumulate(timed[:-1]))
+            buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, counts, strict=False)]
+            latency.add_metric([route], [*buckets, ("+Inf", counts[-1])], sum_value=timed[-1])
+        steps = CounterMetricFamily(
+            "sessionrl_steps", "Steps run, by kind and outcome.", labels=["kind", "outcome"]
+        )
+        for step, count in list(self.steps.items()):
+            steps.add_metric(step, count)
+        yield from (requests, latency, steps)
 
 
 def _lane_running(kind: StepKind) -> Callable[[Orchestrator], float]:

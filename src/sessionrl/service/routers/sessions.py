@@ -12,12 +12,12 @@ from sessionrl.service import problems
 from sessionrl.service.deps import (
     IdempotencyKey,
     IfMatch,
+    Precondition,
     Reader,
     Writer,
     engine_of,
     expected_version,
     json_response,
-    precondition,
     scoped_key,
 )
 from sessionrl.service.schemas import SessionPage, SessionSummary, Timestamp
@@ -126,7 +126,7 @@ async def finish_session(
 ) -> Response:
     """Give the final output and close the session; the finishing guards add their feedback."""
     expected = expected_version(if_match)
-    with precondition(expected):
+    with Precondition(expected):
         result = await engine_of(request).finish(
             session_id,
             body,

@@ -11,11 +11,11 @@ from sessionrl.service import problems
 from sessionrl.service.deps import (
     IdempotencyKey,
     IfMatch,
+    Precondition,
     Writer,
     engine_of,
     expected_version,
     json_response,
-    precondition,
     scoped_key,
 )
 from sessionrl.service.schemas import StepRequest
@@ -42,7 +42,7 @@ async def run_step(
     framework does not validate it again against the response model (that model still documents it).
     """
     expected = expected_version(if_match)
-    with precondition(expected):
+    with Precondition(expected):
         result = await engine_of(request).execute_step(
             session_id,
             body.kind,
