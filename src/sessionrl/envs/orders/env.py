@@ -8,21 +8,20 @@ contracts' failure rates.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.envs.base import Episode, ExpertPlan, Outcome, Split, Task
+from sessionrl.envs.base import ExpertPlan, Outcome, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import structured
 from sessionrl.envs.orders.expert import expert_plan
 from sessionrl.envs.orders.judge import judge
-from sessionrl.envs.orders.simulated import DomainConfig, build_contracts, simulated_skills
+from sessionrl.envs.orders.simulated import DomainConfig
 from sessionrl.envs.orders.tasks import generate
 from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
 from sessionrl.envs.orders.tools import TOOLS, World
-from sessionrl.skills import Skill, SkillContract
+from sessionrl.envs.simulated import SimulatedEnv, SimulatedEpisode
 
 Json = dict[str, Any]
 CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"
@@ -44,28 +43,18 @@ loss or a return is confirmed. Amounts have two decimals. End with a reply that 
 and the outcome (the new address, the amount refunded, the new waybill, or the stock)."""
 
 
-class OrdersEnv:
+class OrdersEnv(SimulatedEnv):
     """Seeded fulfilment tickets over eight simulated skills (see `DomainConfig`)."""
 
     name = "orders"
     feature_names = structured.FEATURES
 
     def __init__(self, config: DomainConfig | None = None) -> None:
-        self.config = config or DomainConfig()
-        self._contracts = build_contracts(CONTRACTS_DIR, self.config)
-        self._tasks = {split: generate(self.config.seed, split, self.config.size(split)) for split in Split}
+        super().__init__(config, contracts_dir=CONTRACTS_DIR, generate=generate)
 
     def system_prompt(self) -> str:
         """The fulfilment rules a policy follows."""
         return SYSTEM_PROMPT
-
-    def contracts(self) -> Sequence[SkillContract]:
-        """The eight skill contracts, sorted by name."""
-        return self._contracts
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        """The tasks of `split` (ids `orders-<split>-<index>`)."""
-        return self._tasks[split]
 
     def episode(self, task: Task, *, seed: int = 0, faults: Faults | None = None) -> OrdersEpisode:
         """A fresh world for `task`; `seed` drives latencies, transient failures and `faults`."""
@@ -76,79 +65,39 @@ class OrdersEnv:
         return expert_plan(Ticket.from_payload(task.payload))
 
 
-class OrdersEpisode(Episode):
-    """One ticket over its own `World`.
-
-    Beyond the `Episode` protocol it offers what structured policies need: `action_mask`, `risk_flags`,
-    `features`, `param_bounds`, `bind` and `summary`.
-    """
+class OrdersEpisode(SimulatedEpisode[World]):
+    """One ticket over its own `World` (see `SimulatedEpisode` for what it shares with the other domains)."""
 
     def __init__(self, env: OrdersEnv, task: Task, *, seed: int, faults: Faults | None) -> None:
-        self._task = task
-        self._world = World.open(Ticket.from_payload(task.payload))
-        self._skills = simulated_skills(
-            env.contracts(), self._bind, seed=seed, task_id=task.task_id, faults=faults
-        )
-
-    def _bind(self, name: str) -> Callable[[Json], Json]:
-        tool = TOOLS[name]
-
-        def run(params: Json) -> Json:
-            params = copy.deepcopy(params)
-            output = tool(self._world, **params)
-            self._world.calls.append((name, params, output))
-            return copy.deepcopy(output)
-
-        return run
-
-    @property
-    def task(self) -> Task:
-        """The task attempted."""
-        return self._task
+        world = World.open(Ticket.from_payload(task.payload))
+        super().__init__(env.contracts(), task, world, TOOLS, seed=seed, faults=faults)
 
     @property
     def world(self) -> World:
         """The episode's state (read it; change it only through the skills)."""
-        return self._world
+        return self._state
 
     @property
     def terminated(self) -> bool:
         """Always False: no orders skill ends the conversation."""
         return False
 
-    @property
-    def risk_flags(self) -> tuple[str, ...]:
-        """Risky calls so far, in order (see `tools.RISK_FLAGS`)."""
-        return tuple(self._world.risk_flags)
-
-    def skills(self) -> Sequence[Skill]:
-        """The eight skills bound to this episode's world."""
-        return self._skills
-
-    def action_mask(self) -> dict[str, bool]:
-        """Which skills may succeed now (their state-dependent preconditions hold), by name."""
-        return self._world.mask()
-
     def features(self) -> tuple[float, ...]:
         """Numeric features in `OrdersEnv.feature_names` order."""
-        return structured.features(self._world)
+        return structured.features(self._state)
 
     def param_bounds(self) -> Mapping[str, Mapping[str, tuple[float, float]]]:
         """Episode-specific ranges of numeric parameters, by skill and parameter."""
-        return structured.bounds(self._world)
+        return structured.bounds(self._state)
 
     def bind(self, skill: str, chosen: Mapping[str, Any]) -> Json:
         """Full parameters of a call to `skill` from a structured policy's `chosen` bounded values."""
-        return structured.bind(self._world, skill, chosen)
+        return structured.bind(self._state, skill, chosen)
 
     def summary(self) -> str:
         """A reply to the customer stating what the episode did."""
-        return structured.summary(self._world)
-
-    def state_hash(self) -> str:
-        """Digest of the world as the calls left it."""
-        return self._world.state_hash()
+        return structured.summary(self._state)
 
     def outcome(self, messages_to_user: Sequence[str]) -> Outcome:
         """Pattern, no extra actions, no risk, facts stated (see `orders.judge`)."""
-        return judge(self._world, messages_to_user)
+        return judge(self._state, messages_to_user)
