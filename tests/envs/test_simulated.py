@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from sessionrl.envs import Split, Task
-from sessionrl.envs.orders import DomainConfig
-from sessionrl.envs.simulated import SimulatedEnv, SimulatedEpisode
+from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
 from sessionrl.skills import SystemClock
 
 Json = dict[str, Any]

@@ -1,32 +1,112 @@
-"""The episode plumbing of the simulated domains (orders, clinic): their env and episode base classes.
+"""What the simulated domains (orders, clinic) share: their config, their skills, their env and episode bases.
 
-A simulated domain draws its tasks from a seeded generator, keeps its contracts as YAML files with simulation
-profiles, and answers every skill with a tool function over a mutable state object of its own (a `World`, a
-`Chart`). `SimulatedEnv` holds the config, the contracts and the tasks; `SimulatedEpisode` holds one task's
-state and the simulated skills bound to it. A domain's subclasses add what is its own: its prompt, its expert,
-how a task opens a state, its judge and its structured view of the state.
+A simulated domain draws its tasks from a seeded generator, keeps its contracts as YAML files with a
+`simulation` profile each, and answers every skill with a tool function over a mutable state object of its
+own (a `World`, a `Chart`). Its skills are `simulated_skill`s: a call sleeps a latency drawn from the profile
+on the caller's clock, may fail with the profile's rate and a retryable code (before the tool runs, so
+nothing changes), and otherwise runs the tool.
 
-The config and the skill builders live in `orders.simulated`. They are imported where they are used, because
-the orders package imports this module while it loads.
+`DomainConfig` sets a domain's task counts, its time scale and whether skills fail transiently.
+`SimulatedEnv` holds the config, the contracts and the tasks; `SimulatedEpisode` holds one task's state and
+the simulated skills bound to it. A domain's subclasses add what is its own: its prompt, its expert, how a
+task opens a state, its judge and its structured view of the state.
 """
 
 from __future__ import annotations
 
 import copy
+import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sessionrl.envs.base import Episode, Split, Task
-from sessionrl.envs.faults import Faults
-from sessionrl.skills import Skill, SkillContract
-
-if TYPE_CHECKING:
-    from sessionrl.envs.orders.simulated import DomainConfig
+from sessionrl.envs.faults import Faults, with_faults
+from sessionrl.skills import Skill, SkillContract, load_contracts, simulated_skill
 
 Json = dict[str, Any]
 Tool = Callable[..., Json]
 """A domain tool: called with the episode's state and the call's parameters as keywords; gives the output."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainConfig:
+    """How a simulated domain is built: its tasks, and how its skills spend time and fail."""
+
+    seed: int = 0
+    """Seeds task generation; the same seed gives the same tasks."""
+    train: int = 400
+    """Number of training tasks."""
+    dev: int = 50
+    """Number of development tasks."""
+    test: int = 100
+    """Number of test tasks."""
+    time_factor: float = 1.0
+    """Multiplies every simulated latency before it is slept on the caller's clock (0: no sleeping)."""
+    transient_failures: bool = False
+    """Whether skills also fail at their contracts' rates with retryable codes, as real back ends do. Off by
+    default, so an episode without `faults` is deterministic and the expert always succeeds."""
+
+    def __post_init__(self) -> None:
+        if self.train < 1:
+            raise ValueError(
+                f"DomainConfig.train must be at least 1 (a domain needs training tasks), got {self.train}"
+            )
+        for name in ("dev", "test"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DomainConfig.{name} must be at least 0, got {getattr(self, name)}")
+        if self.time_factor < 0:
+            raise ValueError(f"DomainConfig.time_factor must be at least 0, got {self.time_factor}")
+
+    def size(self, split: Split) -> int:
+        """How many tasks `split` holds."""
+        return {Split.TRAIN: self.train, Split.DEV: self.dev, Split.TEST: self.test}[split]
+
+
+def build_contracts(folder: Path, config: DomainConfig) -> tuple[SkillContract, ...]:
+    """The contracts in `folder`, sorted by name, their simulation profiles scaled by `config`."""
+    contracts = []
+    for contract in load_contracts(folder).values():
+        profile = contract.simulation
+        if profile is None:
+            raise ValueError(f"{contract.name}: a simulated domain's contract needs a simulation profile")
+        scaled = profile.model_copy(
+            update={
+                "mean_ms": profile.mean_ms * config.time_factor,
+                "std_ms": profile.std_ms * config.time_factor,
+                "fail_rate": profile.fail_rate if config.transient_failures else 0.0,
+            }
+        )
+        contracts.append(contract.model_copy(update={"simulation": scaled}))
+    return tuple(sorted(contracts, key=lambda c: c.name))
+
+
+def stream_seed(*parts: object) -> int:
+    """A 32-bit seed for the random stream named by `parts`.
+
+    >>> stream_seed(0, "orders-train-0000", "sms_send") == stream_seed(0, "orders-train-0000", "sms_send")
+    True
+    """
+    return zlib.crc32(":".join(map(str, parts)).encode())
+
+
+def simulated_skills(
+    contracts: Sequence[SkillContract],
+    run: Callable[[str], Callable[[Json], Json]],
+    *,
+    seed: int,
+    task_id: str,
+    faults: Faults | None,
+) -> list[Skill]:
+    """One simulated skill per contract answering with `run(name)`, wrapped with `faults`.
+
+    Each skill draws latencies and failures from its own stream, named by the seed, the task and the skill.
+    """
+    skills: list[Skill] = [
+        simulated_skill(c, seed=stream_seed(seed, task_id, c.name), output=run(c.name)) for c in contracts
+    ]
+    return with_faults(skills, faults, seed)
 
 
 class SimulatedState(Protocol):
@@ -60,8 +140,6 @@ class SimulatedEnv:
         generate: Callable[[int, Split, int], Sequence[Task]],
     ) -> None:
         """`generate(seed, split, size)` gives a split's tasks; `contracts_dir` holds the contracts."""
-        from sessionrl.envs.orders.simulated import DomainConfig, build_contracts
-
         self.config = config or DomainConfig()
         self._contracts = build_contracts(contracts_dir, self.config)
         self._tasks = {split: generate(self.config.seed, split, self.config.size(split)) for split in Split}
@@ -93,8 +171,6 @@ class SimulatedEpisode(Episode, Generic[StateT]):
         faults: Faults | None,
     ) -> None:
         """`seed` drives the skills' latencies, transient failures and `faults`."""
-        from sessionrl.envs.orders.simulated import simulated_skills
-
         self._task = task
         self._state = state
         self._tools = tools

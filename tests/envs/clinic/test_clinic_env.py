@@ -9,11 +9,10 @@ import pytest
 
 from sessionrl.envs import ExpertPlan, Faults, Split
 from sessionrl.envs.check import check_env, replay, run_plan
-from sessionrl.envs.clinic import Case, ClinicEnv, Diagnosis
+from sessionrl.envs.clinic import Case, ClinicEnv, Diagnosis, DomainConfig
 from sessionrl.envs.clinic.case import NAMES, size_class
 from sessionrl.envs.clinic.expert import topic
 from sessionrl.envs.clinic.feedback import consistent
-from sessionrl.envs.orders import DomainConfig
 from sessionrl.skills import ErrorCode, SkillError, check_skill
 
 

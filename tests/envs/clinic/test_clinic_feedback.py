@@ -17,13 +17,13 @@ from sessionrl.envs.clinic import (
     Case,
     ClinicEnv,
     Diagnosis,
+    DomainConfig,
     annotate,
     deliver,
     schedule,
     validate,
 )
 from sessionrl.envs.clinic.feedback import ELEMENTS, MIN_REVIEW_DELAY, UPLOAD_LAG_S, review
-from sessionrl.envs.orders import DomainConfig
 from sessionrl.rewards.judge.offline import OfflineJudge
 from sessionrl.rewards.judge.table import load_penalty_table
 from sessionrl.session import CallStatus, Feedback, FeedbackType, FinalOutput, Session, SessionState, ToolCall

@@ -4,6 +4,7 @@ from sessionrl.envs.clinic.case import Case, Diagnosis, Panel
 from sessionrl.envs.clinic.env import ClinicEnv, ClinicEpisode
 from sessionrl.envs.clinic.feedback import PANEL, Annotator, annotate, deliver, schedule, validate
 from sessionrl.envs.clinic.tools import RISK_FLAGS, Chart
+from sessionrl.envs.simulated import DomainConfig
 
 __all__ = [
     "PANEL",
@@ -14,6 +15,7 @@ __all__ = [
     "ClinicEnv",
     "ClinicEpisode",
     "Diagnosis",
+    "DomainConfig",
     "Panel",
     "annotate",
     "deliver",

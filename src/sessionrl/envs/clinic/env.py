@@ -1,6 +1,6 @@
 """The clinic domain as a `DecisionEnv`: anemia triage from lab results, seven skills, a judge and an expert.
 
-Skills are simulated stand-ins (see `orders.simulated`) answering from the episode's `Chart`; lab tests are
+Skills are simulated stand-ins (see `envs.simulated`) answering from the episode's `Chart`; lab tests are
 the slow ones (600–900 ms). Submitting a diagnosis ends the episode. Late feedback on finished sessions
 (a validator and annotators) lives in `clinic.feedback`.
 """
@@ -19,8 +19,7 @@ from sessionrl.envs.clinic.judge import judge
 from sessionrl.envs.clinic.tasks import generate
 from sessionrl.envs.clinic.tools import TOOLS, Chart
 from sessionrl.envs.faults import Faults
-from sessionrl.envs.orders.simulated import DomainConfig
-from sessionrl.envs.simulated import SimulatedEnv, SimulatedEpisode
+from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
 
 Json = dict[str, Any]
 CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"

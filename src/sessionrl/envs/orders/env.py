@@ -1,6 +1,6 @@
 """The orders domain as a `DecisionEnv`: e-commerce fulfilment tickets, eight skills, a judge and an expert.
 
-Skills are simulated stand-ins (see `orders.simulated`) whose answers come from the episode's `World`. The
+Skills are simulated stand-ins (see `envs.simulated`) whose answers come from the episode's `World`. The
 logistics API (`express_contact`) is the slow one, 820 ± 340 ms; the others answer in 60–300 ms.
 `DomainConfig(time_factor=0)` gives instant episodes for tests; `transient_failures=True` adds the
 contracts' failure rates.
@@ -17,11 +17,10 @@ from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import structured
 from sessionrl.envs.orders.expert import expert_plan
 from sessionrl.envs.orders.judge import judge
-from sessionrl.envs.orders.simulated import DomainConfig
 from sessionrl.envs.orders.tasks import generate
 from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
 from sessionrl.envs.orders.tools import TOOLS, World
-from sessionrl.envs.simulated import SimulatedEnv, SimulatedEpisode
+from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
 
 Json = dict[str, Any]
 CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"
