@@ -48,3 +48,39 @@ async def test_a_batch_never_exceeds_its_event_limit(store: SessionStore) -> Non
     # 12 events at most 4 per transaction: at least 3 transactions
     assert committer.batches >= 3
     assert committer.events == 12
+
+
+async def staggered_commits(committer: GroupCommitter, n: int) -> None:
+    """`n` units, the k-th sent after k turns of the event loop (steps a little behind one another)."""
+
+    async def send(k: int) -> None:
+        for _ in range(k):
+            await asyncio.sleep(0)
+        event = created(SessionCreate(user_query="q", session_id=f"s{k}"))
+        await committer.commit([(event.session_id, event, None)])
+
+    await asyncio.gather(*(send(k) for k in range(n)))
+
+
+async def test_units_on_their_way_join_the_transaction(store: SessionStore) -> None:
+    committer = GroupCommitter(store, gather_s=5.0)
+    await staggered_commits(committer, 6)
+    await committer.aclose()
+    # each turn brings one more unit, so the writer keeps yielding until all six are queued
+    assert (committer.batches, committer.events) == (1, 6)
+
+
+async def test_without_gathering_each_turn_starts_its_own_transaction(store: SessionStore) -> None:
+    committer = GroupCommitter(store, gather_s=0.0)
+    await staggered_commits(committer, 6)
+    await committer.aclose()
+    assert committer.batches > 1
+    assert committer.events == 6
+
+
+async def test_gathering_stops_at_the_event_limit(store: SessionStore) -> None:
+    committer = GroupCommitter(store, max_events=2, gather_s=5.0)
+    await staggered_commits(committer, 6)
+    await committer.aclose()
+    assert committer.batches >= 3
+    assert committer.events == 6

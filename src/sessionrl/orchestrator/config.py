@@ -41,6 +41,11 @@ class OrchestratorConfig(BaseModel):
     commit_batch: int = Field(
         default=256, ge=1, description="Most events written in one store transaction (group commit)."
     )
+    commit_gather_s: float = Field(
+        default=0.002,
+        ge=0.0,
+        description="Longest a transaction waits for the steps on their way to the committer to join it.",
+    )
     commit_retries: int = Field(
         default=5, ge=1, description="Attempts to commit a step whose session changed under it meanwhile."
     )

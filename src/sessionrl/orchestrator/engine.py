@@ -134,7 +134,9 @@ class Orchestrator:
             StepKind.TOOL: Lane("tool", self.config.tool_lane),
             StepKind.LLM: Lane("llm", self.config.llm_lane),
         }
-        self.committer = GroupCommitter(store, max_events=self.config.commit_batch)
+        self.committer = GroupCommitter(
+            store, max_events=self.config.commit_batch, gather_s=self.config.commit_gather_s
+        )
         self._inflight: dict[str, asyncio.Future[Any]] = {}
         self._chained: dict[str, list[asyncio.Future[None]]] = {}
         """Sessions with a unit of several events being committed, and the steps waiting for it to end."""
