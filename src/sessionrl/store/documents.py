@@ -63,7 +63,7 @@ def iso(value: str | datetime) -> str:
 def head_row(session: Session) -> tuple[Any, ...]:
     """Values of a `session_head` row, in the column order of `write_session`."""
     v = session.versions
-    doc = session.model_dump_json(include=HEAD_FIELDS)
+    doc = session.__pydantic_serializer__.to_json(session, include=HEAD_FIELDS).decode()
     return (
         *(session.session_id, session.schema_version, session.state.value, session.state_version),
         *(v.plan, v.execution, v.feedback, doc),
