@@ -141,14 +141,42 @@ def _read(call: Call[T], response: httpx.Response) -> T:
     raise ApiError(response.status_code, problem, response.text)
 
 
-def _retryable(error: Exception | None, response: httpx.Response | None) -> bool:
-    if error is not None:
-        return isinstance(error, httpx.TransportError)
-    return response is not None and response.status_code in RETRY_STATUSES
-
-
 def _backoff(attempt: int) -> float:
     return min(2.0, 0.05 * 2.0**attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """Send the same request again after `delay` seconds."""
+
+    delay: float
+
+
+def _settle(
+    call: Call[T], outcome: httpx.Response | httpx.TransportError, attempt: int, retries: int
+) -> T | _Retry:
+    """What attempt number `attempt` (from 0) came to: the parsed answer, a retry, or the error raised.
+
+    A transport failure or a 502/503/504 is retried while attempts are left; the last one's failure is
+    raised as it came (the transport error, or `ApiError` for the status).
+    """
+    failed = isinstance(outcome, httpx.TransportError) or outcome.status_code in RETRY_STATUSES
+    if failed and attempt < retries:
+        return _Retry(_backoff(attempt))
+    if isinstance(outcome, httpx.TransportError):
+        raise outcome
+    return _read(call, outcome)
+
+
+def _request(http: httpx.Client | httpx.AsyncClient, call: Call[Any]) -> httpx.Request:
+    """The call as a request of this connection pool (its base URL and auth header), sent as is on retries."""
+    return http.build_request(
+        call.method, call.path, json=call.json, params=call.params, headers=call.headers
+    )
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class Client:
@@ -163,8 +191,9 @@ class Client:
         retries: int = 2,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.Client(
+            base_url=base_url, headers=_auth(token), timeout=timeout, transport=transport
+        )
         self._retries = retries
 
     def __enter__(self) -> Self:
@@ -179,26 +208,19 @@ class Client:
 
     def send(self, call: Call[T]) -> T:
         """Send a prepared call, retrying transport failures and 502/503/504 with the same key."""
+        request = _request(self._http, call)
         for attempt in range(self._retries + 1):
-            error: Exception | None = None
-            response: httpx.Response | None = None
-            try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.json,
-                    params=tuple(call.params),
-                    headers=call.headers,
-                )
-            except httpx.TransportError as exc:
-                error = exc
-            if attempt == self._retries or not _retryable(error, response):
-                if error is not None:
-                    raise error
-                assert response is not None
-                return _read(call, response)
-            time.sleep(_backoff(attempt))
+            answer = _settle(call, self._attempt(request), attempt, self._retries)
+            if not isinstance(answer, _Retry):
+                return answer
+            time.sleep(answer.delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _attempt(self, request: httpx.Request) -> httpx.Response | httpx.TransportError:
+        try:
+            return self._http.send(request)
+        except httpx.TransportError as exc:
+            return exc
 
     def create_session(self, create: SessionCreate | str, *, idempotency_key: str | None = None) -> Session:
         """Open a session (a `SessionCreate`, or just the user's query)."""
@@ -263,10 +285,9 @@ class AsyncClient:
         transport: httpx.AsyncBaseTransport | None = None,
         limits: httpx.Limits | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
             base_url=base_url,
-            headers=headers,
+            headers=_auth(token),
             timeout=timeout,
             transport=transport,
             limits=limits or httpx.Limits(max_connections=256, max_keepalive_connections=256),
@@ -285,26 +306,19 @@ class AsyncClient:
 
     async def send(self, call: Call[T]) -> T:
         """Send a prepared call, retrying transport failures and 502/503/504 with the same key."""
+        request = _request(self._http, call)
         for attempt in range(self._retries + 1):
-            error: Exception | None = None
-            response: httpx.Response | None = None
-            try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.json,
-                    params=tuple(call.params),
-                    headers=call.headers,
-                )
-            except httpx.TransportError as exc:
-                error = exc
-            if attempt == self._retries or not _retryable(error, response):
-                if error is not None:
-                    raise error
-                assert response is not None
-                return _read(call, response)
-            await asyncio.sleep(_backoff(attempt))
+            answer = _settle(call, await self._attempt(request), attempt, self._retries)
+            if not isinstance(answer, _Retry):
+                return answer
+            await asyncio.sleep(answer.delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _attempt(self, request: httpx.Request) -> httpx.Response | httpx.TransportError:
+        try:
+            return await self._http.send(request)
+        except httpx.TransportError as exc:
+            return exc
 
     async def create_session(
         self, create: SessionCreate | str, *, idempotency_key: str | None = None
