@@ -130,3 +130,38 @@ def test_the_sync_client_against_a_live_server(live_url: str) -> None:
     with Client(live_url, "wrong") as anonymous, pytest.raises(ApiError) as denied:
         anonymous.skills()
     assert denied.value.status == 401
+
+
+def test_a_failure_that_lasts_is_raised_after_the_last_retry() -> None:
+    seen: list[httpx.Request] = []
+
+    def unavailable(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(503, text="down for maintenance")
+
+    with (
+        Client("http://service", WRITER, retries=2, transport=httpx.MockTransport(unavailable)) as client,
+        pytest.raises(ApiError) as raised,
+    ):
+        client.create_session("q")
+    assert raised.value.status == 503
+    assert raised.value.problem is None  # a plain-text answer has no problem document
+    assert len(seen) == 3  # the first attempt and two retries
+    assert len({r.headers["Idempotency-Key"] for r in seen}) == 1
+    assert len({r.content for r in seen}) == 1
+
+
+def test_a_transport_error_that_lasts_is_raised_as_it_came() -> None:
+    attempts = 0
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        nonlocal attempts
+        attempts += 1
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with (
+        Client("http://service", WRITER, retries=1, transport=httpx.MockTransport(refused)) as client,
+        pytest.raises(httpx.ConnectError),
+    ):
+        client.create_session("q")
+    assert attempts == 2
