@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
@@ -26,6 +27,18 @@ def test_a_short_run_improves_completion_over_a_random_policy() -> None:
     assert logs[-1].train.completion > logs[0].train.completion
     assert [log.env_steps for log in logs] == [512 * (i + 1) for i in range(8)]
     assert all(log.kl_beta == 0.0 and log.mean_lambda == 0.95 for log in logs)
+
+
+def test_ppo_leaves_the_risk_critic_alone() -> None:
+    """PPO's targets carry no risk returns, so the shared clipped loop gives the risk head no loss: after
+    two rounds (four optimiser steps) it is exactly the starting one while the skill and value heads moved."""
+    env = OrdersEnv(DomainConfig(train=24, dev=0, test=0, time_factor=0, transient_failures=False))
+    run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, epochs=1, minibatches=2, seed=3)
+    trained = train_ppo(env, PPOConfig(run=run))
+    initial, _, _, _ = build_run(env, run)  # the same seed builds the same starting policy
+    torch.testing.assert_close(trained.policy.risk_head.weight, initial.risk_head.weight, rtol=0, atol=0)
+    for name in ("skill_head", "value_head"):
+        assert not torch.allclose(getattr(initial, name).weight, getattr(trained.policy, name).weight), name
 
 
 @pytest.mark.parametrize(

@@ -23,26 +23,9 @@ from torch import Tensor
 
 from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.structured import StructuredPolicy
-from sessionrl.train.losses import (
-    adaptive_lambda,
-    clipped_pg_loss,
-    decaying_beta,
-    dual_critic_advantage,
-    gae,
-    kl_penalty,
-    value_loss,
-)
-from sessionrl.train.structured_rollout import (
-    IterationLog,
-    Rollout,
-    StructuredRun,
-    StructuredRunConfig,
-    build_run,
-    minibatches,
-    normalise,
-    round_log,
-    torch_threads,
-)
+from sessionrl.train.losses import adaptive_lambda, decaying_beta, dual_critic_advantage, gae
+from sessionrl.train.ppo import RoundTargets, train_clipped
+from sessionrl.train.structured_rollout import IterationLog, Rollout, StructuredRun, StructuredRunConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,54 +155,19 @@ def train_aaac(
     on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
-    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log."""
-    cfg = config.run
-    policy, encoder, collector, optimizer = build_run(env, cfg, policy)
-    generator = torch.Generator().manual_seed(cfg.seed + 1)
-    with torch_threads(cfg.threads):
-        history, updates = [], 0
-        for iteration in range(cfg.iterations):
-            # rollout
-            seen = len(collector.episodes)
-            batch = collector.collect(policy)
+    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log.
 
-            # advantages
-            advantages, ret_reward, ret_risk, lams = dual_advantages(batch, config)
-            obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
-            action, old_logp = batch.flat_action(), batch.flat(batch.logp)
+    The rounds are PPO's (`ppo.train_clipped`) with `dual_advantages` as targets and the decaying KL penalty.
+    """
 
-            # update
-            stats = torch.zeros(5)
-            for _ in range(cfg.epochs):
-                for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
-                    out = policy(obs[idx], text[idx], mask[idx])
-                    taken = action[idx]
-                    ones = torch.ones(len(idx))
-                    logp = out.dist.log_prob(taken)
-                    pg = clipped_pg_loss(logp, old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps)
-                    kl = kl_penalty(old_logp[idx], logp, ones)  # KL(π_old ‖ π_θ) on π_old's samples
-                    beta = decaying_beta(updates, config.beta0, config.beta_decay)
-                    critics = value_loss(out.value, ret_reward[idx], ones) + value_loss(
-                        out.risk_value, ret_risk[idx], ones
-                    )
-                    entropy = out.dist.entropy(taken.skill).mean()
-                    loss = pg.loss + beta * kl + cfg.value_coef * critics - cfg.entropy_coef * entropy
-                    optimizer.zero_grad(set_to_none=True)
-                    torch.autograd.backward(loss)
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-                    optimizer.step()
-                    updates += 1
-                    stats += torch.tensor(
-                        [pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
-                    )
+    def targets(batch: Rollout) -> RoundTargets:
+        advantages, ret_reward, ret_risk, lams = dual_advantages(batch, config)
+        return RoundTargets(advantages, ret_reward, ret_risk, float(lams.mean()))
 
-            # log
-            stats /= cfg.epochs * cfg.minibatches
-            log = round_log(iteration, collector, seen, stats, mean_lambda=float(lams.mean()), kl_beta=beta)
-            history.append(log)
-            if on_log is not None:
-                on_log(log)
-    return StructuredRun(policy, encoder, tuple(history))
+    def kl_beta(updates: int) -> float:
+        return decaying_beta(updates, config.beta0, config.beta_decay)
+
+    return train_clipped(env, config.run, targets, kl_beta=kl_beta, policy=policy, on_log=on_log)
 
 
 __all__ = ["AAACConfig", "EpisodeRows", "adaptive_gae", "dual_advantages", "episode_rows", "train_aaac"]

@@ -3,6 +3,9 @@
 Each round: sample ``num_envs × rollout_steps`` steps, estimate advantages with GAE (one fixed λ), then take
 ``epochs × minibatches`` Adam steps on the clipped surrogate, the reward critic's squared error and an
 entropy bonus. Advantages are normalised per minibatch. The risk critic is not trained (see `aaac`).
+
+`train_clipped` is that round loop with the advantage estimate passed in, and optionally a KL penalty and
+the risk critic's targets: `train_ppo` runs it with plain GAE, `aaac.train_aaac` with its own estimate.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.structured import StructuredPolicy
-from sessionrl.train.losses import clipped_pg_loss, gae, value_loss
+from sessionrl.train.losses import clipped_pg_loss, gae, kl_penalty, value_loss
 from sessionrl.train.structured_rollout import (
     IterationLog,
+    Rollout,
     StructuredRun,
     StructuredRunConfig,
     build_run,
@@ -50,23 +55,60 @@ def train_ppo(
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
     for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log."""
-    cfg = config.run
+    return train_clipped(
+        env, config.run, lambda batch: gae_targets(batch, config), policy=policy, on_log=on_log
+    )
+
+
+@dataclass(frozen=True)
+class RoundTargets:
+    """What one round's rollout teaches, flat over its ``[N·T]`` steps.
+
+    `advantages` drive the clipped surrogate (normalised per minibatch), `returns` are the reward critic's
+    targets and `risk_returns` the risk critic's (None: the risk critic is not trained); `mean_lambda` is
+    the mean λ they were estimated with, for the round's log.
+    """
+
+    advantages: Tensor
+    returns: Tensor
+    risk_returns: Tensor | None
+    mean_lambda: float
+
+
+def gae_targets(batch: Rollout, config: PPOConfig) -> RoundTargets:
+    """PPO's targets: GAE with the one λ ``config.gae_lambda`` for the reward critic only."""
+    advantages, returns = gae(
+        batch.rewards, batch.values, batch.dones, config.run.gamma, config.gae_lambda, batch.next_value
+    )
+    return RoundTargets(batch.flat(advantages), batch.flat(returns), None, config.gae_lambda)
+
+
+def train_clipped(
+    env: StructuredEnv,
+    cfg: StructuredRunConfig,
+    targets: Callable[[Rollout], RoundTargets],
+    *,
+    kl_beta: Callable[[int], float] | None = None,
+    policy: StructuredPolicy | None = None,
+    on_log: Callable[[IterationLog], None] | None = None,
+) -> StructuredRun:
+    """Rounds of rollout, `targets` of the rollout, then clipped-surrogate updates (see the module doc).
+
+    With `kl_beta`, each update also pays ``kl_beta(t) · KL(π_old ‖ π_θ)`` (k3, on the round's own samples)
+    after ``t`` earlier optimiser steps, and the log's `kl_beta` is the last coefficient used (else 0).
+    `policy` and `on_log` are as for `train_ppo`.
+    """
     policy, encoder, collector, optimizer = build_run(env, cfg, policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch_threads(cfg.threads):
-        history = []
+        history, updates, beta = [], 0, 0.0
         for iteration in range(cfg.iterations):
             # rollout
             seen = len(collector.episodes)
             batch = collector.collect(policy)
 
             # advantages
-            advantages, returns = (
-                batch.flat(x)
-                for x in gae(
-                    batch.rewards, batch.values, batch.dones, cfg.gamma, config.gae_lambda, batch.next_value
-                )
-            )
+            target = targets(batch)
             obs, text, mask = batch.flat(batch.obs), batch.flat(batch.text), batch.flat(batch.mask)
             action, old_logp = batch.flat_action(), batch.flat(batch.logp)
 
@@ -78,25 +120,33 @@ def train_ppo(
                     taken = action[idx]
                     ones = torch.ones(len(idx))
                     logp = out.dist.log_prob(taken)
-                    pg = clipped_pg_loss(logp, old_logp[idx], normalise(advantages[idx]), ones, cfg.clip_eps)
-                    critic = value_loss(out.value, returns[idx], ones)
+                    advantages = normalise(target.advantages[idx])
+                    pg = clipped_pg_loss(logp, old_logp[idx], advantages, ones, cfg.clip_eps)
+                    loss = pg.loss
+                    if kl_beta is not None:
+                        beta = kl_beta(updates)
+                        loss = loss + beta * kl_penalty(old_logp[idx], logp, ones)
+                    critics = value_loss(out.value, target.returns[idx], ones)
+                    if target.risk_returns is not None:
+                        critics = critics + value_loss(out.risk_value, target.risk_returns[idx], ones)
                     entropy = out.dist.entropy(taken.skill).mean()
-                    loss = pg.loss + cfg.value_coef * critic - cfg.entropy_coef * entropy
+                    loss = loss + cfg.value_coef * critics - cfg.entropy_coef * entropy
                     optimizer.zero_grad(set_to_none=True)
                     torch.autograd.backward(loss)
                     torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
                     optimizer.step()
+                    updates += 1
                     stats += torch.tensor(
-                        [pg.loss.item(), critic.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
+                        [pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
                     )
 
             # log
             stats /= cfg.epochs * cfg.minibatches
-            log = round_log(iteration, collector, seen, stats, mean_lambda=config.gae_lambda, kl_beta=0.0)
+            log = round_log(iteration, collector, seen, stats, mean_lambda=target.mean_lambda, kl_beta=beta)
             history.append(log)
             if on_log is not None:
                 on_log(log)
     return StructuredRun(policy, encoder, tuple(history))
 
 
-__all__ = ["PPOConfig", "train_ppo"]
+__all__ = ["PPOConfig", "RoundTargets", "gae_targets", "train_clipped", "train_ppo"]
