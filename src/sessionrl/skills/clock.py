@@ -1,9 +1,10 @@
 """Clocks in contract seconds: the executor's breakers, rate limits, backoff and latencies read one.
 
 `SystemClock(time_factor)` runs contract time `1 / time_factor` times faster than the wall, so a simulated
-300 ms latency takes 3 ms of wall time at `time_factor=0.01` and still reads as 300 ms. `ManualClock`
-only moves when told to (or when something sleeps on it), which makes breaker cool-downs and rate limits
-testable without waiting.
+300 ms latency takes 3 ms of wall time at `time_factor=0.01` and still reads as 300 ms. The process's own
+overhead is scaled up the same way: at `time_factor=1e-5` each 10 us of event-loop work reads as a second,
+enough to break a contract's timeout. Below about 1e-3, use `ManualClock`, which only moves when told to (or
+when something sleeps on it); it also makes breaker cool-downs and rate limits testable without waiting.
 """
 
 from __future__ import annotations
