@@ -37,6 +37,8 @@ def test_current_documents_pass_through_unchanged() -> None:
     session = load_session(v1_document())
     assert load_session(json.loads(dumps(session))) == session
     assert digest(load_session(migrate(json.loads(dumps(session))))) == digest(session)
+    current = json.loads(dumps(session))
+    assert migrate(current) is current  # nothing to migrate: no copy is made
 
 
 def test_unknown_version_is_a_clear_error() -> None:

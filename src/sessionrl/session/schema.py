@@ -63,10 +63,13 @@ MODELS: dict[int, type[BaseModel]] = {1: SessionV1, 2: Session}
 
 
 def migrate(doc: Doc) -> Doc:
-    """Bring a session document of any known version up to the current one (the input is not changed)."""
+    """Bring a session document of any known version up to the current one. The input is not changed: an
+    older document is migrated in a copy, and a current one is returned as it is (nothing to copy)."""
     version = doc.get("schema_version", 1)
     if not isinstance(version, int) or version not in MODELS:
         raise InvalidEvent("schema_version", f"unknown schema version {version!r}; known: {sorted(MODELS)}")
+    if version == SCHEMA_VERSION:
+        return doc
     out = copy.deepcopy(doc)
     while version < SCHEMA_VERSION:
         out = MIGRATIONS[version](out)
@@ -75,10 +78,8 @@ def migrate(doc: Doc) -> Doc:
 
 
 def load_session(doc: Doc) -> Session:
-    """Validate a stored document of any version as the current `Session` view (a current document is
-    validated as it is: validation does not change it, so it needs no migrated copy)."""
-    current = doc.get("schema_version", 1) == SCHEMA_VERSION
-    return Session.model_validate(doc if current else migrate(doc))
+    """Validate a stored document of any version as the current `Session` view."""
+    return Session.model_validate(migrate(doc))
 
 
 def export_schemas(out_dir: Path) -> list[Path]:

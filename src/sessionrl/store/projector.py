@@ -17,7 +17,6 @@ from typing import Any
 
 import orjson
 
-from sessionrl.session.model import SCHEMA_VERSION
 from sessionrl.session.schema import migrate
 from sessionrl.store.documents import Doc, chunks, iso, read_documents
 
@@ -152,11 +151,6 @@ def _feedback_row(sid: str, position: int, f: Doc) -> Row:
     )
 
 
-def current_doc(doc: Doc) -> Doc:
-    """A stored document brought to the current schema (documents already current are not copied)."""
-    return doc if doc.get("schema_version") == SCHEMA_VERSION else migrate(doc)
-
-
 def replace_rows(conn: sqlite3.Connection, docs: Mapping[str, Doc | None]) -> None:
     """Make the query rows of these sessions those of their documents (None: remove the session's rows)."""
     ids = list(docs)
@@ -167,7 +161,7 @@ def replace_rows(conn: sqlite3.Connection, docs: Mapping[str, Doc | None]) -> No
     rows = Rows()
     for doc in docs.values():
         if doc is not None:
-            rows.add(flatten(current_doc(doc)))
+            rows.add(flatten(migrate(doc)))
     for table, cols in COLUMNS.items():
         if rows.tables[table]:
             marks = ",".join("?" * len(cols))
