@@ -2,7 +2,9 @@
 
 1. Step throughput: tool steps on a zero-latency simulated skill from 64 concurrent keep-alive
    connections; steps/s, p50, p99. The same load on a bare FastAPI endpoint served the same way is the
-   framework's ceiling; the ratio says how much of it the orchestrator keeps.
+   framework's ceiling; the ratio says how much of it the orchestrator keeps. Both servers run side by
+   side and take the load in alternating windows (medians are printed), so drift in the machine's speed
+   reaches both alike.
 2. Slow tools: 1,000 sessions in flight, 5 tool steps each on a skill of 820 ± 340 ms; sessions/s
    against the ideal (concurrency ÷ mean session time, 1000 / 4.1 s). The same workload run by one
    synchronous loop per CPU core (one step at a time per worker) gives the speed-up.
@@ -40,6 +42,10 @@ TOKEN = "bench-token"
 HOST = "127.0.0.1"
 CONCURRENCY = 64
 STEPS_PER_SESSION = 8
+STEP_SESSIONS = CONCURRENCY * 140
+"""Sessions the step phase opens: fewer than the service's session cache (10,000), as on a service sized
+for its active sessions. A walk over more sessions than the cache holds evicts, at each miss, the very
+session the walk reaches next, and every step then re-reads its session from the store."""
 SLOW_SESSIONS = 1000
 SLOW_STEPS = 5
 SLOW_MEAN_S = 0.820
@@ -260,23 +266,47 @@ def wrk_load(folder: Path, port: int, paths: list[str], seconds: float) -> dict[
     }
 
 
-def measured_steps(
-    folder: Path, port: int, pid: int, sessions: list[str] | None, warmup_s: float, measure_s: float
+def measured_window(
+    folder: Path, port: int, pid: int, sessions: list[str] | None, seconds: float
 ) -> dict[str, float]:
-    """Step load on one server (wrk if installed, else the asyncio client), with its CPU ms per request."""
+    """One window of step load on one server (wrk if installed, else the asyncio client, which warms up
+    for half a second first), with the server's CPU ms per request."""
     if shutil.which("wrk") is None:
+        warmup_s = 0.5
         before = server_cpu_s(pid)
-        figures = asyncio.run(step_load(port, sessions, warmup_s, measure_s))
+        figures = asyncio.run(step_load(port, sessions, warmup_s, seconds))
         # the asyncio client's warm-up requests are not counted; charge CPU by the measured share of time
-        cpu_s = (server_cpu_s(pid) - before) * measure_s / (warmup_s + measure_s)
+        cpu_s = (server_cpu_s(pid) - before) * seconds / (warmup_s + seconds)
     else:
         paths = [f"/v1/sessions/{sid}/steps" for sid in sessions or ["bare"]]
-        split = len(paths) // 8  # warm up on sessions of their own, so measured ones start fresh
-        wrk_load(folder, port, paths[: max(split, 1)], warmup_s)
         before = server_cpu_s(pid)
-        figures = wrk_load(folder, port, paths[split:], measure_s)
+        figures = wrk_load(folder, port, paths, seconds)
         cpu_s = server_cpu_s(pid) - before
     return {**figures, "cpu_ms": 1000 * cpu_s / figures["n"]}
+
+
+def alternated(
+    folder: Path,
+    ours: tuple[int, int],
+    bare: tuple[int, int],
+    sessions: list[str],
+    rounds: int,
+    window_s: float,
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Step load on both servers (each a (port, pid)) in alternating windows, after a warm-up window each.
+
+    A shared machine speeds up and slows down over seconds; alternating short windows exposes both
+    servers to the same drift, so their ratio is steadier than one long run of each. Each window of ours
+    walks its own slice of the sessions, so the sessions it measures start fresh.
+    """
+    slices = [sessions[i :: rounds + 1] for i in range(rounds + 1)]
+    measured_window(folder, *ours, slices[0], window_s)
+    measured_window(folder, *bare, None, window_s)
+    runs: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
+    for part in slices[1:]:
+        runs[0].append(measured_window(folder, *ours, part, window_s))
+        runs[1].append(measured_window(folder, *bare, None, window_s))
+    return runs
 
 
 # servers
@@ -354,26 +384,33 @@ def serve_bare(port: int) -> None:
 # the runs
 
 
-def run_steps(folder: Path, warmup_s: float, measure_s: float) -> dict[str, float]:
-    port = free_port()
-    with server(sessionrl_server(folder, FAST_SKILL, port), port) as pid:
-        n_sessions = CONCURRENCY * 160
-        sessions = asyncio.run(create_sessions(port, n_sessions))
-        steps = measured_steps(folder, port, pid, sessions, warmup_s, measure_s)
-    bare_port = free_port()
-    with server([__file__, "--bare", str(bare_port)], bare_port) as pid:
-        bare = measured_steps(folder, bare_port, pid, None, warmup_s, measure_s)
+def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
+    port, bare_port = free_port(), free_port()
+    with (
+        server(sessionrl_server(folder, FAST_SKILL, port), port) as pid,
+        server([__file__, "--bare", str(bare_port)], bare_port) as bare_pid,
+    ):
+        sessions = asyncio.run(create_sessions(port, STEP_SESSIONS))
+        steps, bare = alternated(folder, (port, pid), (bare_port, bare_pid), sessions, rounds, window_s)
+    ratios = [s["rps"] / b["rps"] for s, b in zip(steps, bare, strict=True)]
     return {
-        "steps_per_s": steps["rps"],
-        "p50_ms": steps["p50_ms"],
-        "p99_ms": steps["p99_ms"],
-        "cpu_ms_per_step": steps["cpu_ms"],
-        "ceiling_rps": bare["rps"],
-        "ceiling_p99_ms": bare["p99_ms"],
-        "ceiling_cpu_ms": bare["cpu_ms"],
-        "ceiling_ratio": steps["rps"] / bare["rps"],
-        "ceiling_cpu_ratio": bare["cpu_ms"] / steps["cpu_ms"] if steps["cpu_ms"] else 0.0,
+        "steps_per_s": median(steps, "rps"),
+        "p50_ms": median(steps, "p50_ms"),
+        "p99_ms": median(steps, "p99_ms"),
+        "p99_ms_worst": max(s["p99_ms"] for s in steps),
+        "cpu_ms_per_step": median(steps, "cpu_ms"),
+        "ceiling_rps": median(bare, "rps"),
+        "ceiling_p99_ms": median(bare, "p99_ms"),
+        "ceiling_cpu_ms": median(bare, "cpu_ms"),
+        "ceiling_ratio": statistics.median(ratios),
+        "ceiling_ratio_min": min(ratios),
+        "ceiling_ratio_max": max(ratios),
+        "ceiling_cpu_ratio": median(bare, "cpu_ms") / median(steps, "cpu_ms"),
     }
+
+
+def median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
 
 
 def run_slow(folder: Path, warmup_s: float, measure_s: float, sync_s: float) -> dict[str, float]:
@@ -402,22 +439,25 @@ def main() -> None:
         serve_bare(args.bare)
         return
     uvloop.install()
-    warm, measure, sync_s = (1.0, 3.0, 5.0) if args.quick else (2.0, 10.0, 20.0)
+    rounds, window, slow_s, sync_s = (2, 1.0, 6.0, 5.0) if args.quick else (5, 3.0, 20.0, 20.0)
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.2f} at the start (other work skews every figure)")
     client = "wrk" if shutil.which("wrk") else "the asyncio client (wrk is not installed; it costs more CPU)"
     print(f"step load from {client}")
     with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
         folder = Path(tmp)
-        steps = run_steps(folder, warm, measure)
+        steps = run_steps(folder, rounds, window)
         print(
-            f"steps: {steps['steps_per_s']:.0f}/s  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
+            f"steps ({rounds} windows of {window:.0f} s, medians): {steps['steps_per_s']:.0f}/s"
+            f"  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
+            f" (worst window {steps['p99_ms_worst']:.1f})"
             f"  server CPU {steps['cpu_ms_per_step']:.3f} ms/step"
             f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s, {steps['ceiling_cpu_ms']:.3f} ms/request"
-            f"  -> {steps['ceiling_ratio']:.0%} of the ceiling ({steps['ceiling_cpu_ratio']:.0%} by CPU)",
+            f"  -> {steps['ceiling_ratio']:.0%} of the ceiling (windows {steps['ceiling_ratio_min']:.0%}"
+            f"-{steps['ceiling_ratio_max']:.0%}; {steps['ceiling_cpu_ratio']:.0%} by CPU)",
             flush=True,
         )
-        slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, 2 * measure, sync_s)
+        slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, slow_s, sync_s)
         print(
             f"slow tools: {slow['slow_tool_sessions_per_s']:.1f} sessions/s"
             f" of ideal {slow['slow_tool_ideal']:.1f}"
