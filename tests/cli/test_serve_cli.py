@@ -15,9 +15,9 @@ runner = CliRunner()
 
 
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> dict[str, Any]:
-    """The keyword arguments `sessionrl serve ARGS` passes to `uvicorn.run`."""
+    """The keyword arguments `sessionrl serve ARGS` passes to `uvicorn.run`, and the app as `app`."""
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: seen.update(kw))
+    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: seen.update(kw, app=application))
     command = ["serve", "--db", str(tmp_path / "s.db"), "--tokens", "t:read,write", "--port", "9123", *args]
     result = runner.invoke(app, command)
     assert result.exit_code == 0, result.output
@@ -35,3 +35,12 @@ def test_serve_sends_no_server_or_date_header_and_ignores_forwarded_headers(
 
 def test_proxy_headers_are_trusted_when_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert served(monkeypatch, tmp_path, "--proxy-headers")["proxy_headers"] is True
+
+
+def test_the_session_cache_is_sized_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    default = served(monkeypatch, tmp_path)["app"].state.config.orchestrator.cache_size
+    sized = served(monkeypatch, tmp_path, "--cache-sessions", "50000")["app"].state.config.orchestrator
+    assert (default, sized.cache_size) == (10_000, 50_000)
+    assert runner.invoke(app, ["serve", "--cache-sessions", "0"]).exit_code == 2

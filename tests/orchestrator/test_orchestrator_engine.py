@@ -301,6 +301,22 @@ async def test_feedback_is_accepted_after_finish_and_the_later_one_wins(
     assert [f.score for f in (await engine.session(sid)).feedback] == [5.0]
 
 
+async def test_only_active_sessions_stay_in_the_cache(make_engine: MakeEngine, skills: list[Skill]) -> None:
+    engine = make_engine(skills)
+    done, active = await engine.init_session("q"), await engine.init_session("q")
+    await engine.execute_step(active, "tool", {"tool": "find"})
+    assert (len(engine.cache), engine.cache.misses) == (2, 0)
+    await engine.finish(done, "done")
+    assert engine.cache.get(done) is None  # ended: it left the cache
+    assert engine.cache.get(active) is not None
+    misses = engine.cache.misses
+    late = await engine.inject_feedback(done, Feedback(type=FeedbackType.HUMAN_RATING, score=4.0))
+    assert late.state is SessionState.FINISHED
+    assert engine.cache.misses == misses + 1  # the late feedback read the store
+    assert engine.cache.get(done) is None  # and did not bring the ended session back
+    assert (await engine.session(done)).feedback[0].score == 4.0
+
+
 async def test_unknown_sessions_and_taken_ids_are_errors(
     make_engine: MakeEngine, skills: list[Skill]
 ) -> None:

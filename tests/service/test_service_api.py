@@ -195,6 +195,7 @@ async def test_skills_health_and_metrics(client: httpx.AsyncClient) -> None:
     assert 'sessionrl_http_requests_total{method="POST",route="/v1/sessions",status="201"} 1.0' in text
     assert 'sessionrl_steps_total{kind="tool",outcome="ok"} 1.0' in text
     assert "sessionrl_cached_sessions 1.0" in text
+    assert "sessionrl_session_cache_misses 0.0" in text
 
 
 async def test_two_apps_keep_separate_metrics() -> None:

@@ -10,7 +10,10 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from sessionrl.orchestrator import OrchestratorConfig
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
+
+CACHE_SESSIONS = OrchestratorConfig.model_fields["cache_size"].default
 
 
 def serve(
@@ -35,6 +38,15 @@ def serve(
     time_factor: Annotated[
         float, typer.Option("--time-factor", help="Wall seconds per simulated skill second.")
     ] = 1.0,
+    cache_sessions: Annotated[
+        int,
+        typer.Option(
+            "--cache-sessions",
+            min=1,
+            help="Active sessions kept in memory (LRU). Size it to the sessions in flight: a step whose "
+            "session was evicted re-reads it from the store.",
+        ),
+    ] = CACHE_SESSIONS,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
     proxy_headers: Annotated[
         bool,
@@ -51,6 +63,7 @@ def serve(
         "rate_per_s": rate,
         "rate_burst": max(1, int(rate * 2)),
         "time_factor": time_factor,
+        "orchestrator": OrchestratorConfig(cache_size=cache_sessions),
     }
     if tokens is not None:
         fields["tokens"] = parse_tokens(tokens)

@@ -1,8 +1,10 @@
 """The session orchestrator: opens sessions, runs plan / tool / LLM steps, takes feedback, finishes.
 
 Every change is an event committed to the store before the call returns, so whatever the engine
-acknowledged survives a crash. Steps of different kinds run in their own lanes (see `lanes`); sessions
-in use are kept in an LRU whose entries are only ever sessions the store returned after a commit.
+acknowledged survives a crash. Steps of different kinds run in their own lanes (see `lanes`); active
+sessions are kept in an LRU whose entries are only ever sessions the store returned after a commit. A
+session leaves it when it ends (finished, rejected, archived): feedback that arrives later is rare, and
+reads the store.
 
 A step's events form one unit. A unit of one event is appended to whatever the store holds (tool calls
 commute); a longer unit is checked by folding it locally, then appended with chained expected versions,
@@ -171,7 +173,7 @@ class Orchestrator:
         if isinstance(result, InvalidEvent) and result.field == "event_id" and key is not None:
             raise KeyReused(key) from result
         session = _raise_first([result])
-        self.cache.put(session)
+        self._remember(session)
         return session.session_id
 
     async def session(self, session_id: str) -> Session:
@@ -180,7 +182,7 @@ class Orchestrator:
         if cached is not None:
             return cached
         session = await asyncio.to_thread(self.store.get, session_id)
-        self.cache.put(session)
+        self._remember(session)
         return session
 
     async def execute_step(
@@ -475,7 +477,7 @@ class Orchestrator:
                 self._chained[session_id] = waiters
             try:
                 committed = await self._commit_unit(session, events)
-                self.cache.put(committed)
+                self._remember(committed)
             except StaleState:
                 if attempt + 1 == self.config.commit_retries:
                     raise
@@ -513,6 +515,13 @@ class Orchestrator:
         version = session.state_version
         writes = [(sid, event, version + i) for i, event in enumerate(events)]
         return _raise_first(await self.committer.commit(writes))
+
+    def _remember(self, session: Session) -> None:
+        """Cache an active session's latest view; an ended one leaves the cache."""
+        if session.state in TERMINAL:
+            self.cache.drop(session.session_id)
+        else:
+            self.cache.put(session)
 
     async def _exists(self, session_id: str) -> bool:
         try:

@@ -99,11 +99,13 @@ class SessionCache:
 
     Writes go to the store first; the session the store returns is then put here, so the cache never holds
     anything uncommitted. A view older than the cached one (a slower concurrent commit) is ignored.
+    `misses` counts the reads it could not answer.
     """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._items: OrderedDict[str, Session] = OrderedDict()
+        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -111,7 +113,9 @@ class SessionCache:
     def get(self, session_id: str) -> Session | None:
         """The cached view, marked as recently used, or None."""
         session = self._items.get(session_id)
-        if session is not None:
+        if session is None:
+            self.misses += 1
+        else:
             self._items.move_to_end(session_id)
         return session
 

@@ -46,7 +46,7 @@ class Metrics:
         self.tallies.steps[kind, outcome] += 1
 
     def watch(self, engine: Callable[[], Orchestrator | None]) -> None:
-        """Publish the engine's cache size, commit counts and busy lane slots, read when scraped."""
+        """Publish the engine's cache size and misses, commits and busy lane slots (read when scraped)."""
 
         def read(value: Callable[[Orchestrator], float]) -> Callable[[], float]:
             return lambda: float(value(e)) if (e := engine()) is not None else 0.0
@@ -54,6 +54,11 @@ class Metrics:
         Gauge(
             "sessionrl_cached_sessions", "Sessions in the engine's LRU.", registry=self.registry
         ).set_function(read(lambda e: len(e.cache)))
+        Gauge(
+            "sessionrl_session_cache_misses",
+            "Session reads the engine's LRU could not answer (each one read the store).",
+            registry=self.registry,
+        ).set_function(read(lambda e: e.cache.misses))
         Gauge(
             "sessionrl_commit_batches", "Store transactions committed.", registry=self.registry
         ).set_function(read(lambda e: e.committer.batches))
