@@ -60,6 +60,25 @@ def test_expert_plans_replayed_as_actions_solve_every_task(domain: StructuredEnv
         assert total == 1.0  # success reward, no failure or risk penalty
 
 
+def test_calls_share_one_event_loop_until_close(domain: StructuredEnv) -> None:
+    task = domain.tasks(Split.TRAIN)[0]
+    first_step = domain.expert(task).steps[0]
+    with DecisionGymEnv(domain, seed=0) as gym:
+        gym.reset(options={"task_id": task.task_id})
+        loops = []
+        for _ in range(2):
+            gym.step(gym.action_for(first_step.tool, first_step.params))
+            loops.append(gym._runner.get_loop() if gym._runner else None)
+        assert loops[0] is not None
+        assert loops[0] is loops[1]
+    assert loops[0].is_closed()
+    assert gym._runner is None
+    gym.reset(options={"task_id": task.task_id})
+    _, _, _, _, info = gym.step(gym.action_for(first_step.tool, first_step.params))
+    assert info["status"] == "success"  # a call after close runs on a new loop
+    gym.close()
+
+
 def test_reset_is_seeded_and_options_pick_the_task(domain: StructuredEnv) -> None:
     a, b = DecisionGymEnv(domain), DecisionGymEnv(domain)
     ids = [a.reset(seed=s)[1]["task_id"] for s in range(5)]

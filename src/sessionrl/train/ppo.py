@@ -11,6 +11,7 @@ the risk critic's targets: `train_ppo` runs it with plain GAE, `aaac.train_aaac`
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import torch
@@ -100,7 +101,7 @@ def train_clipped(
     """
     policy, encoder, collector, optimizer = build_run(env, cfg, policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
-    with torch_threads(cfg.threads):
+    with torch_threads(cfg.threads), closing(collector):
         history, updates, beta = [], 0, 0.0
         for iteration in range(cfg.iterations):
             # rollout

@@ -98,29 +98,29 @@ def demonstrations(
     each step, the actions laid out for a policy of `layout`."""
     if not tasks:
         raise ValueError("demonstrations need at least one task")
-    gym_env = DecisionGymEnv(env, tasks[0].split, seed=config.seed, config=config.gym)
     obs_rows, text_rows, mask_rows, actions = [], [], [], []
     solved = 0
-    for task in tasks:
-        obs, info = gym_env.reset(options={"task_id": task.task_id})
-        text = encoder.encode([info["instruction"]])
-        plan = env.expert(task)
-        calls = [(step.tool, dict(step.params)) for step in plan.steps]
-        for tool, params in [*calls, (None, {})]:
-            action = (
-                expert_action(gym_env, layout, tool, params)
-                if tool is not None
-                else layout.action(gym_env.finish_action, {}, {})
-            )
-            obs_rows.append(torch.from_numpy(flatten_observation(obs)))
-            text_rows.append(text[0])
-            mask_rows.append(torch.from_numpy(np.asarray(obs["action_mask"], np.int64)))
-            actions.append(action)
-            vector = layout.env_params(action)
-            obs, _, terminated, truncated, step_info = gym_env.step(env_action(vector, action.skill, 0))
-            if terminated or truncated:
-                solved += bool(step_info.get("success", False))
-                break
+    with DecisionGymEnv(env, tasks[0].split, seed=config.seed, config=config.gym) as gym_env:
+        for task in tasks:
+            obs, info = gym_env.reset(options={"task_id": task.task_id})
+            text = encoder.encode([info["instruction"]])
+            plan = env.expert(task)
+            calls = [(step.tool, dict(step.params)) for step in plan.steps]
+            for tool, params in [*calls, (None, {})]:
+                action = (
+                    expert_action(gym_env, layout, tool, params)
+                    if tool is not None
+                    else layout.action(gym_env.finish_action, {}, {})
+                )
+                obs_rows.append(torch.from_numpy(flatten_observation(obs)))
+                text_rows.append(text[0])
+                mask_rows.append(torch.from_numpy(np.asarray(obs["action_mask"], np.int64)))
+                actions.append(action)
+                vector = layout.env_params(action)
+                obs, _, terminated, truncated, step_info = gym_env.step(env_action(vector, action.skill, 0))
+                if terminated or truncated:
+                    solved += bool(step_info.get("success", False))
+                    break
     return Demonstrations(
         obs=torch.stack(obs_rows),
         text=torch.stack(text_rows),

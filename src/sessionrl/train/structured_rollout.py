@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sessionrl.envs.base import Split
+from sessionrl.envs.base import Split, Task
 from sessionrl.envs.gym import DecisionGymEnv, GymConfig, Observation, StructuredEnv
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
 from sessionrl.policy.structured import (
@@ -230,6 +230,11 @@ class Collector:
         self.obs[i] = obs
         return float(reward), -float(new_flags), done
 
+    def close(self) -> None:
+        """Close every environment (their event loops)."""
+        for gym_env in self.envs:
+            gym_env.close()
+
     @torch.no_grad()
     def collect(self, policy: StructuredPolicy) -> Rollout:
         """`config.rollout_steps` steps of every environment, sampled from `policy`."""
@@ -304,27 +309,38 @@ def evaluate(
     limit: int | None = None,
 ) -> list[EpisodeStats]:
     """Run the first `limit` tasks of `split` (all by default) once each (see `Summary.of` to sum up)."""
-    gym_env = DecisionGymEnv(env, split, seed=seed, config=gym)
     generator = torch.Generator().manual_seed(seed)
-    episodes = []
-    for task in list(env.tasks(split))[:limit]:
-        obs, info = gym_env.reset(options={"task_id": task.task_id})
-        text = encoder.encode([info["instruction"]])
-        steps = calls = risky = 0
-        done, success = False, False
-        while not done:
-            out, _, _ = policy_step(policy, [obs], text)
-            action = out.dist.mode() if greedy else out.dist.sample(generator)
-            flags = len(gym_env.episode.risk_flags)
-            obs, _, terminated, truncated, step_info = gym_env.step(
-                env_action(policy.layout.env_params(action), action.skill, 0)
-            )
-            steps += 1
-            calls += int(action.skill[0]) != gym_env.finish_action
-            risky += len(gym_env.episode.risk_flags) > flags
-            done, success = terminated or truncated, bool(step_info.get("success", False))
-        episodes.append(EpisodeStats(task.task_id, success, steps, calls, risky))
+    with DecisionGymEnv(env, split, seed=seed, config=gym) as gym_env:
+        tasks = list(env.tasks(split))[:limit]
+        episodes = [_evaluated(policy, encoder, gym_env, task, greedy, generator) for task in tasks]
     return episodes
+
+
+def _evaluated(
+    policy: StructuredPolicy,
+    encoder: TextEncoder,
+    gym_env: DecisionGymEnv,
+    task: Task,
+    greedy: bool,
+    generator: torch.Generator,
+) -> EpisodeStats:
+    """One episode of `task`, played by `policy`."""
+    obs, info = gym_env.reset(options={"task_id": task.task_id})
+    text = encoder.encode([info["instruction"]])
+    steps = calls = risky = 0
+    done, success = False, False
+    while not done:
+        out, _, _ = policy_step(policy, [obs], text)
+        action = out.dist.mode() if greedy else out.dist.sample(generator)
+        flags = len(gym_env.episode.risk_flags)
+        obs, _, terminated, truncated, step_info = gym_env.step(
+            env_action(policy.layout.env_params(action), action.skill, 0)
+        )
+        steps += 1
+        calls += int(action.skill[0]) != gym_env.finish_action
+        risky += len(gym_env.episode.risk_flags) > flags
+        done, success = terminated or truncated, bool(step_info.get("success", False))
+    return EpisodeStats(task.task_id, success, steps, calls, risky)
 
 
 def build_run(
