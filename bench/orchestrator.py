@@ -234,10 +234,12 @@ end
 """
 
 
-def server_cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of process `pid` so far (Linux /proc); 0.0 where there is no /proc."""
+def server_cpu_s(pid: int, *, main_thread: bool = False) -> float:
+    """User plus system CPU seconds of process `pid` (or of its main thread, where uvicorn runs the event
+    loop) so far, from Linux /proc; 0.0 where there is no /proc."""
+    stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -270,19 +272,20 @@ def measured_window(
     folder: Path, port: int, pid: int, sessions: list[str] | None, seconds: float
 ) -> dict[str, float]:
     """One window of step load on one server (wrk if installed, else the asyncio client, which warms up
-    for half a second first), with the server's CPU ms per request."""
+    for half a second first), with the server's CPU ms per request and the share of the window its event
+    loop thread was on a CPU."""
+    before, loop_before, started = server_cpu_s(pid), server_cpu_s(pid, main_thread=True), time.perf_counter()
     if shutil.which("wrk") is None:
         warmup_s = 0.5
-        before = server_cpu_s(pid)
         figures = asyncio.run(step_load(port, sessions, warmup_s, seconds))
-        # the asyncio client's warm-up requests are not counted; charge CPU by the measured share of time
-        cpu_s = (server_cpu_s(pid) - before) * seconds / (warmup_s + seconds)
+        share = seconds / (warmup_s + seconds)  # warm-up requests are not counted: charge CPU pro rata
     else:
         paths = [f"/v1/sessions/{sid}/steps" for sid in sessions or ["bare"]]
-        before = server_cpu_s(pid)
         figures = wrk_load(folder, port, paths, seconds)
-        cpu_s = server_cpu_s(pid) - before
-    return {**figures, "cpu_ms": 1000 * cpu_s / figures["n"]}
+        share = 1.0
+    cpu_s = (server_cpu_s(pid) - before) * share
+    loop_busy = (server_cpu_s(pid, main_thread=True) - loop_before) / (time.perf_counter() - started)
+    return {**figures, "cpu_ms": 1000 * cpu_s / figures["n"], "loop_busy": loop_busy}
 
 
 def alternated(
@@ -399,9 +402,11 @@ def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
         "p99_ms": median(steps, "p99_ms"),
         "p99_ms_worst": max(s["p99_ms"] for s in steps),
         "cpu_ms_per_step": median(steps, "cpu_ms"),
+        "loop_busy": median(steps, "loop_busy"),
         "ceiling_rps": median(bare, "rps"),
         "ceiling_p99_ms": median(bare, "p99_ms"),
         "ceiling_cpu_ms": median(bare, "cpu_ms"),
+        "ceiling_loop_busy": median(bare, "loop_busy"),
         "ceiling_ratio": statistics.median(ratios),
         "ceiling_ratio_min": min(ratios),
         "ceiling_ratio_max": max(ratios),
@@ -451,8 +456,9 @@ def main() -> None:
             f"steps ({rounds} windows of {window:.0f} s, medians): {steps['steps_per_s']:.0f}/s"
             f"  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
             f" (worst window {steps['p99_ms_worst']:.1f})"
-            f"  server CPU {steps['cpu_ms_per_step']:.3f} ms/step"
-            f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s, {steps['ceiling_cpu_ms']:.3f} ms/request"
+            f"  server CPU {steps['cpu_ms_per_step']:.3f} ms/step, event loop busy {steps['loop_busy']:.0%}"
+            f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s, {steps['ceiling_cpu_ms']:.3f} ms/request,"
+            f" loop busy {steps['ceiling_loop_busy']:.0%}"
             f"  -> {steps['ceiling_ratio']:.0%} of the ceiling (windows {steps['ceiling_ratio_min']:.0%}"
             f"-{steps['ceiling_ratio_max']:.0%}; {steps['ceiling_cpu_ratio']:.0%} by CPU)",
             flush=True,
