@@ -12,7 +12,9 @@
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection) when it is
 installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on asyncio, which costs the
 two cores more and is said so. Both servers get the same client, and the server process's CPU time per
-request is printed next to requests/s: on a shared machine it is the steadier figure. The slow-tool
+request is printed next to requests/s: on a shared machine it is the steadier figure. So is the share of
+the time the server's event-loop thread was on a CPU: near 100% means the loop's own work is the limit,
+less means requests were waiting elsewhere (for a commit, or for the interpreter lock). The slow-tool
 phase needs session ids from answers, so it always runs on the asyncio client (it is mostly waiting).
 The last line is one JSON object.
 """
