@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,12 @@ def test_calls_share_one_event_loop_until_close(domain: StructuredEnv) -> None:
     gym.reset(options={"task_id": task.task_id})
     _, _, _, _, info = gym.step(gym.action_for(first_step.tool, first_step.params))
     assert info["status"] == "success"  # a call after close runs on a new loop
+    twin = copy.deepcopy(gym)  # a copy gets no loop of the original's, and makes its own
+    assert twin._runner is None
+    assert twin.step(gym.action_for(first_step.tool, first_step.params))[4]["status"] == "success"
+    assert twin._runner is not None
+    assert twin._runner is not gym._runner
+    twin.close()
     gym.close()
 
 

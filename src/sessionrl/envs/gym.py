@@ -309,6 +309,10 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
             return {"skill": name, "params": params, "status": "error", "error_code": error.code}
         return {"skill": name, "params": params, "status": "success", "output": output}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The state to copy: all but the event loop (a copy makes its own at its first call)."""
+        return {**self.__dict__, "_runner": None}
+
     def close(self) -> None:
         """Close the event loop the skill calls ran on (a later call makes a new one)."""
         if self._runner is not None:
