@@ -412,7 +412,7 @@ def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
         "ceiling_ratio": statistics.median(ratios),
         "ceiling_ratio_min": min(ratios),
         "ceiling_ratio_max": max(ratios),
-        "ceiling_cpu_ratio": median(bare, "cpu_ms") / median(steps, "cpu_ms"),
+        "ceiling_cpu_ratio": median(bare, "cpu_ms") / cpu if (cpu := median(steps, "cpu_ms")) else 0.0,
     }
 
 
