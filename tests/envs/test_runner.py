@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sessionrl.envs import ExpertPlan, Faults, Split, Task
+from sessionrl.envs.base import stream_seed
 from sessionrl.envs.retail import RetailEnv
 from sessionrl.envs.runner import (
     EpisodeSkills,
-    episode_seed,
     gold_plan,
     replay_gold,
     run_expert,
@@ -195,7 +195,7 @@ def test_run_many_runs_the_first_tasks_into_the_store(env: RetailEnv, store: Ses
     assert sorted(by_task) == sorted(t.task_id for t in env.tasks(Split.TRAIN)[:3])
     assert summary.successes == sum(task_success(s) is True for s in stored)
     assert set(summary.failed) == {t for t, s in by_task.items() if task_success(s) is not True}
-    assert all(s.metadata["seed"] == episode_seed(7, t) for t, s in by_task.items())
+    assert all(s.metadata["seed"] == stream_seed(7, t) for t, s in by_task.items())
     assert summary.success_rate == summary.successes / 3
     assert summary.as_dict()["success_rate"] == summary.success_rate
     assert summary.successes == 3  # the first three train tasks name each tool once

@@ -11,6 +11,7 @@ The shapes follow Gymnasium's core: keyword-only options, one frozen result type
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -18,6 +19,22 @@ from typing import Any, Protocol
 
 from sessionrl.envs.faults import Faults
 from sessionrl.skills import Skill, SkillContract
+
+
+def stream_seed(*parts: object, bits: int = 32) -> int:
+    """A `bits`-bit seed for the random stream named by `parts`: the same name gives the same seed in
+    every process, and names that differ in any part give independent streams.
+
+    >>> stream_seed(0, "orders-train-0000", "sms_send") == stream_seed(0, "orders-train-0000", "sms_send")
+    True
+    >>> stream_seed(0, "retail-train-1") == stream_seed(1, "retail-train-1")
+    False
+    >>> stream_seed(0, "eval", bits=31) < 2**31
+    True
+    """
+    if not 1 <= bits <= 32:
+        raise ValueError(f"bits must be between 1 and 32, got {bits}")
+    return zlib.crc32(":".join(map(str, parts)).encode()) & ((1 << bits) - 1)
 
 
 class Split(StrEnum):

@@ -16,7 +16,6 @@ each other's state while they share its lanes and group commit. Each episode's e
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,7 +26,16 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sessionrl.envs.base import DecisionEnv, Episode, ExpertPlan, ExpertStep, Outcome, Split, Task
+from sessionrl.envs.base import (
+    DecisionEnv,
+    Episode,
+    ExpertPlan,
+    ExpertStep,
+    Outcome,
+    Split,
+    Task,
+    stream_seed,
+)
 from sessionrl.envs.faults import Faults, inject_plan_faults
 from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.config import OrchestratorConfig
@@ -87,17 +95,6 @@ class EpisodeSkills:
         if executor is None:
             raise RuntimeError("no episode is bound: run steps inside `with EpisodeSkills().bind(executor):`")
         return executor
-
-
-def episode_seed(seed: int, task_id: str) -> int:
-    """A per-task seed drawn from the run's `seed`, so tasks of one run get independent faults.
-
-    >>> first = episode_seed(0, "retail-train-1")
-    >>> first == episode_seed(0, "retail-train-1"), first == episode_seed(1, "retail-train-1")
-    (True, False)
-    """
-    digest = hashlib.blake2b(f"{seed}:{task_id}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big")
 
 
 def gold_plan(task: Task) -> ExpertPlan:
@@ -266,7 +263,7 @@ def run_many(
     """Run `agent` on the first `n` tasks of `split` (all with None), `concurrency` at a time, into `store`.
 
     Runs its own event loop, so call it from synchronous code; the progress bar goes to stderr. Each
-    task's episode gets `episode_seed(seed, task_id)`. The engine's plan limit is raised to the longest
+    task's episode gets `stream_seed(seed, task_id)`. The engine's plan limit is raised to the longest
     plan of the batch, and one tool may serve several sub-goals (reading two orders), since an expert's
     plan is as long as its task needs.
     """
@@ -304,7 +301,7 @@ async def _run_jobs(
     async def worker() -> None:
         for task, plan in pending:
             session = await run_session(
-                engine, env, task, plan, agent=agent, seed=episode_seed(seed, task.task_id)
+                engine, env, task, plan, agent=agent, seed=stream_seed(seed, task.task_id)
             )
             verdicts[task.task_id] = task_success(session) is True
             done()

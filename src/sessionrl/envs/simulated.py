@@ -15,13 +15,12 @@ task opens a state, its judge and its structured view of the state.
 from __future__ import annotations
 
 import copy
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from sessionrl.envs.base import Episode, Split, Task
+from sessionrl.envs.base import Episode, Split, Task, stream_seed
 from sessionrl.envs.faults import Faults, with_faults
 from sessionrl.skills import Skill, SkillContract, load_contracts, simulated_skill
 
@@ -80,15 +79,6 @@ def build_contracts(folder: Path, config: DomainConfig) -> tuple[SkillContract, 
         )
         contracts.append(contract.model_copy(update={"simulation": scaled}))
     return tuple(sorted(contracts, key=lambda c: c.name))
-
-
-def stream_seed(*parts: object) -> int:
-    """A 32-bit seed for the random stream named by `parts`.
-
-    >>> stream_seed(0, "orders-train-0000", "sms_send") == stream_seed(0, "orders-train-0000", "sms_send")
-    True
-    """
-    return zlib.crc32(":".join(map(str, parts)).encode())
 
 
 def simulated_skills(

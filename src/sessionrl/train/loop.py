@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sessionrl.envs.base import Split, Task
+from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
@@ -48,11 +48,14 @@ from sessionrl.train.run import (
     evaluation_view,
     export_policy,
     open_run,
-    stream_seed,
     tokenizer_corpus,
 )
 from sessionrl.train.sft import SFTTrainer
 from sessionrl.train.update import UpdateStats
+
+SEED_BITS = 31
+"""Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
+the same streams as earlier runs with that seed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,7 @@ def once_per_task(
         EpisodeSpec(
             task=task,
             session_id=f"{prefix}-{task.task_id}",
-            seed=stream_seed(seed, stream, task.task_id),
+            seed=stream_seed(seed, stream, task.task_id, bits=SEED_BITS),
             faults=faults,
             metadata=dict(metadata),
         )
@@ -155,7 +158,7 @@ def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
         tasks = tasks[cfg.sft.demos :]
         if not tasks:
             raise ValueError(f"rl.unseen_tasks: no training tasks past the first {cfg.sft.demos} demos")
-    chosen = random.Random(stream_seed(cfg.seed, "rl", iteration)).sample(
+    chosen = random.Random(stream_seed(cfg.seed, "rl", iteration, bits=SEED_BITS)).sample(
         list(tasks), min(cfg.rl.tasks_per_iteration, len(tasks))
     )
     faults = cfg.faults.at(iteration)
@@ -163,7 +166,7 @@ def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
         EpisodeSpec(
             task=task,
             session_id=f"rl-{iteration:04d}-{task.task_id}-{k}",
-            seed=stream_seed(cfg.seed, "rl", iteration, task.task_id),
+            seed=stream_seed(cfg.seed, "rl", iteration, task.task_id, bits=SEED_BITS),
             faults=faults,
             metadata={"stage": "rl", "iteration": iteration, "group": f"{iteration}:{task.task_id}"},
         )
@@ -204,7 +207,7 @@ def imitation(run: Run, console: Console, resume: bool) -> None:
         task = bar.add_task("imitation", total=steps, completed=run.state.step, info="")
         for step in range(run.state.step, steps):
             # batch: a generator named by the step, so a resumed run draws the same batches
-            rng = random.Random(stream_seed(cfg.seed, "sft", step))
+            rng = random.Random(stream_seed(cfg.seed, "sft", step, bits=SEED_BITS))
             batch = rng.sample(sequences, min(cfg.sft.trainer.batch_sessions, len(sequences)))
             # update
             stats = trainer.step(batch)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import time
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,15 +35,6 @@ from sessionrl.train.checkpoint import LoopState
 from sessionrl.train.config import RunConfig
 from sessionrl.train.data import call_message
 from sessionrl.train.feed import RewardShaper
-
-
-def stream_seed(*parts: object) -> int:
-    """A 31-bit seed named by `parts` (the same name, the same seed, in every process).
-
-    >>> stream_seed(0, "eval", "orders-test-0001") == stream_seed(0, "eval", "orders-test-0001")
-    True
-    """
-    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 class MetricsLog:
@@ -208,6 +198,5 @@ __all__ = [
     "evaluation_view",
     "export_policy",
     "open_run",
-    "stream_seed",
     "tokenizer_corpus",
 ]
