@@ -14,7 +14,9 @@ installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on as
 two cores more and is said so. Both servers get the same client, and the server process's CPU time per
 request is printed next to requests/s: on a shared machine it is the steadier figure. So is the share of
 the time the server's event-loop thread was on a CPU: near 100% means the loop's own work is the limit,
-less means requests were waiting elsewhere (for a commit, or for the interpreter lock). The slow-tool
+less means requests were waiting elsewhere (for a commit, or for the interpreter lock). The garbage
+collector's pauses in our server's windows come from its `/metrics` (`sessionrl_gc_pause_seconds`): the
+share of the time they took, and how long the longest was in the window with the worst p99. The slow-tool
 phase needs session ids from answers, so it always runs on the asyncio client (it is mostly waiting).
 The last line is one JSON object.
 """
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -290,6 +293,39 @@ def measured_window(
     return {**figures, "cpu_ms": 1000 * cpu_s / figures["n"], "loop_busy": loop_busy}
 
 
+def gc_pauses(port: int) -> tuple[dict[float, float], float]:
+    """A server's garbage-collector pauses so far, every generation together, from its `/metrics`: the
+    cumulative count at each bucket bound (seconds) and the sum of the pauses (seconds)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        text = answer.read().decode()
+    counts: dict[float, float] = {}
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sessionrl_gc_pause_seconds_bucket":
+                bound = float(sample.labels["le"])
+                counts[bound] = counts.get(bound, 0.0) + sample.value
+            elif sample.name == "sessionrl_gc_pause_seconds_sum":
+                total += sample.value
+    return counts, total
+
+
+def gc_window(
+    before: tuple[dict[float, float], float], after: tuple[dict[float, float], float]
+) -> dict[str, float]:
+    """The pauses between two `gc_pauses` readings: their total (ms) and the bucket bound (ms) the longest
+    one stayed under (0 without a pause)."""
+    grown = {bound: count - before[0].get(bound, 0.0) for bound, count in after[0].items()}
+    pauses = grown.get(float("inf"), 0.0)
+    longest = min((b for b, n in grown.items() if n == pauses and pauses), default=0.0)
+    return {"gc_ms": 1000 * (after[1] - before[1]), "gc_max_ms": 1000 * longest}
+
+
 def alternated(
     folder: Path,
     ours: tuple[int, int],
@@ -309,7 +345,9 @@ def alternated(
     measured_window(folder, *bare, None, window_s)
     runs: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
     for part in slices[1:]:
-        runs[0].append(measured_window(folder, *ours, part, window_s))
+        pauses = gc_pauses(ours[0])
+        run = measured_window(folder, *ours, part, window_s)
+        runs[0].append(run | gc_window(pauses, gc_pauses(ours[0])))
         runs[1].append(measured_window(folder, *bare, None, window_s))
     return runs
 
@@ -402,7 +440,9 @@ def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
         "steps_per_s": median(steps, "rps"),
         "p50_ms": median(steps, "p50_ms"),
         "p99_ms": median(steps, "p99_ms"),
-        "p99_ms_worst": max(s["p99_ms"] for s in steps),
+        "p99_ms_worst": (worst := max(steps, key=lambda s: s["p99_ms"]))["p99_ms"],
+        "gc_max_ms_worst": worst["gc_max_ms"],
+        "gc_share": sum(s["gc_ms"] for s in steps) / (1000 * window_s * len(steps)),
         "cpu_ms_per_step": median(steps, "cpu_ms"),
         "loop_busy": median(steps, "loop_busy"),
         "ceiling_rps": median(bare, "rps"),
@@ -437,6 +477,10 @@ def run_slow(folder: Path, warmup_s: float, measure_s: float, sync_s: float) -> 
     }
 
 
+def pause_text(longest_ms: float) -> str:
+    return f"its longest GC pause under {longest_ms:.0f} ms" if longest_ms else "no GC pause in it"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
@@ -457,7 +501,8 @@ def main() -> None:
         print(
             f"steps ({rounds} windows of {window:.0f} s, medians): {steps['steps_per_s']:.0f}/s"
             f"  p50 {steps['p50_ms']:.1f} ms  p99 {steps['p99_ms']:.1f} ms"
-            f" (worst window {steps['p99_ms_worst']:.1f})"
+            f" (worst window {steps['p99_ms_worst']:.1f}, {pause_text(steps['gc_max_ms_worst'])};"
+            f" GC {steps['gc_share']:.1%} of the time)"
             f"  server CPU {steps['cpu_ms_per_step']:.3f} ms/step, event loop busy {steps['loop_busy']:.0%}"
             f"  | bare FastAPI {steps['ceiling_rps']:.0f}/s, {steps['ceiling_cpu_ms']:.3f} ms/request,"
             f" loop busy {steps['ceiling_loop_busy']:.0%}"

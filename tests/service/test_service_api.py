@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from service_support import OTHER_WRITER, PLAN, READER, contract, make_app, serving
 
 from sessionrl.orchestrator.config import LaneConfig, OrchestratorConfig
@@ -196,6 +198,23 @@ async def test_skills_health_and_metrics(client: httpx.AsyncClient) -> None:
     assert 'sessionrl_steps_total{kind="tool",outcome="ok"} 1.0' in text
     assert "sessionrl_cached_sessions 1.0" in text
     assert "sessionrl_session_cache_misses 0.0" in text
+
+
+async def test_the_service_publishes_gc_pauses_while_it_runs() -> None:
+    callbacks = list(gc.callbacks)
+    async with serving(make_app()) as client:
+        gc.collect(2)
+        text = (await client.get("/metrics")).text
+        assert len(gc.callbacks) == len(callbacks) + 1
+    assert gc.callbacks == callbacks
+    counts = {
+        s.labels["generation"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "sessionrl_gc_pause_seconds_count"
+    }
+    assert set(counts) == {"0", "1", "2"}
+    assert counts["2"] >= 1
 
 
 async def test_two_apps_keep_separate_metrics() -> None:

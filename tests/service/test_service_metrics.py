@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessionrl.service.metrics import LATENCY_BUCKETS, Metrics
@@ -55,3 +57,27 @@ def test_steps_are_counted_by_kind_and_outcome() -> None:
     assert samples["sessionrl_steps_total", (("kind", "tool"), ("outcome", "ok"))] == 2
     assert samples["sessionrl_steps_total", (("kind", "plan"), ("outcome", "rejected"))] == 1
     assert ("sessionrl_steps_total", (("kind", "llm"), ("outcome", "ok"))) not in samples
+
+
+def test_gc_pauses_are_timed_by_generation_only_while_the_block_is_open() -> None:
+    metrics = Metrics()
+    callbacks = list(gc.callbacks)
+    gc.disable()  # only the collections the test asks for
+    try:
+        with metrics.gc_pauses():
+            gc.collect(2)
+            gc.collect(0)
+            gc.collect(0)
+            during = scrape(metrics)
+        assert gc.callbacks == callbacks  # the timer left with the block
+        gc.collect(2)
+        after = scrape(metrics)
+    finally:
+        gc.enable()
+
+    def count(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], generation: str) -> float:
+        return samples["sessionrl_gc_pause_seconds_count", (("generation", generation),)]
+
+    assert (count(during, "0"), count(during, "1"), count(during, "2")) == (2, 0, 1)
+    assert during["sessionrl_gc_pause_seconds_sum", (("generation", "2"),)] > 0
+    assert count(after, "2") == 1  # the collection after the block was not timed

@@ -3,7 +3,7 @@
 The store, the skill executor and the engine are opened in the lifespan and kept on `app.state`; tokens,
 the rate limiter and the metrics registry are built with the app. Nothing lives at module level, so any
 number of apps can run in one process (the tests do). While it runs, a service collects the youngest
-generation of garbage less often (`YOUNG_GC_THRESHOLD`).
+generation of garbage less often (`YOUNG_GC_THRESHOLD`) and times the collector's pauses for `/metrics`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def create_app(
         engine = Orchestrator(store, executor, backends, config.orchestrator)
         app.state.engine = engine
         try:
-            with young_gc_threshold(YOUNG_GC_THRESHOLD):
+            with young_gc_threshold(YOUNG_GC_THRESHOLD), app.state.metrics.gc_pauses():
                 yield
         finally:
             app.state.engine = None

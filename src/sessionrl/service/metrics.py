@@ -2,15 +2,21 @@
 
 `Metrics.middleware` counts requests by route template and status and times them; step outcomes are
 counted by the steps router; cache, commit and lane figures are read from the engine at scrape time.
+While `Metrics.gc_pauses()` is open (the service's lifespan), every pause of Python's cyclic garbage
+collector is timed by generation: while it runs, no thread of the process runs Python, and it is where a request's time
+goes when latency has a tail the steps themselves do not explain.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from bisect import bisect_left
 from collections import Counter as TallyCounter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import accumulate
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -37,13 +43,32 @@ class Metrics:
         tallies.requests[method, route, str(status)] += 1
         timed = tallies.latency.get(route)
         if timed is None:
-            timed = tallies.latency[route] = [0.0] * (len(LATENCY_BUCKETS) + 2)
-        timed[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        timed[-1] += seconds
+            timed = tallies.latency[route] = new_histogram()
+        observe(timed, seconds)
 
     def count_step(self, kind: str, outcome: str) -> None:
         """Count one step of `kind` that ended with `outcome`."""
         self.tallies.steps[kind, outcome] += 1
+
+    @contextmanager
+    def gc_pauses(self) -> Iterator[None]:
+        """Time the garbage collector's pauses, by generation, while the block runs.
+
+        The collector is the process's: two apps open at once both count every pause.
+        """
+        started = [0.0]
+
+        def timed(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                observe(self.tallies.gc[str(info["generation"])], time.perf_counter() - started[0])
+
+        gc.callbacks.append(timed)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(timed)
 
     def watch(self, engine: Callable[[], Orchestrator | None]) -> None:
         """Publish the engine's cache size and misses, commits and busy lane slots (read when scraped)."""
@@ -106,14 +131,14 @@ class Tallies(Collector):
 
     Requests are counted several times a step; a labelled `prometheus_client` metric checks its state and
     takes a lock on every `inc` and `observe`, which cost a step about 3 us, while a scrape is rare.
-    `latency[route]` holds one count per bucket (a request lands in the first bucket whose bound is at
-    least its time; the one after the last bound is +Inf), then the sum of the times.
+    `latency[route]` and `gc[generation]` are histograms as `observe` keeps them.
     """
 
     def __init__(self) -> None:
         self.requests: TallyCounter[tuple[str, str, str]] = TallyCounter()
         self.latency: dict[str, list[float]] = {}
         self.steps: TallyCounter[tuple[str, str]] = TallyCounter()
+        self.gc: dict[str, list[float]] = {str(g): new_histogram() for g in range(len(gc.get_count()))}
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -121,19 +146,43 @@ class Tallies(Collector):
         )
         for request, count in list(self.requests.items()):  # a copy: a scrape may run beside the loop
             requests.add_metric(request, count)
-        latency = HistogramMetricFamily(
-            "sessionrl_http_request_seconds", "Time to answer an HTTP request.", labels=["route"]
+        latency = histogram_family(
+            "sessionrl_http_request_seconds", "Time to answer an HTTP request.", "route", self.latency
         )
-        for route, timed in list(self.latency.items()):
-            counts = list(accumulate(timed[:-1]))
-            buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, counts, strict=False)]
-            latency.add_metric([route], [*buckets, ("+Inf", counts[-1])], sum_value=timed[-1])
+        pauses = histogram_family(
+            "sessionrl_gc_pause_seconds",
+            "Pauses of Python's garbage collector (every thread waits), by generation collected.",
+            "generation",
+            self.gc,
+        )
         steps = CounterMetricFamily(
             "sessionrl_steps", "Steps run, by kind and outcome.", labels=["kind", "outcome"]
         )
         for step, count in list(self.steps.items()):
             steps.add_metric(step, count)
-        yield from (requests, latency, steps)
+        yield from (requests, latency, pauses, steps)
+
+
+def new_histogram() -> list[float]:
+    """An empty histogram over `LATENCY_BUCKETS`: one count per bucket (a value lands in the first bucket
+    whose bound is at least the value; the one after the last bound is +Inf), then the sum of the values."""
+    return [0.0] * (len(LATENCY_BUCKETS) + 2)
+
+
+def observe(histogram: list[float], seconds: float) -> None:
+    """Count `seconds` in `histogram` (see `new_histogram`)."""
+    histogram[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+    histogram[-1] += seconds
+
+
+def histogram_family(name: str, documentation: str, label: str, data: dict[str, list[float]]) -> Metric:
+    """Prometheus histograms (cumulative buckets) of `data`'s histograms, one per value of `label`."""
+    family = HistogramMetricFamily(name, documentation, labels=[label])
+    for value, histogram in list(data.items()):  # a copy: a scrape may run beside the loop
+        counts = list(accumulate(histogram[:-1]))
+        buckets = [(str(bound), count) for bound, count in zip(LATENCY_BUCKETS, counts, strict=False)]
+        family.add_metric([value], [*buckets, ("+Inf", counts[-1])], sum_value=histogram[-1])
+    return family
 
 
 def _lane_running(kind: StepKind) -> Callable[[Orchestrator], float]:
