@@ -3,8 +3,8 @@
 `Metrics.middleware` counts requests by route template and status and times them; step outcomes are
 counted by the steps router; cache, commit and lane figures are read from the engine at scrape time.
 While `Metrics.gc_pauses()` is open (the service's lifespan), every pause of Python's cyclic garbage
-collector is timed by generation: while it runs, no thread of the process runs Python, and it is where a request's time
-goes when latency has a tail the steps themselves do not explain.
+collector is timed by generation: while it runs no thread of the process runs Python, so it is where a
+request's time goes when latency has a tail the steps themselves do not explain.
 """
 
 from __future__ import annotations
