@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+RUN    := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 BENCH  := $(VENV)/.installed-bench
 
@@ -11,9 +12,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# torch is pinned first so the CPU build on this machine is used, not a multi-GB CUDA download.
-$(DEV): pyproject.toml | $(PY)
+# torch is pinned first so the CPU build on this machine is used, not a multi-GB CUDA download. The demo
+# needs the package alone; the test and lint tools (the `dev` extra) take longer to install than it does.
+$(RUN): pyproject.toml | $(PY)
 	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(DEV): pyproject.toml $(RUN)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -21,7 +27,7 @@ $(BENCH): pyproject.toml $(DEV)
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-demo: $(DEV)
+demo: $(RUN)
 	$(VENV)/bin/sessionrl demo
 
 test: $(DEV)
