@@ -151,7 +151,7 @@ class Tallies(Collector):
         )
         pauses = histogram_family(
             "sessionrl_gc_pause_seconds",
-            "Pauses of Python's garbage collector (no thread runs Python meanwhile), by generation collected.",
+            "Pauses of Python's garbage collector (no thread runs Python meanwhile), by generation.",
             "generation",
             self.gc,
         )
