@@ -8,6 +8,9 @@
 2. Slow tools: 1,000 sessions in flight, 5 tool steps each on a skill of 820 ± 340 ms; sessions/s
    against the ideal (concurrency ÷ mean session time, 1000 / 4.1 s). The same workload run by one
    synchronous loop per CPU core (one step at a time per worker) gives the speed-up.
+3. With `--pair` (and wrk): two server processes on one store file take the step load at once, half the
+   connections each, each on the sessions it opened. Nothing routes a session's requests between them,
+   so their sum is the most a second process on the same store could add on this machine.
 
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection) when it is
 installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on asyncio, which costs the
@@ -37,6 +40,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -250,15 +254,17 @@ def server_cpu_s(pid: int, *, main_thread: bool = False) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk_load(folder: Path, port: int, paths: list[str], seconds: float) -> dict[str, float]:
-    """CONCURRENCY wrk connections post tool steps to `paths` for `seconds`; the failed count must be 0."""
-    script = folder / "steps.lua"
+def wrk_load(
+    folder: Path, port: int, paths: list[str], seconds: float, connections: int = CONCURRENCY
+) -> dict[str, float]:
+    """`connections` wrk connections post tool steps to `paths` for `seconds`; the failed count must be 0."""
+    script = folder / f"steps-{port}.lua"
     script.write_text(WRK_SCRIPT.replace("STEPS", str(STEPS_PER_SESSION)))
     listing = folder / f"paths-{port}.txt"
     listing.write_text("\n".join(paths) + "\n")
     body = json.dumps({"kind": "tool", "payload": {"tool": "echo", "params": {}}})
     command = [
-        *("wrk", "-t1", f"-c{CONCURRENCY}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"),
+        *("wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"),
         *("-s", str(script), f"http://{HOST}:{port}", "--", str(listing), body, TOKEN),
     ]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -386,7 +392,7 @@ def server(args: list[str], port: int) -> Iterator[int]:
         proc.wait(timeout=30)
 
 
-def sessionrl_server(folder: Path, skill: str, port: int) -> list[str]:
+def sessionrl_server(folder: Path, skill: str, port: int, db: Path | None = None) -> list[str]:
     skills = folder / f"skills-{port}"
     skills.mkdir()
     (skills / "skill.yaml").write_text(skill)
@@ -396,7 +402,7 @@ def sessionrl_server(folder: Path, skill: str, port: int) -> list[str]:
         entry,
         "serve",
         "--db",
-        str(folder / f"bench-{port}.db"),
+        str(db or folder / f"bench-{port}.db"),
         "--skills",
         str(skills),
         "--port",
@@ -456,6 +462,31 @@ def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
     }
 
 
+def run_pair(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
+    """Two `sessionrl serve` processes on one store file, loaded at once, each by half the connections on
+    the half of the sessions it opened: what a second process could add to one store at best, since
+    nothing routes a session's requests from one process to the other here. Warm-up window first."""
+    ports = (free_port(), free_port())
+    db = folder / "pair.db"
+    with (
+        server(sessionrl_server(folder, FAST_SKILL, ports[0], db), ports[0]),
+        server(sessionrl_server(folder, FAST_SKILL, ports[1], db), ports[1]),
+        ThreadPoolExecutor(2) as pool,
+    ):
+        halves = [asyncio.run(create_sessions(port, STEP_SESSIONS // 2)) for port in ports]
+
+        def window(part: int, i: int) -> dict[str, float]:
+            paths = [f"/v1/sessions/{sid}/steps" for sid in halves[i][part :: rounds + 1]]
+            return wrk_load(folder, ports[i], paths, window_s, connections=CONCURRENCY // 2)
+
+        windows = [list(pool.map(window, [part] * 2, range(2))) for part in range(rounds + 1)][1:]
+    totals = [sum(w["rps"] for w in pair) for pair in windows]
+    return {
+        "pair_steps_per_s": statistics.median(totals),
+        "pair_p99_ms": statistics.median(max(w["p99_ms"] for w in pair) for pair in windows),
+    }
+
+
 def median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -485,6 +516,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="Shorter windows (a smoke run).")
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help="Also load two server processes on one store file, half the sessions each (needs wrk).",
+    )
     args = parser.parse_args()
     if args.bare:
         serve_bare(args.bare)
@@ -510,6 +546,16 @@ def main() -> None:
             f"-{steps['ceiling_ratio_max']:.0%}; {steps['ceiling_cpu_ratio']:.0%} by CPU)",
             flush=True,
         )
+        pair = run_pair(folder, rounds, window) if args.pair and shutil.which("wrk") else {}
+        if args.pair and not pair:
+            print("two processes: skipped, wrk is not installed", flush=True)
+        if pair:
+            print(
+                f"two processes on one store file, {CONCURRENCY // 2} connections each on its own sessions:"
+                f" {pair['pair_steps_per_s']:.0f}/s in all, p99 {pair['pair_p99_ms']:.1f} ms (median of"
+                f" the worse process's) = {pair['pair_steps_per_s'] / steps['steps_per_s']:.2f}x one process",
+                flush=True,
+            )
         slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, slow_s, sync_s)
         print(
             f"slow tools: {slow['slow_tool_sessions_per_s']:.1f} sessions/s"
@@ -518,7 +564,7 @@ def main() -> None:
             f" {slow['sync_sessions_per_s']:.2f} sessions/s -> speed-up {slow['sync_speedup']:.0f}x",
             flush=True,
         )
-    print(json.dumps({k: round(v, 4) for k, v in {**steps, **slow, "load_average": load}.items()}))
+    print(json.dumps({k: round(v, 4) for k, v in {**steps, **pair, **slow, "load_average": load}.items()}))
 
 
 if __name__ == "__main__":
