@@ -44,3 +44,12 @@ def test_the_session_cache_is_sized_from_the_command_line(
     sized = served(monkeypatch, tmp_path, "--cache-sessions", "50000")["app"].state.config.orchestrator
     assert (default, sized.cache_size) == (10_000, 50_000)
     assert runner.invoke(app, ["serve", "--cache-sessions", "0"]).exit_code == 2
+
+
+def test_full_collections_are_spaced_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    default = served(monkeypatch, tmp_path)["app"].state.config.full_gc_every_s
+    spaced = served(monkeypatch, tmp_path, "--full-gc-every", "60")["app"].state.config.full_gc_every_s
+    assert (default, spaced) == (600.0, 60.0)
+    assert runner.invoke(app, ["serve", "--full-gc-every", "0"]).exit_code == 2

@@ -47,6 +47,15 @@ def serve(
             "session was evicted re-reads it from the store.",
         ),
     ] = CACHE_SESSIONS,
+    full_gc_every: Annotated[
+        float,
+        typer.Option(
+            "--full-gc-every",
+            min=0.001,
+            help="Seconds between full garbage collections; in between, collections skip objects that "
+            "survived one.",
+        ),
+    ] = 600.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
     proxy_headers: Annotated[
         bool,
@@ -64,6 +73,7 @@ def serve(
         "rate_burst": max(1, int(rate * 2)),
         "time_factor": time_factor,
         "orchestrator": OrchestratorConfig(cache_size=cache_sessions),
+        "full_gc_every_s": full_gc_every,
     }
     if tokens is not None:
         fields["tokens"] = parse_tokens(tokens)

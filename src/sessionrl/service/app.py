@@ -2,15 +2,14 @@
 
 The store, the skill executor and the engine are opened in the lifespan and kept on `app.state`; tokens,
 the rate limiter and the metrics registry are built with the app. Nothing lives at module level, so any
-number of apps can run in one process (the tests do). While it runs, a service collects the youngest
-generation of garbage less often (`YOUNG_GC_THRESHOLD`) and times the collector's pauses for `/metrics`.
+number of apps can run in one process (the tests do). While it runs, a service schedules the garbage
+collector for its long-lived sessions (`collector`) and times the collector's pauses for `/metrics`.
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,6 +20,7 @@ from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import problems
 from sessionrl.service.auth import RateLimiter, TokenTable
+from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
@@ -60,8 +60,9 @@ def create_app(
         engine = Orchestrator(store, executor, backends, config.orchestrator)
         app.state.engine = engine
         try:
-            with young_gc_threshold(YOUNG_GC_THRESHOLD), app.state.metrics.gc_pauses():
-                yield
+            async with scheduled_collector(config.full_gc_every_s):
+                with app.state.metrics.gc_pauses():
+                    yield
         finally:
             app.state.engine = None
             await engine.aclose()
@@ -91,28 +92,6 @@ def create_app(
     app.add_middleware(_Measured, metrics=metrics)
     _document_problems(app)
     return app
-
-
-YOUNG_GC_THRESHOLD = 20_000
-"""Allocations between collections of the youngest generation while a service runs (Python's default: 700).
-
-A request allocates hundreds of container objects, nearly all freed at once by reference counting. At
-the default the collector ran every few requests, and every tenth run re-scanned the middle generation,
-where the cached sessions wait to be promoted; its older generations keep their own thresholds. Measured
-with `bench/orchestrator.py`'s step load: server CPU 0.54-0.58 -> 0.38-0.41 ms per step, p99 190 -> 55 ms.
-"""
-
-
-@contextmanager
-def young_gc_threshold(threshold: int) -> Iterator[None]:
-    """Collect the youngest generation at most every `threshold` allocations inside the block (a higher
-    threshold already set is kept); the thresholds before it are restored when it ends."""
-    before = gc.get_threshold()
-    gc.set_threshold(max(threshold, before[0]), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 class _Service(FastAPI):

@@ -60,6 +60,12 @@ class ServiceConfig(BaseModel):
         default=None, description="Folder of YAML contracts served as simulated skills (when none are given)."
     )
     time_factor: float = Field(default=1.0, gt=0, description="Wall seconds per simulated skill second.")
+    full_gc_every_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds between full garbage collections; in between, collections skip what survived "
+        "one (see `sessionrl.service.collector`).",
+    )
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
 
     @field_validator("tokens")

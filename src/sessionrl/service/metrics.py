@@ -36,6 +36,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tallies = Tallies()
         self.registry.register(self.tallies)
+        Gauge(
+            "sessionrl_gc_frozen_objects",
+            "Objects no garbage collection walks until the next full one (see sessionrl.service.collector).",
+            registry=self.registry,
+        ).set_function(lambda: float(gc.get_freeze_count()))
 
     def answered(self, method: str, route: str, status: int, seconds: float) -> None:
         """Count one HTTP request to `route` answered with `status`, and time it."""
