@@ -10,7 +10,8 @@
    synchronous loop per CPU core (one step at a time per worker) gives the speed-up.
 3. With `--pair` (and wrk): two server processes on one store file take the step load at once, half the
    connections each, each on the sessions it opened. Nothing routes a session's requests between them,
-   so their sum is the most a second process on the same store could add on this machine.
+   so their sum is the most a second process on the same store could add on this machine. Two bare
+   endpoints loaded the same way, in alternating windows, are the ceiling of two processes.
 
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection) when it is
 installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on asyncio, which costs the
@@ -465,25 +466,37 @@ def run_steps(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
 def run_pair(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
     """Two `sessionrl serve` processes on one store file, loaded at once, each by half the connections on
     the half of the sessions it opened: what a second process could add to one store at best, since
-    nothing routes a session's requests from one process to the other here. Warm-up window first."""
-    ports = (free_port(), free_port())
+    nothing routes a session's requests from one process to the other here. Two bare endpoints take the
+    same load in alternating windows: the two processes' ceiling. A warm-up window each first."""
+    ours, bare = (free_port(), free_port()), (free_port(), free_port())
     db = folder / "pair.db"
     with (
-        server(sessionrl_server(folder, FAST_SKILL, ports[0], db), ports[0]),
-        server(sessionrl_server(folder, FAST_SKILL, ports[1], db), ports[1]),
+        server(sessionrl_server(folder, FAST_SKILL, ours[0], db), ours[0]),
+        server(sessionrl_server(folder, FAST_SKILL, ours[1], db), ours[1]),
+        server([__file__, "--bare", str(bare[0])], bare[0]),
+        server([__file__, "--bare", str(bare[1])], bare[1]),
         ThreadPoolExecutor(2) as pool,
     ):
-        halves = [asyncio.run(create_sessions(port, STEP_SESSIONS // 2)) for port in ports]
+        halves = [asyncio.run(create_sessions(port, STEP_SESSIONS // 2)) for port in ours]
 
-        def window(part: int, i: int) -> dict[str, float]:
-            paths = [f"/v1/sessions/{sid}/steps" for sid in halves[i][part :: rounds + 1]]
-            return wrk_load(folder, ports[i], paths, window_s, connections=CONCURRENCY // 2)
+        def window(ports: tuple[int, int], paths: list[list[str]]) -> dict[str, float]:
+            def load(i: int) -> dict[str, float]:
+                return wrk_load(folder, ports[i], paths[i], window_s, connections=CONCURRENCY // 2)
 
-        windows = [list(pool.map(window, [part] * 2, range(2))) for part in range(rounds + 1)][1:]
-    totals = [sum(w["rps"] for w in pair) for pair in windows]
+            both = list(pool.map(load, range(2)))
+            return {"rps": sum(w["rps"] for w in both), "p99_ms": max(w["p99_ms"] for w in both)}
+
+        runs: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
+        for part in range(rounds + 1):
+            steps = [[f"/v1/sessions/{sid}/steps" for sid in half[part :: rounds + 1]] for half in halves]
+            runs[0].append(window(ours, steps))
+            runs[1].append(window(bare, [["/v1/sessions/bare/steps"]] * 2))
+    ratios = [s["rps"] / b["rps"] for s, b in zip(runs[0][1:], runs[1][1:], strict=True)]
     return {
-        "pair_steps_per_s": statistics.median(totals),
-        "pair_p99_ms": statistics.median(max(w["p99_ms"] for w in pair) for pair in windows),
+        "pair_steps_per_s": median(runs[0][1:], "rps"),
+        "pair_p99_ms": median(runs[0][1:], "p99_ms"),
+        "pair_ceiling_rps": median(runs[1][1:], "rps"),
+        "pair_ceiling_ratio": statistics.median(ratios),
     }
 
 
@@ -553,7 +566,9 @@ def main() -> None:
             print(
                 f"two processes on one store file, {CONCURRENCY // 2} connections each on its own sessions:"
                 f" {pair['pair_steps_per_s']:.0f}/s in all, p99 {pair['pair_p99_ms']:.1f} ms (median of"
-                f" the worse process's) = {pair['pair_steps_per_s'] / steps['steps_per_s']:.2f}x one process",
+                f" the worse process's) = {pair['pair_steps_per_s'] / steps['steps_per_s']:.2f}x one process"
+                f"  | two bare FastAPI processes {pair['pair_ceiling_rps']:.0f}/s"
+                f"  -> {pair['pair_ceiling_ratio']:.0%} of their ceiling",
                 flush=True,
             )
         slow = run_slow(folder, 2 * SLOW_STEPS * SLOW_MEAN_S, slow_s, sync_s)
