@@ -12,6 +12,7 @@ import uvicorn
 
 from sessionrl.orchestrator import OrchestratorConfig
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
+from sessionrl.service.collector import FULL_GC_EVERY_S
 
 CACHE_SESSIONS = OrchestratorConfig.model_fields["cache_size"].default
 
@@ -55,7 +56,7 @@ def serve(
             help="Seconds between full garbage collections; in between, collections skip objects that "
             "survived one.",
         ),
-    ] = 600.0,
+    ] = FULL_GC_EVERY_S,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
     proxy_headers: Annotated[
         bool,

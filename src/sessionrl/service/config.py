@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrl.orchestrator.config import OrchestratorConfig
+from sessionrl.service.collector import FULL_GC_EVERY_S
 
 TOKENS_ENV = "SESSIONRL_TOKENS"
 
@@ -61,7 +62,7 @@ class ServiceConfig(BaseModel):
     )
     time_factor: float = Field(default=1.0, gt=0, description="Wall seconds per simulated skill second.")
     full_gc_every_s: float = Field(
-        default=600.0,
+        default=FULL_GC_EVERY_S,
         gt=0,
         description="Seconds between full garbage collections; in between, collections skip what survived "
         "one (see `sessionrl.service.collector`).",

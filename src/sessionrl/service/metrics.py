@@ -4,7 +4,8 @@
 counted by the steps router; cache, commit and lane figures are read from the engine at scrape time.
 While `Metrics.gc_pauses()` is open (the service's lifespan), every pause of Python's cyclic garbage
 collector is timed by generation: while it runs no thread of the process runs Python, so it is where a
-request's time goes when latency has a tail the steps themselves do not explain.
+request's time goes when latency has a tail the steps themselves do not explain. A gauge counts the
+objects the collector skips until its next full collection (see `sessionrl.service.collector`).
 """
 
 from __future__ import annotations
