@@ -94,3 +94,21 @@ async def test_the_scheduled_full_collection_reclaims_frozen_cycles(defaults: tu
             while dropped() is not None:
                 await asyncio.sleep(0.01)
     assert gc.get_freeze_count() == 0
+
+
+def test_blocks_closed_out_of_order_restore_the_collector_when_the_last_one_closes(
+    defaults: tuple[int, int, int],
+) -> None:
+    callbacks = list(gc.callbacks)
+    first, second = tuned_collector(1_000), tuned_collector(5_000)
+    first.__enter__()
+    second.__enter__()
+    assert gc.get_threshold() == (5_000, 10, 10)
+    first.__exit__(None, None, None)  # the first service stops while the second still runs
+    gc.collect(0)
+    assert gc.get_threshold() == (5_000, 10, 10)
+    assert gc.get_freeze_count() > 0
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == defaults
+    assert gc.get_freeze_count() == 0
+    assert gc.callbacks == callbacks
