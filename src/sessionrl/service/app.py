@@ -1,9 +1,10 @@
 """The app factory: `create_app(config, skills=..., backends=...)` builds one independent service.
 
 The store, the skill executor and the engine are opened in the lifespan and kept on `app.state`; tokens,
-the rate limiter and the metrics registry are built with the app. Nothing lives at module level, so any
-number of apps can run in one process (the tests do). While it runs, a service schedules the garbage
-collector for its long-lived sessions (`collector`) and times the collector's pauses for `/metrics`.
+the rate limiter and the metrics registry are built with the app. Nothing of an app lives at module level,
+so any number of apps can run in one process (the tests do). While it runs, a service schedules the
+garbage collector for its long-lived sessions (`collector`, which counts the services sharing the
+process's collector) and times the collector's pauses for `/metrics`.
 """
 
 from __future__ import annotations
