@@ -34,7 +34,7 @@ from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.rollout import EpisodeSpec, RolloutConfig, prompt_messages, rollout
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
-from sessionrl.train.data import (
+from sessionrl.train.llm.data import (
     TokenSequence,
     Turn,
     demonstration_turns,
@@ -43,8 +43,8 @@ from sessionrl.train.data import (
     pack,
     padding_fraction,
 )
-from sessionrl.train.grpo import GRPOConfig, GRPOTrainer
-from sessionrl.train.run import split_digits, tokenizer_corpus
+from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
+from sessionrl.train.llm.run import split_digits, tokenizer_corpus
 
 ROLLOUT = RolloutConfig(full_schemas=False, domain_policy=False, max_tool_chars=300)
 

@@ -25,7 +25,7 @@ from sessionrl.rollout import (
 )
 from sessionrl.session.model import FeedbackType, Message, SessionCreate, SessionState
 from sessionrl.store import SessionStore
-from sessionrl.train.data import call_message
+from sessionrl.train.llm.data import call_message
 
 CONFIG = RolloutConfig(full_schemas=False, domain_policy=False, max_steps=6, max_invalid=2)
 

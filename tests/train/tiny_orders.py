@@ -16,7 +16,7 @@ from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.rollout import EpisodeSpec, RolloutConfig, prompt_messages, rollout
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
-from sessionrl.train.run import tokenizer_corpus
+from sessionrl.train.llm.run import tokenizer_corpus
 
 SMALL_MODEL = TinyModelConfig(vocab_size=600, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 SHORT_PROMPTS = RolloutConfig(full_schemas=False, domain_policy=False, max_tool_chars=200, max_steps=3)

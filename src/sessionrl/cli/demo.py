@@ -1,5 +1,5 @@
 """`sessionrl demo`: the main job. A tiny policy learns the orders domain by imitation, then by GRPO, and
-both are evaluated on held-out tasks (`sessionrl.train.demo` says what runs and why the gain is honest).
+both are evaluated on held-out tasks (`sessionrl.train.llm.demo` says what runs and why the gain is honest).
 
 The training stack is imported when the command runs, so `sessionrl --help` stays quick.
 """
@@ -22,6 +22,6 @@ def command(
     ] = 100,
 ) -> None:
     """Imitation, then GRPO, on orders; the learning curve, the held-out metrics and one JSON line."""
-    from sessionrl.train.demo import main
+    from sessionrl.train.llm.demo import main
 
     main(out, rl_minutes=rl_minutes, eval_tasks=eval_tasks)

@@ -25,8 +25,8 @@ def train_command(
     everything goes under its run_dir."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.loop import train
-    from sessionrl.train.view import curve_table
+    from sessionrl.train.llm.loop import train
+    from sessionrl.train.llm.view import curve_table
 
     console = Console()
     run_config = RunConfig.load(config)
@@ -52,8 +52,8 @@ def eval_command(
     """Evaluate a run's exported policies (imitation and RL, where present) side by side."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.loop import evaluate_exported
-    from sessionrl.train.run import open_run
+    from sessionrl.train.llm.loop import evaluate_exported
+    from sessionrl.train.llm.run import open_run
 
     console = Console()
     config = RunConfig.load(run / "config.yaml").model_copy(update={"run_dir": run})

@@ -28,8 +28,8 @@ from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
 from sessionrl.rollout import RolloutConfig
-from sessionrl.train.grpo import GRPOConfig
-from sessionrl.train.sft import SFTConfig
+from sessionrl.train.llm.grpo import GRPOConfig
+from sessionrl.train.llm.sft import SFTConfig
 
 RETAIL_DATA_ENV = "SESSIONRL_RETAIL_DATA"
 """Environment variable naming the retail data folder when the config does not."""

@@ -16,9 +16,9 @@ from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.skills import ManualClock
 from sessionrl.store import SessionStore
-from sessionrl.train.structured_imitation import ImitationConfig, imitate
-from sessionrl.train.structured_rollout import StructuredRun, StructuredRunConfig, evaluate
-from sessionrl.train.structured_session import PLAN, SUBGOAL, Progress, observe, run_structured_sessions
+from sessionrl.train.structured.imitation import ImitationConfig, imitate
+from sessionrl.train.structured.rollout import StructuredRun, StructuredRunConfig, evaluate
+from sessionrl.train.structured.session import PLAN, SUBGOAL, Progress, observe, run_structured_sessions
 
 ENV = OrdersEnv(DomainConfig(train=36, dev=0, test=12, time_factor=0, transient_failures=False))
 RUN = StructuredRunConfig(num_envs=1)

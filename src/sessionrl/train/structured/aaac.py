@@ -1,6 +1,6 @@
 """AAAC (adaptive-λ, dual-critic actor-critic) for the structured policy on a Gymnasium view of an env.
 
-What it adds to PPO (`sessionrl.train.ppo`), round by round:
+What it adds to PPO (`sessionrl.train.structured.ppo`), round by round:
 
 * **adaptive TD(λ)**: every episode gets its own λ from its length (`losses.adaptive_lambda`: short
   episodes lean on Monte Carlo returns, long ones on the critic), used for its advantages and its critics'
@@ -24,8 +24,8 @@ from torch import Tensor
 from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.structured import StructuredPolicy
 from sessionrl.train.losses import adaptive_lambda, decaying_beta, dual_critic_advantage, gae
-from sessionrl.train.ppo import RoundTargets, train_clipped
-from sessionrl.train.structured_rollout import IterationLog, Rollout, StructuredRun, StructuredRunConfig
+from sessionrl.train.structured.ppo import RoundTargets, train_clipped
+from sessionrl.train.structured.rollout import IterationLog, Rollout, StructuredRun, StructuredRunConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ def train_aaac(
     on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
-    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log.
+    for the same `config.run`, e.g. by `sessionrl.train.structured.imitation.imitate`). `on_log` sees every round's log.
 
     The rounds are PPO's (`ppo.train_clipped`) with `dual_advantages` as targets and the decaying KL penalty.
     """

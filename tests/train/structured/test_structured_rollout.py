@@ -7,8 +7,8 @@ import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.structured_imitation import ImitationConfig, clone, demonstrations, expert_action
-from sessionrl.train.structured_rollout import (
+from sessionrl.train.structured.imitation import ImitationConfig, clone, demonstrations, expert_action
+from sessionrl.train.structured.rollout import (
     EpisodeStats,
     StructuredRunConfig,
     Summary,

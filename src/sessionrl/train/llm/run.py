@@ -6,7 +6,7 @@ metrics log. Everything lives under the run folder::
     reward_stats.json    the reward shaper's running layer statistics
     base/                the initial policy (the tiny model and its tokenizer, when built here)
     sft_policy/          the policy after imitation; rl_policy/ after reinforcement learning
-    checkpoint/          the latest checkpoint (see `sessionrl.train.checkpoint`)
+    checkpoint/          the latest checkpoint (see `sessionrl.train.llm.checkpoint`)
     metrics.jsonl, tb/   one JSON line per logged step, and the same scalars for TensorBoard
 """
 
@@ -31,10 +31,10 @@ from sessionrl.rewards.engine import RewardEngine
 from sessionrl.rollout import prompt_messages
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
-from sessionrl.train.checkpoint import LoopState
+from sessionrl.train.llm.checkpoint import LoopState
 from sessionrl.train.config import RunConfig
-from sessionrl.train.data import call_message
-from sessionrl.train.feed import RewardShaper
+from sessionrl.train.llm.data import call_message
+from sessionrl.train.llm.feed import RewardShaper
 
 
 class MetricsLog:

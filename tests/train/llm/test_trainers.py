@@ -11,11 +11,11 @@ from tiny_orders import SHORT_PROMPTS, OrdersWorld
 
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.session.model import Message
-from sessionrl.train.checkpoint import LoopState, load_checkpoint, read_state, save_checkpoint
-from sessionrl.train.data import TokenSequence, Turn, collate, demonstration_turns, merge_turns
-from sessionrl.train.grpo import GRPOConfig, GRPOTrainer
-from sessionrl.train.sft import SFTConfig, SFTTrainer
-from sessionrl.train.update import token_logprobs
+from sessionrl.train.llm.checkpoint import LoopState, load_checkpoint, read_state, save_checkpoint
+from sessionrl.train.llm.data import TokenSequence, Turn, collate, demonstration_turns, merge_turns
+from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
+from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
+from sessionrl.train.llm.update import token_logprobs
 
 
 def demos(world: OrdersWorld, policy: HFPolicy) -> list[TokenSequence]:

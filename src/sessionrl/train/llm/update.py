@@ -1,6 +1,6 @@
 """What every trainer does with a packed batch: token log-probabilities, and one accumulated update.
 
-A batch is split into micro-batches (`sessionrl.train.data.packed`). Each micro-batch's loss is a mean
+A batch is split into micro-batches (`sessionrl.train.llm.data.packed`). Each micro-batch's loss is a mean
 over its own policy tokens; scaled by its share of the batch's policy tokens, the summed gradients equal
 those of one token-level mean over the whole batch, whatever the packing.
 """
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from sessionrl.train.data import MicroBatch, PackedBatch
+from sessionrl.train.llm.data import MicroBatch, PackedBatch
 
 LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 """A micro-batch's loss (token mean over its policy tokens) and diagnostics to average the same way."""

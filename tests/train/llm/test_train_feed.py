@@ -10,7 +10,7 @@ from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.events import FeedbackAdded, LLMCallRecorded, StateChanged
 from sessionrl.session.model import Feedback, FeedbackType, LLMCall, SessionCreate, SessionState
 from sessionrl.store import SessionStore
-from sessionrl.train.feed import RewardShaper, Scored, read_scored
+from sessionrl.train.llm.feed import RewardShaper, Scored, read_scored
 
 
 @pytest.fixture

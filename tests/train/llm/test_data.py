@@ -15,7 +15,7 @@ from sessionrl.orchestrator.policy import parse_tool_call
 from sessionrl.policy.llm import parse_final
 from sessionrl.policy.references import Context, resolve
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, utcnow
-from sessionrl.train.data import (
+from sessionrl.train.llm.data import (
     Turn,
     call_advantages,
     call_message,

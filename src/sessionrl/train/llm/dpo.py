@@ -37,7 +37,7 @@ from torch import Tensor
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.session.model import FeedbackType, LLMCall, Message, Session
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.train.data import ChatEncoder, MicroBatch, TokenSequence, collate
+from sessionrl.train.llm.data import ChatEncoder, MicroBatch, TokenSequence, collate
 from sessionrl.train.losses import dpo_loss
 
 

@@ -1,7 +1,7 @@
 """Supervised fine-tuning (imitation): raise the likelihood of the expert's actions, token by token.
 
 The data are expert sessions rendered as the turns a policy should produce
-(`sessionrl.train.data.demonstration_turns`); only the action tokens are trained.
+(`sessionrl.train.llm.data.demonstration_turns`); only the action tokens are trained.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import Tensor
 
-from sessionrl.train.data import MicroBatch, TokenSequence, packed
+from sessionrl.train.llm.data import MicroBatch, TokenSequence, packed
 from sessionrl.train.losses import masked_mean
-from sessionrl.train.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+from sessionrl.train.llm.update import UpdateStats, accumulate, build_optimizer, token_logprobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from sessionrl.envs.base import Split, Task
 from sessionrl.envs.gym import DecisionGymEnv, StructuredEnv
 from sessionrl.policy.encoder import TextEncoder
 from sessionrl.policy.structured import ActionLayout, StructuredAction, StructuredPolicy, flatten_observation
-from sessionrl.train.structured_rollout import (
+from sessionrl.train.structured.rollout import (
     StructuredRun,
     StructuredRunConfig,
     build_run,

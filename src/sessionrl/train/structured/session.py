@@ -42,7 +42,7 @@ from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Feedback, FeedbackType, Plan, Session, SessionCreate, SubGoal
 from sessionrl.skills import ExecutorConfig, SkillExecutor
 from sessionrl.store import SessionStore
-from sessionrl.train.structured_rollout import policy_step
+from sessionrl.train.structured.rollout import policy_step
 
 SUBGOAL: Final = "resolve"
 PLAN: Final = Plan(

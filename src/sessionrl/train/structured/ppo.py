@@ -20,7 +20,7 @@ from torch import Tensor
 from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.structured import StructuredPolicy
 from sessionrl.train.losses import clipped_pg_loss, gae, kl_penalty, value_loss
-from sessionrl.train.structured_rollout import (
+from sessionrl.train.structured.rollout import (
     IterationLog,
     Rollout,
     StructuredRun,
@@ -55,7 +55,7 @@ def train_ppo(
     on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
-    for the same `config.run`, e.g. by `structured_imitation.imitate`). `on_log` sees every round's log."""
+    for the same `config.run`, e.g. by `sessionrl.train.structured.imitation.imitate`). `on_log` sees every round's log."""
     return train_clipped(
         env, config.run, lambda batch: gae_targets(batch, config), policy=policy, on_log=on_log
     )

@@ -16,7 +16,7 @@ from sessionrl.eval.metrics import task_success
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Session, SessionState
 from sessionrl.store import SessionStore
-from sessionrl.train.data import lag
+from sessionrl.train.llm.data import lag
 
 REWARD_CHANGE = "reward"
 """Change-feed type of a saved reward version."""

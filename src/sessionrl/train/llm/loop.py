@@ -8,7 +8,7 @@
 
 Everything a stage does is read back from the store, never handed over in memory, so a resumed run
 (`resume=True`) continues from the last checkpoint with the same weights, optimiser, feed cursors and
-random states. Each stage reads top to bottom; the maths lives in `losses.py`.
+random states. Each stage reads top to bottom; the maths lives in `sessionrl.train.losses`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.rollout import EpisodeSpec, rollout
 from sessionrl.session.model import Session
-from sessionrl.train.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
+from sessionrl.train.llm.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
 from sessionrl.train.config import RunConfig
-from sessionrl.train.data import (
+from sessionrl.train.llm.data import (
     TokenSequence,
     call_advantages,
     demonstration_turns,
@@ -40,9 +40,9 @@ from sessionrl.train.data import (
     policy_turns,
     session_advantages,
 )
-from sessionrl.train.feed import FeedRead, read_scored
-from sessionrl.train.grpo import GRPOTrainer, frozen_copy
-from sessionrl.train.run import (
+from sessionrl.train.llm.feed import FeedRead, read_scored
+from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
+from sessionrl.train.llm.run import (
     Run,
     build_policy,
     evaluation_view,
@@ -50,8 +50,8 @@ from sessionrl.train.run import (
     open_run,
     tokenizer_corpus,
 )
-from sessionrl.train.sft import SFTTrainer
-from sessionrl.train.update import UpdateStats
+from sessionrl.train.llm.sft import SFTTrainer
+from sessionrl.train.llm.update import UpdateStats
 
 SEED_BITS = 31
 """Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws

@@ -7,8 +7,8 @@ import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.ppo import PPOConfig, train_ppo
-from sessionrl.train.structured_rollout import StructuredRunConfig, Summary, build_run, evaluate
+from sessionrl.train.structured.ppo import PPOConfig, train_ppo
+from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, build_run, evaluate
 
 
 def test_a_short_run_improves_completion_over_a_random_policy() -> None:

@@ -16,12 +16,12 @@ from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rollout import RolloutConfig, rollout
 from sessionrl.session.model import SessionState
 from sessionrl.store import SessionStore
-from sessionrl.train.checkpoint import read_state
+from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
-from sessionrl.train.grpo import GRPOConfig
-from sessionrl.train.loop import learn, resumed_policy, rl_specs, start_rl, train
-from sessionrl.train.run import open_run
-from sessionrl.train.sft import SFTConfig
+from sessionrl.train.llm.grpo import GRPOConfig
+from sessionrl.train.llm.loop import learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.llm.run import open_run
+from sessionrl.train.llm.sft import SFTConfig
 
 pytestmark = pytest.mark.slow
 SMALL = TinyModelConfig(vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
 from sessionrl.train.config import RunConfig
-from sessionrl.train.demo import demo_config
+from sessionrl.train.llm.demo import demo_config
 
 
 def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session import FeedbackAdded, LLMCallRecorded, SessionCreate
 from sessionrl.session.model import Feedback, FeedbackType, LLMCall, Message
 from sessionrl.store import SessionStore
-from sessionrl.train.data import TokenSequence, collate
-from sessionrl.train.dpo import (
+from sessionrl.train.llm.data import TokenSequence, collate
+from sessionrl.train.llm.dpo import (
     DPOConfig,
     DPOTrainer,
     Preference,

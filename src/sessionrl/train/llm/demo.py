@@ -49,10 +49,10 @@ from sessionrl.train.config import (
     RunConfig,
     SFTSection,
 )
-from sessionrl.train.grpo import GRPOConfig
-from sessionrl.train.loop import train
-from sessionrl.train.sft import SFTConfig
-from sessionrl.train.view import curve_table
+from sessionrl.train.llm.grpo import GRPOConfig
+from sessionrl.train.llm.loop import train
+from sessionrl.train.llm.sft import SFTConfig
+from sessionrl.train.llm.view import curve_table
 
 REWARD_RULES = Path(__file__).with_name("demo_rewards.yaml")
 """Outcome for the group ranking; the policy's own failed calls charged to the replies that made them."""

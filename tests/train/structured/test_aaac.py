@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
+from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
 from sessionrl.train.losses import gae
-from sessionrl.train.structured_rollout import StructuredRunConfig, build_run
+from sessionrl.train.structured.rollout import StructuredRunConfig, build_run
 
 
 def test_episode_rows_cut_after_each_done_and_align_right() -> None:
