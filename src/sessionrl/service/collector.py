@@ -4,7 +4,7 @@ A service holds many long-lived objects (each cached session's latest version li
 session's next step) and makes almost no cyclic garbage: what it frees, reference counting frees. The
 collector's default schedule still walks the survivors again and again: each young collection promotes
 them, every tenth walks everything promoted since the last, and a full collection walks the whole heap.
-Under step load those walks took 100-250 ms, during which no thread runs Python; they were the longest
+Under step load those walks are long, no thread runs Python while they last, and they were the longest
 stalls a request saw.
 
 While `tuned_collector()` is open:
@@ -20,11 +20,10 @@ When the last open block ends (two services in one process may stop in any order
 before the first come back and everything frozen is thawed (a freeze made before it, for a fork say,
 is thawed too).
 
-Measured with `bench/orchestrator.py`'s step load, 8 alternating 3 s windows against the same server
-without the freezing: worst window's p99 52 ms against 149 ms, median p99 41 against 46 ms, the same
-steps/s. Collections while serving found no garbage at all (0 objects in 18 collections), so little
-waits for the full collection; that one walks about a microsecond per object (400 ms over the 400,000
-objects of 9,000 cached sessions of 8 steps).
+Freezing shortens the latency tail without costing throughput (`bench/orchestrator.py` prints the GC
+pauses by generation beside the step latencies). Collections while serving find next to no garbage, so
+little waits for the full collection; its one walk grows with the number of objects the cached sessions
+hold.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ YOUNG_GC_THRESHOLD = 20_000
 """Allocations between collections of the youngest generation while a service runs (Python's default: 700).
 
 A request allocates hundreds of container objects, nearly all freed at once by reference counting. At
-the default the collector ran every few requests. Measured with `bench/orchestrator.py`'s step load:
-server CPU 0.54-0.58 -> 0.38-0.41 ms per step, p99 190 -> 55 ms.
+the default the collector runs every few requests, which costs server CPU per step and lengthens the
+latency tail.
 """
 
 

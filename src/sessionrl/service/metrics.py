@@ -136,7 +136,7 @@ class Tallies(Collector):
     scraped.
 
     Requests are counted several times a step; a labelled `prometheus_client` metric checks its state and
-    takes a lock on every `inc` and `observe`, which cost a step about 3 us, while a scrape is rare.
+    takes a lock on every `inc` and `observe`, a cost paid on every step, while a scrape is rare.
     `latency[route]` and `gc[generation]` are histograms as `observe` keeps them.
     """
 

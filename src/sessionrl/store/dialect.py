@@ -193,10 +193,10 @@ PRAGMAS = (
 """WAL so readers never block the writer; FULL so an acknowledged commit survives a power cut.
 
 The commit that takes the WAL past `wal_autocheckpoint` pages copies it into the database and syncs it,
-which costs that one append about two extra fsyncs. At SQLite's default of 1000 pages (4 MiB), with about
-8 pages written per single append, that was 0.8% of appends, right at the p99; 4000 pages (16 MiB) makes
-it 0.2%, each checkpoint no slower (its fsyncs dominate), and pages rewritten between checkpoints (the
-outbox tail, index leaves) are copied once instead of up to four times.
+which costs that one append extra fsyncs. At SQLite's default of 1000 pages such appends are frequent
+enough to sit at the append latency's p99; four times the pages makes them four times rarer, each
+checkpoint no slower (its fsyncs dominate), and pages rewritten between checkpoints (the outbox tail,
+index leaves) are copied once instead of up to four times.
 """
 
 CONTAINS = "{column} LIKE ? ESCAPE '\\'"

@@ -2,8 +2,8 @@
 
 A `SessionQuery` compiles to one WHERE clause on `sessions s` whose side conditions are
 `s.session_id IN (SELECT session_id FROM <side table> WHERE ...)`: each side table is searched once
-(through its index where there is one) rather than once per session, which keeps questions over 100k
-sessions in tens of milliseconds. `comment_contains` finds its feedback rows through the trigram index
+(through its index where there is one) rather than once per session, so a question's cost follows the
+rows it matches rather than the number of sessions stored. `comment_contains` finds its feedback rows through the trigram index
 `feedback_text` (see `sessionrl.store.dialect`) rather than by scanning every comment. The same question
 written by hand against `store.sql` gives the same answer.
 """
