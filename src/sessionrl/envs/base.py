@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sessionrl.envs.faults import Faults
 from sessionrl.skills import Skill, SkillContract
@@ -163,4 +163,22 @@ class DecisionEnv(Protocol):
 
     def expert(self, task: Task) -> ExpertPlan:
         """A plan that solves `task` when replayed on a fresh episode."""
+        ...
+
+
+@runtime_checkable
+class NamesEntities(Protocol):
+    """An environment that says which entities a correct solution of a task must use (for ER@5)."""
+
+    def expected_entities(self, task: Task) -> Sequence[str]:
+        """Ids or values a solution's tool calls must mention."""
+        ...
+
+
+@runtime_checkable
+class GoldPlans(Protocol):
+    """An environment whose tasks carry gold actions (τ-bench style), replayable as a plan."""
+
+    def gold(self, task: Task) -> ExpertPlan:
+        """The task's gold actions as a plan, ending with a message that says every expected output."""
         ...
