@@ -32,8 +32,8 @@ from rich.table import Table
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
-from sessionrl.train.structured.ppo import PPOConfig, train_ppo
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
+from sessionrl.train.structured.ppo import PPOConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
 
 OUT = Path("runs/bench")

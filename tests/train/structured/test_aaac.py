@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
 from sessionrl.train.losses import gae
+from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
+from sessionrl.train.structured.ppo import UpdateConfig
 from sessionrl.train.structured.rollout import StructuredRunConfig, build_run
 
 
@@ -77,10 +78,11 @@ def test_a_short_run_trains_both_critics_and_decays_beta() -> None:
     """Two rounds of one epoch of two minibatches: four optimiser steps, so the last β is β0·0.999³; the
     policy, the reward critic and the risk critic all moved."""
     env = OrdersEnv(DomainConfig(train=24, dev=0, test=0, time_factor=0, transient_failures=False))
-    run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, epochs=1, minibatches=2, seed=3)
+    run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, seed=3)
+    update = UpdateConfig(epochs=1, minibatches=2)
     logs = []
-    result = train_aaac(env, AAACConfig(run=run, beta0=0.2), on_log=logs.append)
-    initial, _, _, _ = build_run(env, run)  # the same seed builds the same starting policy
+    result = train_aaac(env, AAACConfig(run=run, update=update, beta0=0.2), on_log=logs.append)
+    initial, _, _ = build_run(env, run)  # the same seed builds the same starting policy
     assert [log.env_steps for log in logs] == [32, 64]
     assert logs[-1].kl_beta == pytest.approx(0.2 * 0.999**3)
     for name in ("skill_head", "value_head", "risk_head"):

@@ -7,7 +7,7 @@ import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.structured.ppo import PPOConfig, train_ppo
+from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, build_run, evaluate
 
 
@@ -19,7 +19,7 @@ def test_a_short_run_improves_completion_over_a_random_policy() -> None:
     run = StructuredRunConfig(iterations=8, seed=0)
     logs = []
     trained = train_ppo(env, PPOConfig(run=run), on_log=logs.append)
-    untrained, encoder, _, _ = build_run(env, run)
+    untrained, encoder, _ = build_run(env, run)
     random = Summary.of(evaluate(untrained, encoder, env, Split.TEST, greedy=False))
     learned = Summary.of(evaluate(trained.policy, trained.encoder, env, Split.TEST))
     assert learned.completion >= random.completion + 0.1
@@ -33,9 +33,10 @@ def test_ppo_leaves_the_risk_critic_alone() -> None:
     """PPO's targets carry no risk returns, so the shared clipped loop gives the risk head no loss: after
     two rounds (four optimiser steps) it is exactly the starting one while the skill and value heads moved."""
     env = OrdersEnv(DomainConfig(train=24, dev=0, test=0, time_factor=0, transient_failures=False))
-    run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, epochs=1, minibatches=2, seed=3)
-    trained = train_ppo(env, PPOConfig(run=run))
-    initial, _, _, _ = build_run(env, run)  # the same seed builds the same starting policy
+    run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, seed=3)
+    update = UpdateConfig(epochs=1, minibatches=2)
+    trained = train_ppo(env, PPOConfig(run=run, update=update))
+    initial, _, _ = build_run(env, run)  # the same seed builds the same starting policy
     torch.testing.assert_close(trained.policy.risk_head.weight, initial.risk_head.weight, rtol=0, atol=0)
     for name in ("skill_head", "value_head"):
         assert not torch.allclose(getattr(initial, name).weight, getattr(trained.policy, name).weight), name
@@ -46,7 +47,7 @@ def test_ppo_leaves_the_risk_critic_alone() -> None:
     [
         (lambda: PPOConfig(gae_lambda=1.5), "gae_lambda"),
         (lambda: StructuredRunConfig(num_envs=0), "num_envs"),
-        (lambda: StructuredRunConfig(gamma=0.0), "gamma"),
+        (lambda: UpdateConfig(gamma=0.0), "gamma"),
     ],
 )
 def test_configs_are_validated(build: object, problem: str) -> None:

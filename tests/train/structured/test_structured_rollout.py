@@ -25,7 +25,7 @@ def test_a_rollout_has_one_entry_per_env_and_step() -> None:
     """[N, T] tensors; episode_step restarts at 0 after every done; every taken skill was allowed; each done
     closed one recorded episode."""
     run = StructuredRunConfig(num_envs=3, rollout_steps=20, seed=1)
-    policy, _, collector, _ = build_run(ENV, run)
+    policy, _, collector = build_run(ENV, run)
     with torch_threads(1):
         batch = collector.collect(policy)
     assert batch.rewards.shape == batch.dones.shape == batch.logp.shape == (3, 20)
@@ -57,7 +57,7 @@ def test_expert_plans_replay_as_policy_actions() -> None:
     """Every demonstrated plan solves its task through the Gymnasium view, so the write-back into the
     policy's coordinates (atanh of the scaled number, index of the choice) loses nothing that matters."""
     run = StructuredRunConfig(num_envs=1)
-    policy, encoder, _, _ = build_run(ENV, run)
+    policy, encoder, _ = build_run(ENV, run)
     tasks = list(ENV.tasks(Split.TRAIN))
     demos = demonstrations(ENV, tasks, policy.layout, encoder, run)
     assert (demos.solved, demos.tasks) == (len(tasks), len(tasks))
@@ -68,7 +68,7 @@ def test_expert_plans_replay_as_policy_actions() -> None:
 def test_a_refund_is_written_back_exactly() -> None:
     """amount 23.4 in [0.01, 100] → x = 2·(23.4 - 0.01)/99.99 - 1, u = atanh(x); tanh(u) decodes to 23.4."""
     run = StructuredRunConfig(num_envs=1)
-    policy, _, collector, _ = build_run(ENV, run)
+    policy, _, collector = build_run(ENV, run)
     gym_env = collector.envs[0]
     task = next(t for t in ENV.tasks(Split.TRAIN) if t.payload["issue"] == "damaged_item")
     gym_env.reset(options={"task_id": task.task_id})
@@ -84,7 +84,7 @@ def test_a_refund_is_written_back_exactly() -> None:
 
 def test_cloning_fits_the_demonstrations() -> None:
     run = StructuredRunConfig(num_envs=1)
-    policy, encoder, _, _ = build_run(ENV, run)
+    policy, encoder, _ = build_run(ENV, run)
     demos = demonstrations(ENV, list(ENV.tasks(Split.TRAIN)), policy.layout, encoder, run)
     with torch_threads(1):
         losses = clone(policy, demos, ImitationConfig(epochs=100, lr=1e-2))

@@ -2,9 +2,9 @@
 
 K sessions attempt the same task with the same policy version; each session's advantage is its reward
 against the mean and std of its group (`losses.group_advantages`), spread over the tokens it produced
-(`sessionrl.train.llm.data.call_advantages`). The update is the PPO clipped surrogate with the log-probabilities
-recorded at sampling time as the old policy, plus an optional KL penalty to a frozen reference (the
-imitation checkpoint) with a decaying coefficient.
+(`sessionrl.train.llm.data.call_advantages`). The update is the PPO clipped surrogate with the
+log-probabilities recorded at sampling time as the old policy, plus an optional KL penalty to a frozen
+reference (the imitation checkpoint) with a decaying coefficient.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, packed
-from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
 from sessionrl.train.llm.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
 
 REWARD_KEY = re.compile(r"session|long_term|(layer|term):\w+")
 

@@ -14,8 +14,8 @@ from typing import Any
 from torch import Tensor
 
 from sessionrl.train.llm.data import MicroBatch, TokenSequence, packed
-from sessionrl.train.losses import masked_mean
 from sessionrl.train.llm.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+from sessionrl.train.losses import masked_mean
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,17 +24,18 @@ from torch import Tensor
 from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.structured import StructuredPolicy
 from sessionrl.train.losses import adaptive_lambda, decaying_beta, dual_critic_advantage, gae
-from sessionrl.train.structured.ppo import RoundTargets, train_clipped
+from sessionrl.train.structured.ppo import RoundTargets, UpdateConfig, train_clipped
 from sessionrl.train.structured.rollout import IterationLog, Rollout, StructuredRun, StructuredRunConfig
 
 
 @dataclass(frozen=True, slots=True)
 class AAACConfig:
-    """AAAC: the run's shape, the λ schedule, the critics' weights and the KL schedule."""
+    """AAAC: the run's shape, the update, the λ schedule, the critics' weights and the KL schedule."""
 
     run: StructuredRunConfig = field(
         default_factory=StructuredRunConfig, metadata={"help": "shape of the run"}
     )
+    update: UpdateConfig = field(default_factory=UpdateConfig, metadata={"help": "each round's update"})
     short: float = field(default=5.0, metadata={"help": "episodes this long or shorter get lam_short"})
     long: float = field(default=25.0, metadata={"help": "episodes this long or longer get lam_long"})
     lam_short: float = field(default=0.95, metadata={"help": "λ of short episodes"})
@@ -136,7 +137,7 @@ def dual_advantages(batch: Rollout, config: AAACConfig) -> tuple[Tensor, Tensor,
     """Flat ``[N·T]`` blended advantages ``w_r·A_reward + w_risk·A_risk``, the reward and risk critics'
     TD(λ) targets, and each step's λ (all from `adaptive_gae` with the episode-length schedule)."""
     common = (batch.dones, batch.episode_step)
-    gamma = config.run.gamma
+    gamma = config.update.gamma
     adv_reward, ret_reward, lams = adaptive_gae(
         batch.rewards, batch.values, *common, batch.next_value, gamma, config.lam
     )
@@ -155,7 +156,7 @@ def train_aaac(
     on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
-    for the same `config.run`, e.g. by `sessionrl.train.structured.imitation.imitate`). `on_log` sees every round's log.
+    for the same `config.run`, e.g. by `imitation.imitate`). `on_log` sees every round's log.
 
     The rounds are PPO's (`ppo.train_clipped`) with `dual_advantages` as targets and the decaying KL penalty.
     """
@@ -167,7 +168,9 @@ def train_aaac(
     def kl_beta(updates: int) -> float:
         return decaying_beta(updates, config.beta0, config.beta_decay)
 
-    return train_clipped(env, config.run, targets, kl_beta=kl_beta, policy=policy, on_log=on_log)
+    return train_clipped(
+        env, config.run, config.update, targets, kl_beta=kl_beta, policy=policy, on_log=on_log
+    )
 
 
 __all__ = ["AAACConfig", "EpisodeRows", "adaptive_gae", "dual_advantages", "episode_rows", "train_aaac"]

@@ -158,7 +158,8 @@ def clone(
 def imitate(env: StructuredEnv, run: StructuredRunConfig, config: ImitationConfig) -> StructuredRun:
     """A fresh policy (built as the RL trainers build theirs) cloned on the first `config.demos` training
     tasks; its `history` is empty. Pass `result.policy` to `train_ppo` / `train_aaac` with the same `run`."""
-    policy, encoder, _, _ = build_run(env, run)
+    policy, encoder, collector = build_run(env, run)
+    collector.close()
     tasks = list(env.tasks(Split.TRAIN))[: config.demos]
     demos = demonstrations(env, tasks, policy.layout, encoder, run)
     with torch_threads(run.threads):

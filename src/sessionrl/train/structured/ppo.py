@@ -1,4 +1,4 @@
-"""PPO for the structured policy on a Gymnasium view of an environment.
+"""PPO for the structured policy (`sessionrl.policy.structured`) on a Gymnasium view of an environment.
 
 Each round: sample ``num_envs × rollout_steps`` steps, estimate advantages with GAE (one fixed λ), then take
 ``epochs × minibatches`` Adam steps on the clipped surrogate, the reward critic's squared error and an
@@ -6,6 +6,7 @@ entropy bonus. Advantages are normalised per minibatch. The risk critic is not t
 
 `train_clipped` is that round loop with the advantage estimate passed in, and optionally a KL penalty and
 the risk critic's targets: `train_ppo` runs it with plain GAE, `aaac.train_aaac` with its own estimate.
+`UpdateConfig` holds the loop's update settings, which both trainers' configs carry.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sessionrl.train.losses import clipped_pg_loss, gae, kl_penalty, value_loss
 from sessionrl.train.structured.rollout import (
     IterationLog,
     Rollout,
+    StepStats,
     StructuredRun,
     StructuredRunConfig,
     build_run,
@@ -34,12 +36,34 @@ from sessionrl.train.structured.rollout import (
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateConfig:
+    """How each round's data updates the policy: epochs of minibatch steps on the clipped surrogate, the
+    critics' squared error and an entropy bonus."""
+
+    epochs: int = field(default=4, metadata={"help": "passes over each round's data"})
+    minibatches: int = field(default=4, metadata={"help": "minibatches per pass"})
+    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    gamma: float = field(default=0.99, metadata={"help": "discount per step"})
+    clip_eps: float = field(default=0.2, metadata={"help": "ratio clip ε"})
+    value_coef: float = field(default=0.5, metadata={"help": "weight of the critic loss(es)"})
+    entropy_coef: float = field(default=0.01, metadata={"help": "weight of the entropy bonus"})
+    max_grad_norm: float = field(default=0.5, metadata={"help": "gradient norm clip"})
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("UpdateConfig needs epochs >= 1 and minibatches >= 1")
+        if self.lr <= 0 or not 0 < self.gamma <= 1 or self.clip_eps <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("UpdateConfig needs lr > 0, 0 < gamma <= 1, clip_eps > 0, max_grad_norm > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class PPOConfig:
-    """PPO: the run's shape and the GAE λ."""
+    """PPO: the run's shape, the update and the GAE λ."""
 
     run: StructuredRunConfig = field(
         default_factory=StructuredRunConfig, metadata={"help": "shape of the run"}
     )
+    update: UpdateConfig = field(default_factory=UpdateConfig, metadata={"help": "each round's update"})
     gae_lambda: float = field(default=0.95, metadata={"help": "GAE λ, the same for every episode"})
 
     def __post_init__(self) -> None:
@@ -55,9 +79,14 @@ def train_ppo(
     on_log: Callable[[IterationLog], None] | None = None,
 ) -> StructuredRun:
     """Train a structured policy on the training tasks of `env`: a fresh one, or a copy of `policy` (built
-    for the same `config.run`, e.g. by `sessionrl.train.structured.imitation.imitate`). `on_log` sees every round's log."""
+    for the same `config.run`, e.g. by `imitation.imitate`). `on_log` sees every round's log."""
     return train_clipped(
-        env, config.run, lambda batch: gae_targets(batch, config), policy=policy, on_log=on_log
+        env,
+        config.run,
+        config.update,
+        lambda batch: gae_targets(batch, config),
+        policy=policy,
+        on_log=on_log,
     )
 
 
@@ -79,7 +108,7 @@ class RoundTargets:
 def gae_targets(batch: Rollout, config: PPOConfig) -> RoundTargets:
     """PPO's targets: GAE with the one λ ``config.gae_lambda`` for the reward critic only."""
     advantages, returns = gae(
-        batch.rewards, batch.values, batch.dones, config.run.gamma, config.gae_lambda, batch.next_value
+        batch.rewards, batch.values, batch.dones, config.update.gamma, config.gae_lambda, batch.next_value
     )
     return RoundTargets(batch.flat(advantages), batch.flat(returns), None, config.gae_lambda)
 
@@ -87,6 +116,7 @@ def gae_targets(batch: Rollout, config: PPOConfig) -> RoundTargets:
 def train_clipped(
     env: StructuredEnv,
     cfg: StructuredRunConfig,
+    update: UpdateConfig,
     targets: Callable[[Rollout], RoundTargets],
     *,
     kl_beta: Callable[[int], float] | None = None,
@@ -99,7 +129,8 @@ def train_clipped(
     after ``t`` earlier optimiser steps, and the log's `kl_beta` is the last coefficient used (else 0).
     `policy` and `on_log` are as for `train_ppo`.
     """
-    policy, encoder, collector, optimizer = build_run(env, cfg, policy)
+    policy, encoder, collector = build_run(env, cfg, policy)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=update.lr, eps=1e-5)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch_threads(cfg.threads), closing(collector):
         history, updates, beta = [], 0, 0.0
@@ -114,15 +145,15 @@ def train_clipped(
             action, old_logp = batch.flat_action(), batch.flat(batch.logp)
 
             # update
-            stats = torch.zeros(5)
-            for _ in range(cfg.epochs):
-                for idx in minibatches(cfg.batch_size, cfg.minibatches, generator):
+            steps: list[StepStats] = []
+            for _ in range(update.epochs):
+                for idx in minibatches(cfg.batch_size, update.minibatches, generator):
                     out = policy(obs[idx], text[idx], mask[idx])
                     taken = action[idx]
                     ones = torch.ones(len(idx))
                     logp = out.dist.log_prob(taken)
                     advantages = normalise(target.advantages[idx])
-                    pg = clipped_pg_loss(logp, old_logp[idx], advantages, ones, cfg.clip_eps)
+                    pg = clipped_pg_loss(logp, old_logp[idx], advantages, ones, update.clip_eps)
                     loss = pg.loss
                     if kl_beta is not None:
                         beta = kl_beta(updates)
@@ -131,18 +162,24 @@ def train_clipped(
                     if target.risk_returns is not None:
                         critics = critics + value_loss(out.risk_value, target.risk_returns[idx], ones)
                     entropy = out.dist.entropy(taken.skill).mean()
-                    loss = loss + cfg.value_coef * critics - cfg.entropy_coef * entropy
+                    loss = loss + update.value_coef * critics - update.entropy_coef * entropy
                     optimizer.zero_grad(set_to_none=True)
                     torch.autograd.backward(loss)
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), update.max_grad_norm)
                     optimizer.step()
                     updates += 1
-                    stats += torch.tensor(
-                        [pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction]
+                    steps.append(
+                        StepStats(
+                            policy_loss=pg.loss.item(),
+                            value_loss=critics.item(),
+                            entropy=entropy.item(),
+                            approx_kl=pg.approx_kl,
+                            clip_fraction=pg.clip_fraction,
+                        )
                     )
 
             # log
-            stats /= cfg.epochs * cfg.minibatches
+            stats = StepStats.mean(steps)
             log = round_log(iteration, collector, seen, stats, mean_lambda=target.mean_lambda, kl_beta=beta)
             history.append(log)
             if on_log is not None:
@@ -150,4 +187,4 @@ def train_clipped(
     return StructuredRun(policy, encoder, tuple(history))
 
 
-__all__ = ["PPOConfig", "RoundTargets", "gae_targets", "train_clipped", "train_ppo"]
+__all__ = ["PPOConfig", "RoundTargets", "UpdateConfig", "gae_targets", "train_clipped", "train_ppo"]

@@ -1,5 +1,8 @@
 """Rollouts of a `StructuredPolicy` on Gymnasium views of an environment, for PPO and AAAC, and evaluation.
 
+`StructuredRunConfig` is what imitation and both trainers share (the run's shape); each trainer's own
+settings sit beside the trainer (`ppo.PPOConfig`, `aaac.AAACConfig`).
+
 `Collector` steps ``num_envs`` `DecisionGymEnv`s in turn (one batched forward pass per step), resets each
 as its episode ends, and returns a `Rollout` of ``[N, T]`` tensors (env-major, time last, as
 `sessionrl.train.losses.gae` expects). Besides the environment's reward it records a *risk* signal per step,
@@ -16,7 +19,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -37,19 +40,12 @@ from sessionrl.policy.structured import (
 
 @dataclass(frozen=True, slots=True)
 class StructuredRunConfig:
-    """The shape of a structured training run, shared by PPO and AAAC."""
+    """The shape of a structured run, shared by imitation, PPO and AAAC: rounds, environments stepped side
+    by side, the policy's size and query encoder, the episodes, and the seed."""
 
     iterations: int = field(default=40, metadata={"help": "rollout-then-update rounds"})
     num_envs: int = field(default=8, metadata={"help": "environments stepped side by side"})
     rollout_steps: int = field(default=64, metadata={"help": "steps per environment per round"})
-    epochs: int = field(default=4, metadata={"help": "passes over each round's data"})
-    minibatches: int = field(default=4, metadata={"help": "minibatches per pass"})
-    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
-    gamma: float = field(default=0.99, metadata={"help": "discount per step"})
-    clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε"})
-    value_coef: float = field(default=0.5, metadata={"help": "weight of the critic loss(es)"})
-    entropy_coef: float = field(default=0.01, metadata={"help": "weight of the entropy bonus"})
-    max_grad_norm: float = field(default=0.5, metadata={"help": "gradient norm clip"})
     hidden: int = field(default=64, metadata={"help": "width of the actor and critic trunks"})
     encoder: EncoderKind = field(default="hash", metadata={"help": "task-query encoder: hash, minilm, auto"})
     text_dim: int = field(default=32, metadata={"help": "width of the hashed query embedding"})
@@ -60,23 +56,9 @@ class StructuredRunConfig:
     )
 
     def __post_init__(self) -> None:
-        counts = (
-            "iterations",
-            "num_envs",
-            "rollout_steps",
-            "epochs",
-            "minibatches",
-            "hidden",
-            "text_dim",
-            "threads",
-        )
-        for name in counts:
+        for name in ("iterations", "num_envs", "rollout_steps", "hidden", "text_dim", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"StructuredRunConfig.{name} must be at least 1, got {getattr(self, name)}")
-        if self.lr <= 0 or not 0 < self.gamma <= 1 or self.clip_eps <= 0 or self.max_grad_norm <= 0:
-            raise ValueError(
-                "StructuredRunConfig needs lr > 0, 0 < gamma <= 1, clip_eps > 0, max_grad_norm > 0"
-            )
 
     @property
     def batch_size(self) -> int:
@@ -345,8 +327,8 @@ def _evaluated(
 
 def build_run(
     env: StructuredEnv, config: StructuredRunConfig, policy: StructuredPolicy | None = None
-) -> tuple[StructuredPolicy, TextEncoder, Collector, torch.optim.Optimizer]:
-    """The seeded pieces every structured trainer starts from: policy, encoder, collector, optimiser.
+) -> tuple[StructuredPolicy, TextEncoder, Collector]:
+    """The seeded pieces every structured trainer starts from: policy, encoder and collector.
 
     With `policy` (say, one cloned from the expert), a copy of it is trained instead of a fresh one.
     """
@@ -362,8 +344,30 @@ def build_run(
                 f"the policy reads {policy.text_dim}-wide queries; the encoder gives {encoder.dim}"
             )
         policy = copy.deepcopy(policy)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr, eps=1e-5)
-    return policy, encoder, collector, optimizer
+    return policy, encoder, collector
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Diagnostics of optimiser steps (plain floats): the surrogate's loss, the critics' loss, the skill
+    entropy, the approximate KL to the sampling policy and the share of clipped ratios."""
+
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+
+    @classmethod
+    def mean(cls, steps: Sequence[StepStats]) -> StepStats:
+        """Each diagnostic averaged over `steps` (at least one).
+
+        >>> StepStats.mean([StepStats(1, 2, 3, 4, 0), StepStats(3, 2, 1, 0, 1)]).policy_loss
+        2.0
+        """
+        if not steps:
+            raise ValueError("StepStats.mean needs at least one step")
+        return cls(*(sum(getattr(s, f.name) for s in steps) / len(steps) for f in fields(cls)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,19 +390,19 @@ class IterationLog:
 
 
 def round_log(
-    iteration: int, collector: Collector, seen: int, stats: Tensor, *, mean_lambda: float, kl_beta: float
+    iteration: int, collector: Collector, seen: int, stats: StepStats, *, mean_lambda: float, kl_beta: float
 ) -> IterationLog:
-    """The log of one round: `stats` holds the mean policy loss, value loss, entropy, approximate KL and
-    clip fraction of its updates; the training summary covers the episodes finished after the first `seen`."""
+    """The log of one round: `stats` are its updates' mean diagnostics; the training summary covers the
+    episodes finished after the first `seen`."""
     return IterationLog(
         iteration=iteration,
         env_steps=collector.env_steps,
         train=Summary.of(collector.episodes[seen:]),
-        policy_loss=float(stats[0]),
-        value_loss=float(stats[1]),
-        entropy=float(stats[2]),
-        approx_kl=float(stats[3]),
-        clip_fraction=float(stats[4]),
+        policy_loss=stats.policy_loss,
+        value_loss=stats.value_loss,
+        entropy=stats.entropy,
+        approx_kl=stats.approx_kl,
+        clip_fraction=stats.clip_fraction,
         mean_lambda=mean_lambda,
         kl_beta=kl_beta,
     )
@@ -418,6 +422,7 @@ __all__ = [
     "EpisodeStats",
     "IterationLog",
     "Rollout",
+    "StepStats",
     "StructuredRun",
     "StructuredRunConfig",
     "Summary",
