@@ -33,6 +33,7 @@ from sessionrl.rewards.terms import (
     succeeded,
 )
 from sessionrl.rewards.vector import RewardVector, assemble
+from sessionrl.session.lifecycle import TERMINAL
 from sessionrl.session.model import Session, utcnow
 from sessionrl.skills.contract import load_contracts
 from sessionrl.store import SessionStore
@@ -150,9 +151,12 @@ class RewardEngine:
         return StoredReward(session_id, version, new=True)
 
     def rescore(self, store: SessionStore, since: datetime) -> list[StoredReward]:
-        """Re-score every session that received feedback at or after `since`."""
+        """Re-score every ended session (finished, rejected or archived) that received feedback at or
+        after `since`; a session still running is left for when it ends, as scoring leaves it."""
+        ended = ", ".join(f"'{state.value}'" for state in sorted(TERMINAL))
         rows = store.sql(
-            "SELECT DISTINCT session_id FROM feedback WHERE received_at >= ? ORDER BY session_id",
+            "SELECT DISTINCT f.session_id FROM feedback f JOIN sessions s ON s.session_id = f.session_id"
+            f" WHERE f.received_at >= ? AND s.state IN ({ended}) ORDER BY f.session_id",
             (iso(since),),
         )
         return self.store_all(store, (str(r["session_id"]) for r in rows))
