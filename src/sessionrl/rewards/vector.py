@@ -47,6 +47,10 @@ class LayerValue(_Frozen):
     weight: float
     scale: float
     contribution: float
+    mean: float | None = None
+    """Mean of the totals the normaliser had seen (None in vectors stored before it was kept)."""
+    seen: int | None = None
+    """How many totals the normaliser had seen: its version. Below two the raw total is used as is."""
 
 
 class RewardVector(_Frozen):
@@ -119,4 +123,12 @@ def assemble(
 def _layer(raw: float, weight: float, stats: RunningStats | None, normalise: bool, clip: float) -> LayerValue:
     stats = stats if normalise and stats is not None else RunningStats()
     z = stats.normalise(raw, clip)
-    return LayerValue(raw=raw, normalised=z, weight=weight, scale=stats.scale, contribution=weight * z)
+    return LayerValue(
+        raw=raw,
+        normalised=z,
+        weight=weight,
+        scale=stats.scale,
+        contribution=weight * z,
+        mean=stats.mean,
+        seen=stats.count,
+    )
