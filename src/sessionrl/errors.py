@@ -59,3 +59,21 @@ class EventTooLarge(InvalidEvent):
         super().__init__("event", f"encoded size {size} bytes exceeds the limit of {limit} bytes")
         self.size = size
         self.limit = limit
+
+
+class InvalidStoreURL(SessionRLError):
+    """A store URL names no known backend, is malformed for its backend, or leads to a store this
+    version cannot open. `url` is the URL given, `rule` says what is wrong with it."""
+
+    def __init__(self, url: str, rule: str) -> None:
+        super().__init__(f"store URL {url!r}: {rule}")
+        self.url = url
+        self.rule = rule
+
+
+class InvalidQuery(SessionRLError):
+    """A SQL statement given to the store was refused (it could write) or failed; `rule` says why."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(f"sql: {rule}")
+        self.rule = rule

@@ -239,3 +239,11 @@ def test_demo_answers_every_question(tmp_path: Path) -> None:
     assert "NO" not in result.stdout
     with SessionStore.open(url_of(tmp_path / "demo" / "sessions.db")) as store:
         assert len(store.session_ids()) == 120
+
+
+def test_a_store_url_no_backend_serves_is_one_line_naming_the_known_schemes() -> None:
+    result = run("sessions", "list", "--db", "postgresql://localhost/db")
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: store URL 'postgresql://localhost/db'")
+    assert "known: sqlite://" in line

@@ -1,4 +1,4 @@
-"""Lanes bound concurrency and waiting; the cache keeps the newest views; routing is stable."""
+"""Lanes bound concurrency and waiting; routing is stable."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from collections import Counter
 import pytest
 
 from sessionrl.orchestrator.config import LaneConfig
-from sessionrl.orchestrator.lanes import Lane, Overloaded, SessionCache, route
-from sessionrl.session import SessionCreate, StateChanged, apply, created
+from sessionrl.orchestrator.lanes import Lane, Overloaded, route
 
 
 async def test_a_lane_runs_at_most_its_concurrency_and_refuses_past_its_waiting_room() -> None:
@@ -100,21 +99,6 @@ async def test_a_cancelled_waiter_leaves_the_waiting_room() -> None:
 async def held_briefly(lane: Lane) -> None:
     async with lane.slot():
         await asyncio.sleep(0)
-
-
-def test_the_cache_evicts_the_least_recently_used_and_keeps_newer_views() -> None:
-    cache = SessionCache(capacity=2)
-    views = [apply(None, created(SessionCreate(user_query="q", session_id=f"s{i}"))) for i in range(3)]
-    cache.put(views[0])
-    cache.put(views[1])
-    assert cache.get("s0") is views[0]  # s0 is now the most recent; s1 goes first
-    cache.put(views[2])
-    assert cache.get("s1") is None
-    assert len(cache) == 2
-    newer = apply(views[0], StateChanged(state="executing"))
-    cache.put(newer)
-    cache.put(views[0])  # an older view arriving late is ignored
-    assert cache.get("s0") is newer
 
 
 def test_routing_is_stable_and_spreads_sessions() -> None:

@@ -395,9 +395,3 @@ def test_appending_to_a_v1_session_rewrites_it_as_v2(
     with SessionStore.open(f"sqlite:///{db_path}") as other:
         assert digest(other.get("old")) == digest(file_store.get("old"))
     assert file_store.consistency_check().clean
-
-
-def test_a_url_that_is_not_sqlite_is_refused() -> None:
-    with pytest.raises(InvalidEvent) as err:
-        SessionStore.open("postgresql://localhost/db")
-    assert err.value.field == "url"

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessionrl.cli.store_demo import CHRONIC_NEEDLES, CHRONIC_TOOL, chronic_answer
-from sessionrl.errors import InvalidEvent
+from sessionrl.errors import InvalidQuery
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, Session, SessionCreate, created
 from sessionrl.store import EventInput, SessionQuery, SessionStore, projector
 from sessionrl.store.dialect import TEXT_INDEX, match_phrase, text_index_problem
@@ -111,7 +111,7 @@ def test_three_characters_use_the_index_and_shorter_needles_scan(
     assert found(file_store, "CHRONIC DISEASE") == {"s2"}
 
     def plan(q: SessionQuery) -> str:
-        conds, params = where(q)
+        conds, params = where(q, file_store.backend)
         sql = f"EXPLAIN QUERY PLAN SELECT COUNT(*) FROM sessions s WHERE {' AND '.join(conds)}"
         return " | ".join(str(row[3]) for row in raw(db_path, sql, *params))
 
@@ -180,7 +180,7 @@ def test_read_only_sql_can_search_first_thing_and_still_cannot_write(
             f"WITH x AS (SELECT 1) INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}) VALUES ('rebuild')",
             f"SELECT * FROM {TEXT_INDEX}_data; DELETE FROM {TEXT_INDEX}_data",
         ):
-            with pytest.raises(InvalidEvent):
+            with pytest.raises(InvalidQuery):
                 fresh.sql(statement)
         assert found(fresh, "chronic") == {"s0"}
 

@@ -31,7 +31,7 @@ from sessionrl.errors import InvalidEvent, InvalidTransition, SessionRLError, St
 from sessionrl.orchestrator.commit import GroupCommitter
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.guards import check_plan, check_tool_step, missing_citations, unverified_subgoals
-from sessionrl.orchestrator.lanes import Lane, SessionCache, route
+from sessionrl.orchestrator.lanes import Lane, route
 from sessionrl.orchestrator.policy import (
     PolicyBackend,
     PolicyError,
@@ -91,6 +91,7 @@ from sessionrl.session.model import (
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.skill import SkillResult
 from sessionrl.store import SessionStore
+from sessionrl.store.cache import SessionCache
 
 T = TypeVar("T")
 Build = Callable[[Session], list[Event]]

@@ -1,4 +1,4 @@
-"""Lanes, the session cache and backend routing: how the engine shares one process between many sessions.
+"""Lanes and backend routing: how the engine shares one process between many sessions.
 
 Each step kind has its own lane (a bounded semaphore with a bounded waiting room), so a burst of slow tool
 calls fills the tool lane and never delays an LLM step. `route` pins a session to one policy backend.
@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections import OrderedDict, deque
+from collections import deque
 
 from sessionrl.errors import SessionRLError
 from sessionrl.orchestrator.config import LaneConfig
-from sessionrl.session.model import Session
 
 
 class Overloaded(SessionRLError):
@@ -92,47 +91,6 @@ class _Held:
     async def __aexit__(self, *exc_info: object) -> None:
         self._lane.running -= 1
         self._lane._release()
-
-
-class SessionCache:
-    """Latest read views of active sessions, least recently used first out.
-
-    Writes go to the store first; the session the store returns is then put here, so the cache never holds
-    anything uncommitted. A view older than the cached one (a slower concurrent commit) is ignored.
-    `misses` counts the reads it could not answer.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._items: OrderedDict[str, Session] = OrderedDict()
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, session_id: str) -> Session | None:
-        """The cached view, marked as recently used, or None."""
-        session = self._items.get(session_id)
-        if session is None:
-            self.misses += 1
-        else:
-            self._items.move_to_end(session_id)
-        return session
-
-    def put(self, session: Session) -> None:
-        """Keep `session` unless a newer version is cached; evict the least recently used past capacity."""
-        old = self._items.get(session.session_id)
-        if old is not None and old.state_version > session.state_version:
-            self._items.move_to_end(session.session_id)
-            return
-        self._items[session.session_id] = session
-        self._items.move_to_end(session.session_id)
-        while len(self._items) > self._capacity:
-            self._items.popitem(last=False)
-
-    def drop(self, session_id: str) -> None:
-        """Forget a session (it will be read from the store next time)."""
-        self._items.pop(session_id, None)
 
 
 def route(session_id: str, n_backends: int) -> int:

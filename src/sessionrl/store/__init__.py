@@ -1,6 +1,8 @@
 """The session store: an event log with materialised sessions, query tables and a change feed.
 
-Open one with `SessionStore.open("sqlite:///sessions.db")` (or `"sqlite://"` in memory).
+Open one with `SessionStore.open("sqlite:///sessions.db")` (or `"sqlite://"` in memory). The URL's scheme
+picks the database backend (`sessionrl.store.backend`: the interface a backend implements, and the table
+of them); the rest of the store speaks to any backend alike.
 """
 
 from sessionrl.store.consistency import ConsistencyReport, DigestSource, Drift

@@ -13,7 +13,6 @@ the sessions were.
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from sessionrl.session.codec import digest
 from sessionrl.session.events import fold
 from sessionrl.session.model import Session
 from sessionrl.session.schema import load_session
-from sessionrl.store.dialect import TEXT_INDEX, Database, rebuild_text_index, text_index_problem
+from sessionrl.store.backend import Backend, Connection
 from sessionrl.store.documents import (
     SHARDS,
     Doc,
@@ -82,7 +81,7 @@ class Replay:
     problem: str | None = None
 
 
-def check(db: Database, *, repair: bool, archive: DigestSource | None, chunk: int = 200) -> ConsistencyReport:
+def check(db: Backend, *, repair: bool, archive: DigestSource | None, chunk: int = 200) -> ConsistencyReport:
     """Compare every session with its log; with `repair`, rebuild what drifted (see the module doc)."""
     with db.snapshot() as conn:
         ids = _all_session_ids(conn)
@@ -95,10 +94,9 @@ def check(db: Database, *, repair: bool, archive: DigestSource | None, chunk: in
     drift += [
         Drift(sid, "archive", "archived but not in the event log") for sid in archived if sid not in known
     ]
-    with db.atomic() as conn:
-        problem = text_index_problem(conn)
+    problem = db.text_index_problem()
     if problem is not None:
-        drift.append(Drift(TEXT_INDEX, "index", f"text index disagrees with the feedback rows: {problem}"))
+        drift.append(Drift(db.text_index, "index", f"text index disagrees with the feedback rows: {problem}"))
     repaired: list[str] = []
     if repair:
         broken = {d.session_id for d in drift if d.kind == "log"}
@@ -107,19 +105,18 @@ def check(db: Database, *, repair: bool, archive: DigestSource | None, chunk: in
             with db.atomic() as conn:
                 repaired += rebuild(conn, part)
         if problem is not None:
-            with db.atomic() as conn:
-                rebuild_text_index(conn)
-            repaired.append(TEXT_INDEX)
+            db.rebuild_text_index()
+            repaired.append(db.text_index)
     return ConsistencyReport(len(ids), tuple(drift), tuple(repaired))
 
 
-def _all_session_ids(conn: sqlite3.Connection) -> list[str]:
+def _all_session_ids(conn: Connection) -> list[str]:
     sql = "SELECT session_id FROM events UNION SELECT session_id FROM session_head"
     sql += " UNION SELECT session_id FROM sessions ORDER BY 1"
     return [r[0] for r in conn.execute(sql)]
 
 
-def replay(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, Replay]:
+def replay(conn: Connection, session_ids: Sequence[str]) -> dict[str, Replay]:
     """Fold the log of each session; a gap in the sequence or a failing event is a problem, not an error."""
     logs: dict[str, list[tuple[int, int, str]]] = {sid: [] for sid in session_ids}
     for part in chunks(session_ids, 500):
@@ -141,7 +138,7 @@ def replay(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, Re
     return out
 
 
-def _inspect(conn: sqlite3.Connection, ids: Sequence[str], archived: Mapping[str, str]) -> list[Drift]:
+def _inspect(conn: Connection, ids: Sequence[str], archived: Mapping[str, str]) -> list[Drift]:
     replays = replay(conn, ids)
     docs = read_documents(conn, ids)
     rows = _rows_by_session(read_rows(conn, ids))
@@ -188,13 +185,13 @@ def _rows_by_session(rows: Rows) -> dict[str, Rows]:
     return out
 
 
-def _pending(conn: sqlite3.Connection) -> set[str]:
+def _pending(conn: Connection) -> set[str]:
     """Sessions with outbox rows not yet projected: their query rows are behind, not wrong."""
     sql = "SELECT DISTINCT session_id FROM outbox WHERE cursor > ? AND type <> ?"
     return {r[0] for r in conn.execute(sql, (position(conn), REWARD))}
 
 
-def rebuild(conn: sqlite3.Connection, session_ids: Sequence[str]) -> list[str]:
+def rebuild(conn: Connection, session_ids: Sequence[str]) -> list[str]:
     """Rewrite the materialised view and query rows of sessions from their logs; return those rebuilt."""
     done: list[str] = []
     for sid, r in replay(conn, session_ids).items():

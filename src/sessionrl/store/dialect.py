@@ -1,8 +1,10 @@
-"""Everything SQLite-specific about the store: the URL form, the DDL, connection settings and transactions.
+"""The SQLite backend (`SQLiteBackend`): the URL form, the DDL, connection settings, transactions, the
+read-only guard for user SQL, and feedback text search.
 
 The rest of the store speaks plain SQL with `?` parameters and `INSERT ... ON CONFLICT`, which PostgreSQL
 understands too; what differs between engines (types, pragmas, locking, the read-only guard, how text
-search is spelled) lives here so that a second backend is one more module of the same shape.
+search is spelled) lives here, behind the `sessionrl.store.backend.Backend` interface, so that a second
+backend is one more module of the same shape.
 
 Text search: feedback comments are indexed by `feedback_text`, an FTS5 table with the trigram tokenizer
 whose content is the `feedback` table itself (nothing is stored twice; `feedback_text.rowid` is
@@ -25,8 +27,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sessionrl.errors import InvalidEvent
+from sessionrl.errors import InvalidQuery, InvalidStoreURL
 
 STORE_SCHEMA = 2
 """Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index)."""
@@ -262,7 +265,7 @@ def parse_url(url: str) -> Location:
         return Location(None)
     if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
         return Location(url[len("sqlite:///") :])
-    raise InvalidEvent("url", f"expected sqlite:///<path> or sqlite://:memory:, got {url!r}")
+    raise InvalidStoreURL(url, "expected sqlite:///<path> or sqlite://:memory:")
 
 
 _READ_ONLY_ACTIONS = frozenset(
@@ -279,7 +282,7 @@ def check_read_only_text(sql: str) -> None:
     match = _LEADING.match(sql)
     word = match.group(1).upper() if match else ""
     if word not in ("SELECT", "WITH"):
-        raise InvalidEvent("sql", f"only SELECT or WITH statements are allowed, got {word or 'nothing'!r}")
+        raise InvalidQuery(f"only SELECT or WITH statements are allowed, got {word or 'nothing'!r}")
 
 
 def _read_only(action: int, arg1: str | None, arg2: str | None, _db: str | None, _src: str | None) -> int:
@@ -338,16 +341,19 @@ def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
     return conn
 
 
-class Database:
-    """A writer connection and a reader connection, each behind its own lock.
+class SQLiteBackend:
+    """The store on SQLite: a writer connection and a reader connection, each behind its own lock.
 
     The writer runs every transaction (`atomic`). File databases get a separate read-only connection so
     long analytic reads do not hold up appends (WAL lets them run side by side); an in-memory database
     has one connection, so reader and writer are the same one under the same lock.
     """
 
-    def __init__(self, location: Location) -> None:
+    text_index = TEXT_INDEX
+
+    def __init__(self, location: Location, url: str = "") -> None:
         self.location = location
+        self.url = url
         self.lock = threading.RLock()
         self.writer = _connect(location.path or ":memory:", uri=False)
         for pragma in PRAGMAS:
@@ -359,10 +365,17 @@ class Database:
             self.reader = _connect(f"{Path(location.path).resolve().as_uri()}?mode=ro", uri=True)
             self.reader_lock = threading.RLock()
 
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteBackend:
+        """Open (creating if needed) the database at a `sqlite://` URL (see `parse_url`)."""
+        return cls(parse_url(url), url)
+
     def _create_tables(self) -> None:
         found = self.writer.execute("PRAGMA user_version").fetchone()[0]
         if found > STORE_SCHEMA:
-            raise InvalidEvent("url", f"store layout {found} is newer than this version ({STORE_SCHEMA})")
+            self.writer.close()
+            rule = f"its store layout {found} is newer than this version's ({STORE_SCHEMA})"
+            raise InvalidStoreURL(self.url or str(self.location.path), rule)
         with self.atomic() as conn:
             if found == 1:
                 _migrate_v1(conn)
@@ -414,9 +427,39 @@ class Database:
                 return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
             except sqlite3.Error as exc:
                 rule = "statement is not read-only" if "not authorized" in str(exc) else str(exc)
-                raise InvalidEvent("sql", rule) from exc
+                raise InvalidQuery(rule) from exc
             finally:
                 conn.set_authorizer(None)
+
+    def feedback_conditions(
+        self, feedback_type: str | None, needle: str | None
+    ) -> tuple[list[str], list[Any]]:
+        """Conditions on `feedback` rows of this type whose comment contains `needle`, and their values.
+
+        A text-index lookup finds few rows, fetched by key; `+type` then keeps the planner (which has no
+        table statistics) from walking every row of that type in the (type, session_id) index instead.
+        """
+        conds: list[str] = []
+        params: list[Any] = []
+        by_text = needle is not None and len(needle) >= TRIGRAM
+        if feedback_type is not None:
+            conds.append("+type = ?" if by_text else "type = ?")
+            params.append(feedback_type)
+        if needle is not None:
+            condition, values = comment_contains(needle)
+            conds.append(condition)
+            params.extend(values)
+        return conds, params
+
+    def text_index_problem(self) -> str | None:
+        """Why the text index disagrees with the feedback comments, or None (see `text_index_problem`)."""
+        with self.atomic() as conn:
+            return text_index_problem(conn)
+
+    def rebuild_text_index(self) -> None:
+        """Rebuild the text index from every row of `feedback`, in one write transaction."""
+        with self.atomic() as conn:
+            rebuild_text_index(conn)
 
     def close(self) -> None:
         """Close both connections (the WAL is checkpointed by SQLite when the last one closes)."""

@@ -10,7 +10,6 @@ version into the current view, and `upcast_event` does the same for logged event
 from __future__ import annotations
 
 import operator
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from sessionrl.errors import InvalidEvent
 from sessionrl.session.events import EVENT_ADAPTER, Event, invalid_from, parse_event
 from sessionrl.session.model import SCHEMA_VERSION, Session
 from sessionrl.session.schema import load_session, plan_v1_to_v2
+from sessionrl.store.backend import Connection
 
 Doc = dict[str, Any]
 
@@ -138,13 +138,13 @@ def _encoded_items(
     return encoded[:shared] + [item.__pydantic_serializer__.to_json(item) for item in items[shared:]]
 
 
-def write_session(conn: sqlite3.Connection, session: Session, shards: Iterable[str]) -> None:
+def write_session(conn: Connection, session: Session, shards: Iterable[str]) -> None:
     """Upsert the head row and the given shard rows of a session."""
     write_sessions(conn, [(session, shards)], ShardEncoder(0))
 
 
 def write_sessions(
-    conn: sqlite3.Connection, views: Iterable[tuple[Session, Iterable[str]]], encoder: ShardEncoder
+    conn: Connection, views: Iterable[tuple[Session, Iterable[str]]], encoder: ShardEncoder
 ) -> None:
     """Upsert the head rows and the given shard rows of many sessions, two statements in all."""
     heads: list[tuple[Any, ...]] = []
@@ -168,13 +168,13 @@ def write_sessions(
     )
 
 
-def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
+def delete_session(conn: Connection, session_id: str) -> None:
     """Remove a session's materialised rows (the log is left alone)."""
     conn.execute("DELETE FROM session_head WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM session_shard WHERE session_id = ?", (session_id,))
 
 
-def read_documents(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, Doc]:
+def read_documents(conn: Connection, session_ids: Sequence[str]) -> dict[str, Doc]:
     """The stored documents (in their own schema version) of the sessions that exist, by id."""
     docs: dict[str, Doc] = {}
     for chunk in chunks(session_ids, 500):
@@ -196,12 +196,12 @@ def read_documents(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict
     return docs
 
 
-def read_session(conn: sqlite3.Connection, session_id: str) -> tuple[Session, bool] | None:
+def read_session(conn: Connection, session_id: str) -> tuple[Session, bool] | None:
     """The current view of a stored session and whether its document is of an older schema, or None."""
     return read_sessions(conn, [session_id]).get(session_id)
 
 
-def read_sessions(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, tuple[Session, bool]]:
+def read_sessions(conn: Connection, session_ids: Sequence[str]) -> dict[str, tuple[Session, bool]]:
     """Current views of the stored sessions among `session_ids`, each with whether its document is of an
     older schema, by id."""
     return {

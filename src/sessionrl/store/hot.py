@@ -1,9 +1,9 @@
-"""`SessionStore`: the durable, event-sourced session store, embedded on SQLite.
+"""`SessionStore`: the durable, event-sourced session store, on a backend picked by the URL's scheme.
 
 Every change is an event, appended in one transaction with the materialised session (three shards and
-their versions) and an outbox row, and acknowledged only after that transaction is durable (WAL,
-`synchronous=FULL`). Reads of the current session come from a small cache checked against the stored
-version. Query tables are filled from the outbox by the projector, lazily: every query drains it first,
+their versions) and an outbox row, and acknowledged only after that transaction is durable (on SQLite:
+WAL, `synchronous=FULL`). Reads of the current session come from a small cache checked against the
+stored version. Query tables are filled from the outbox by the projector, lazily: every query drains it first,
 so what a query sees includes every acknowledged write.
 
 >>> from sessionrl.session import SessionCreate, StateChanged
@@ -30,12 +30,13 @@ from sessionrl.session.model import Session, SessionCreate, SessionState, utcnow
 from sessionrl.session.schema import load_session
 from sessionrl.store import consistency, projector
 from sessionrl.store import query as queries
+from sessionrl.store.backend import Backend, open_backend
+from sessionrl.store.cache import SessionCache
 from sessionrl.store.consistency import ConsistencyReport, DigestSource
-from sessionrl.store.dialect import Database, parse_url
 from sessionrl.store.documents import ShardEncoder, chunks, decode_event, iso, read_documents
 from sessionrl.store.query import SessionQuery
 from sessionrl.store.records import Change, ChangeBatch, RewardRecord, SessionRow, StoredEvent
-from sessionrl.store.writes import BatchWriter, EventInput, Prepared, SessionCache, current, prepare
+from sessionrl.store.writes import BatchWriter, EventInput, Prepared, current, prepare
 
 MiB = 1 << 20
 
@@ -45,7 +46,10 @@ class StoreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = Field(description="sqlite:///relative.db, sqlite:////absolute.db, or sqlite:// (in memory).")
+    url: str = Field(
+        description="sqlite:///relative.db, sqlite:////absolute.db, or sqlite:// (in memory); the scheme"
+        " picks the backend (`sessionrl.store.backend.BACKENDS`)."
+    )
     max_event_bytes: int = Field(default=MiB, ge=256, description="Largest encoded event accepted.")
     cache_sessions: int = Field(default=1024, ge=0, description="Current sessions kept in memory.")
     projector_batch: int = Field(default=2000, ge=1, description="Outbox rows projected per transaction.")
@@ -56,14 +60,19 @@ class SessionStore:
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
-        self._db = Database(parse_url(config.url))
+        self._db = open_backend(config.url)
         self._cache = SessionCache(config.cache_sessions)
         self._encoder = ShardEncoder(config.cache_sessions)
 
     @classmethod
     def open(cls, url: str, *, max_event_bytes: int = MiB, cache_sessions: int = 1024) -> SessionStore:
-        """Open (creating if needed) the store at `url`."""
+        """Open (creating if needed) the store at `url`; `InvalidStoreURL` for a scheme no backend serves."""
         return cls(StoreConfig(url=url, max_event_bytes=max_event_bytes, cache_sessions=cache_sessions))
+
+    @property
+    def backend(self) -> Backend:
+        """The database backend under this store (picked by the URL's scheme)."""
+        return self._db
 
     def __enter__(self) -> Self:
         return self
@@ -209,27 +218,27 @@ class SessionStore:
         """Sessions matching typed filters (see `SessionQuery`), from the query tables."""
         self.project()
         with self._db.snapshot() as conn:
-            return queries.select_rows(conn, q)
+            return queries.select_rows(conn, self._db, q)
 
     def count(self, q: SessionQuery) -> int:
         """How many sessions match `q` (its order, limit and offset are ignored)."""
         self.project()
         with self._db.snapshot() as conn:
-            return queries.count(conn, q)
+            return queries.count(conn, self._db, q)
 
     def fraction(self, of: SessionQuery, having: SessionQuery) -> float:
         """Of the sessions matching `of`, the fraction that also match `having` (0.0 when none match `of`)."""
         self.project()
         with self._db.snapshot() as conn:
-            whole = queries.count(conn, of)
-            part = queries.count(conn, of, having)
+            whole = queries.count(conn, self._db, of)
+            part = queries.count(conn, self._db, of, having)
         return part / whole if whole else 0.0
 
     def sql(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         """Run one read-only statement (SELECT or WITH) and return its rows as dicts.
 
         Tables: `sessions`, `session_tags`, `tool_calls`, `llm_calls`, `feedback`, `rewards`, and the log
-        (`events`). Anything that would write is rejected with `InvalidEvent` naming `sql`.
+        (`events`). Anything that would write, and any statement that fails, raises `InvalidQuery`.
         """
         self.project()
         return self._db.read_only_sql(sql, params)

@@ -10,7 +10,6 @@ projection, neither duplicates nor loses a row. The trigram index over feedback 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import orjson
 
 from sessionrl.session.schema import migrate
+from sessionrl.store.backend import Connection
 from sessionrl.store.documents import Doc, chunks, iso, read_documents
 
 CURSOR = "projector"
@@ -151,7 +151,7 @@ def _feedback_row(sid: str, position: int, f: Doc) -> Row:
     )
 
 
-def replace_rows(conn: sqlite3.Connection, docs: Mapping[str, Doc | None]) -> None:
+def replace_rows(conn: Connection, docs: Mapping[str, Doc | None]) -> None:
     """Make the query rows of these sessions those of their documents (None: remove the session's rows)."""
     ids = list(docs)
     for table in COLUMNS:
@@ -168,13 +168,13 @@ def replace_rows(conn: sqlite3.Connection, docs: Mapping[str, Doc | None]) -> No
             conn.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})", rows.tables[table])
 
 
-def position(conn: sqlite3.Connection) -> int:
+def position(conn: Connection) -> int:
     """The outbox cursor up to which everything has been projected."""
     row = conn.execute("SELECT position FROM cursors WHERE name = ?", (CURSOR,)).fetchone()
     return 0 if row is None else int(row[0])
 
 
-def project_batch(conn: sqlite3.Connection, limit: int) -> int:
+def project_batch(conn: Connection, limit: int) -> int:
     """Project up to `limit` outbox rows past the cursor inside the caller's transaction; return how many."""
     start = position(conn)
     pending = conn.execute(
@@ -199,7 +199,7 @@ def project_batch(conn: sqlite3.Connection, limit: int) -> int:
     return len(pending)
 
 
-def projected_versions(conn: sqlite3.Connection, session_ids: Sequence[str]) -> dict[str, int]:
+def projected_versions(conn: Connection, session_ids: Sequence[str]) -> dict[str, int]:
     """The state_version each session was last projected at."""
     out: dict[str, int] = {}
     for chunk in chunks(session_ids, 500):
@@ -209,7 +209,7 @@ def projected_versions(conn: sqlite3.Connection, session_ids: Sequence[str]) -> 
     return out
 
 
-def read_rows(conn: sqlite3.Connection, session_ids: Sequence[str]) -> Rows:
+def read_rows(conn: Connection, session_ids: Sequence[str]) -> Rows:
     """The query rows currently stored for these sessions, in a stable order."""
     rows = Rows()
     for table, cols in COLUMNS.items():

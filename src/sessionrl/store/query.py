@@ -3,14 +3,14 @@
 A `SessionQuery` compiles to one WHERE clause on `sessions s` whose side conditions are
 `s.session_id IN (SELECT session_id FROM <side table> WHERE ...)`: each side table is searched once
 (through its index where there is one) rather than once per session, so a question's cost follows the
-rows it matches rather than the number of sessions stored. `comment_contains` finds its feedback rows through the trigram index
+rows it matches rather than the number of sessions stored. `comment_contains` is spelled by the backend
+(`Backend.feedback_conditions`); SQLite's finds its feedback rows through the trigram index
 `feedback_text` (see `sessionrl.store.dialect`) rather than by scanning every comment. The same question
 written by hand against `store.sql` gives the same answer.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessionrl.session.model import FeedbackType, SessionState
-from sessionrl.store.dialect import TRIGRAM, comment_contains
+from sessionrl.store.backend import Backend, Connection
 from sessionrl.store.documents import iso
 from sessionrl.store.projector import COLUMNS
 from sessionrl.store.records import SessionRow
@@ -63,8 +63,9 @@ class SessionQuery(BaseModel):
 Where = tuple[list[str], list[Any]]
 
 
-def where(q: SessionQuery) -> Where:
-    """The conditions (on `sessions s`) and parameters of a query, ignoring order, limit and offset."""
+def where(q: SessionQuery, backend: Backend) -> Where:
+    """The conditions (on `sessions s`) and parameters of a query, ignoring order, limit and offset; the
+    feedback text filter is spelled by `backend`."""
     conds: list[str] = []
     params: list[Any] = []
     for column, value in (("state", q.state), ("scenario", q.scenario), ("user_id", q.user_id)):
@@ -82,7 +83,7 @@ def where(q: SessionQuery) -> Where:
             "s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = ? AND status <> 'success')"
         )
         params.append(q.tool_failed)
-    _feedback(q, conds, params)
+    _feedback(q, backend, conds, params)
     if q.created_after is not None:
         conds.append("s.created_at >= ?")
         params.append(iso(q.created_after))
@@ -92,18 +93,10 @@ def where(q: SessionQuery) -> Where:
     return conds, params
 
 
-def _feedback(q: SessionQuery, conds: list[str], params: list[Any]) -> None:
-    inner: list[str] = []
-    # A text-index lookup finds few rows, fetched by key; `+type` keeps the planner (which has no table
-    # statistics) from walking every row of that type in the (type, session_id) index instead.
-    by_text = q.comment_contains is not None and len(q.comment_contains) >= TRIGRAM
-    if q.feedback_type is not None:
-        inner.append("+type = ?" if by_text else "type = ?")
-        params.append(q.feedback_type.value)
-    if q.comment_contains is not None:
-        condition, values = comment_contains(q.comment_contains)
-        inner.append(condition)
-        params.extend(values)
+def _feedback(q: SessionQuery, backend: Backend, conds: list[str], params: list[Any]) -> None:
+    kind = q.feedback_type.value if q.feedback_type is not None else None
+    inner, values = backend.feedback_conditions(kind, q.comment_contains)
+    params.extend(values)
     if q.min_score is not None:
         inner.append("score >= ?")
         params.append(q.min_score)
@@ -118,9 +111,9 @@ def _clause(conds: list[str]) -> str:
     return f" WHERE {' AND '.join(conds)}" if conds else ""
 
 
-def select_rows(conn: sqlite3.Connection, q: SessionQuery) -> list[SessionRow]:
+def select_rows(conn: Connection, backend: Backend, q: SessionQuery) -> list[SessionRow]:
     """The sessions a query matches, ordered (ties broken by id) and paged."""
-    conds, params = where(q)
+    conds, params = where(q, backend)
     direction = "DESC" if q.descending else "ASC"
     cols = ", ".join(f"s.{c}" for c in COLUMNS["sessions"])
     sql = (
@@ -130,12 +123,12 @@ def select_rows(conn: sqlite3.Connection, q: SessionQuery) -> list[SessionRow]:
     return [_row(r) for r in conn.execute(sql, [*params, q.limit, q.offset])]
 
 
-def count(conn: sqlite3.Connection, *queries: SessionQuery) -> int:
+def count(conn: Connection, backend: Backend, *queries: SessionQuery) -> int:
     """How many sessions match every one of the queries (order, limit and offset are ignored)."""
     conds: list[str] = []
     params: list[Any] = []
     for q in queries:
-        c, p = where(q)
+        c, p = where(q, backend)
         conds += c
         params += p
     return int(conn.execute(f"SELECT COUNT(*) FROM sessions s{_clause(conds)}", params).fetchone()[0])

@@ -7,9 +7,6 @@ or raises its own error, having written nothing.
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +14,8 @@ from typing import Any
 from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, StaleState
 from sessionrl.session.events import Event, SessionCreated, apply, parse_event
 from sessionrl.session.model import SCHEMA_VERSION, Session
+from sessionrl.store.backend import Connection
+from sessionrl.store.cache import SessionCache
 from sessionrl.store.documents import (
     ShardEncoder,
     canonical_event,
@@ -32,46 +31,7 @@ EventInput = Event | bytes | str | Mapping[str, Any]
 """An event as a model, or as raw JSON (text, bytes or a decoded mapping) to be validated."""
 
 
-class SessionCache:
-    """A bounded, thread-safe LRU of current sessions; the database stays the authority.
-
-    Every use compares the cached `state_version` with the stored one, so a stale entry is never served.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, Session] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, session_id: str, state_version: int) -> Session | None:
-        """The cached session if it is at exactly this version."""
-        with self._lock:
-            session = self._items.get(session_id)
-            if session is None or session.state_version != state_version:
-                return None
-            self._items.move_to_end(session_id)
-            return session
-
-    def put(self, session: Session) -> None:
-        """Remember a session unless a newer version of it is already cached."""
-        if self.capacity == 0:
-            return
-        with self._lock:
-            old = self._items.get(session.session_id)
-            if old is not None and old.state_version > session.state_version:
-                return
-            self._items[session.session_id] = session
-            self._items.move_to_end(session.session_id)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-    def drop(self, session_id: str) -> None:
-        """Forget a session (after it was rebuilt behind the cache's back)."""
-        with self._lock:
-            self._items.pop(session_id, None)
-
-
-def current(conn: sqlite3.Connection, cache: SessionCache, session_id: str) -> tuple[Session, bool] | None:
+def current(conn: Connection, cache: SessionCache, session_id: str) -> tuple[Session, bool] | None:
     """The stored session (from the cache when it is current) and whether its document is of an older schema.
 
     Call inside a transaction so that the version check and the read see the same state.
@@ -80,7 +40,7 @@ def current(conn: sqlite3.Connection, cache: SessionCache, session_id: str) -> t
 
 
 def current_many(
-    conn: sqlite3.Connection, cache: SessionCache, session_ids: Sequence[str]
+    conn: Connection, cache: SessionCache, session_ids: Sequence[str]
 ) -> dict[str, tuple[Session, bool]]:
     """`current` for many sessions at once: one version query, one document read for the cache misses."""
     found: dict[str, tuple[Session, bool]] = {}
@@ -136,7 +96,7 @@ class BatchWriter:
     for it back.
     """
 
-    def __init__(self, conn: sqlite3.Connection, cache: SessionCache, encoder: ShardEncoder) -> None:
+    def __init__(self, conn: Connection, cache: SessionCache, encoder: ShardEncoder) -> None:
         self.conn = conn
         self.cache = cache
         self.encoder = encoder
