@@ -93,8 +93,19 @@ async def test_errors_with_a_code_keep_it_and_others_are_internal(contract: Skil
     )
     assert (await _call(contract, "return [1]"))[:2] == (
         ErrorCode.INVALID_OUTPUT,
-        "returned list, not a dict",
+        "output: [1] is not of type 'object'",  # the probe contract's output schema asks for an object
     )
+    assert (await _call(contract, "return float('nan')"))[0] == ErrorCode.INVALID_OUTPUT
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"), [("return [1, 2]", [1, 2]), ("return 'ok'", "ok"), ("return None", None)]
+)
+async def test_any_json_value_answers_when_the_contract_allows_it(
+    contract: SkillContract, body: str, expected: object
+):
+    anything = contract.model_copy(update={"output_schema": {}})
+    assert await _call(anything, body) == (None, None, expected)
 
 
 async def test_the_environment_is_scrubbed(contract: SkillContract, monkeypatch: pytest.MonkeyPatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from skills_support import EXAMPLES
 
@@ -9,6 +11,7 @@ from sessionrl.skills import load_contracts
 from sessionrl.skills.schema import (
     clip_numbers,
     fill_defaults,
+    json_problem,
     sample_instance,
     validation_errors,
     validator_for,
@@ -85,10 +88,43 @@ def test_sample_instances_of_the_example_schemas_are_valid(name: str, part: str)
     assert validator_for(schema).is_valid(sample)
 
 
-def test_a_sample_that_cannot_satisfy_a_pattern_is_none():
+def test_a_sample_that_cannot_satisfy_a_pattern_is_refused():
     schema = {
         "type": "object",
         "required": ["code"],
         "properties": {"code": {"type": "string", "pattern": "^[0-9]+$"}},
     }
-    assert sample_instance(schema) is None
+    with pytest.raises(ValueError, match="cannot build"):
+        sample_instance(schema)
+
+
+@pytest.mark.parametrize(
+    ("schema", "sample"),
+    [({}, None), ({"type": "array"}, []), ({"type": "string"}, "sample"), ({"type": "null"}, None)],
+)
+def test_output_schemas_of_any_root_type_have_samples(schema: dict[str, Any], sample: object):
+    assert sample_instance(schema) == sample
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, 3, -(2**63), 2.5, "ok", [], [1, "a", None], {"a": [{"b": 1.0}]}, {}]
+)
+def test_json_values_pass(value: object):
+    assert json_problem(value) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ((1, 2), "output: a tuple"),
+        ({"a": {1, 2}}, "a: a set"),
+        ([0, {"x": float("nan")}], "[1].x: nan is not a finite number"),
+        ({"n": 2**64}, "n: 18446744073709551616 does not fit"),
+        ({1: "a"}, "output: key 1 is not a string"),
+        ({"b": b"raw"}, "b: a bytes"),
+    ],
+)
+def test_values_that_would_not_read_back_equal_are_named(value: object, where: str):
+    problem = json_problem(value)
+    assert problem is not None
+    assert problem.startswith(where)

@@ -107,7 +107,7 @@ class ToolCall(Record):
     subgoal_id: str | None = None
     tool: str
     params: dict[str, Any] = Field(default_factory=dict)
-    output: Any = None
+    output: Any = Field(default=None, description="What the tool answered: any JSON value; None on failure.")
     status: CallStatus
     error_code: str | None = None
     error_message: str | None = None

@@ -4,8 +4,8 @@ Run as a script (`python -I _sandbox_child.py`), so only the standard library is
 limits apply. The request arrives as one JSON object on stdin:
 `{"sys_path": [...], "module": "pkg.mod" | null, "source": "..." | null, "function": "name",
 "params": {...}, "cpu_s": 2, "memory_bytes": 536870912}`.
-The answer is `{"output": {...}}` or `{"error_code": "...", "message": "..."}`. Running out of memory
-exits with `EXIT_MEMORY` instead, because writing an answer may itself need memory.
+The answer is `{"output": <any JSON value>}` or `{"error_code": "...", "message": "..."}`. Running out
+of memory exits with `EXIT_MEMORY` instead, because writing an answer may itself need memory.
 Anything the function prints goes to stderr, so it cannot corrupt the answer.
 """
 
@@ -50,8 +50,6 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
         if isinstance(code, str) and code:
             return {"error_code": code, "message": str(getattr(error, "message", error))}
         return {"error_code": "INTERNAL", "message": f"{type(error).__name__}: {error}"}
-    if not isinstance(result, dict):
-        return {"error_code": "INVALID_OUTPUT", "message": f"returned {type(result).__name__}, not a dict"}
     return {"output": result}
 
 
@@ -68,7 +66,7 @@ def main() -> None:
     _limit(request["cpu_s"], request["memory_bytes"])
     try:
         answer = _run(request)
-        data = json.dumps(answer).encode()
+        data = json.dumps(answer, allow_nan=False).encode()
     except MemoryError:
         os._exit(EXIT_MEMORY)
     except (TypeError, ValueError) as error:

@@ -14,10 +14,10 @@ from sessionrl.skills.clock import Clock
 from sessionrl.skills.contract import SimulationProfile, SkillContract
 from sessionrl.skills.errors import ContractError, ErrorCode, SkillError
 from sessionrl.skills.schema import sample_instance
-from sessionrl.skills.skill import Skill
+from sessionrl.skills.skill import JsonValue, Skill
 
 Json = dict[str, Any]
-SkillFunction = Callable[[Json], Json | Awaitable[Json]]
+SkillFunction = Callable[[Json], JsonValue | Awaitable[JsonValue]]
 
 
 class CallableSkill(Skill):
@@ -28,7 +28,7 @@ class CallableSkill(Skill):
         self._fn = fn
         self._blocking = blocking
 
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Call the function; await what it returns when that is awaitable."""
         result = await asyncio.to_thread(self._fn, params) if self._blocking else self._fn(params)
         if inspect.isawaitable(result):
@@ -37,7 +37,7 @@ class CallableSkill(Skill):
 
 
 def callable_skill(contract: SkillContract, fn: SkillFunction, *, blocking: bool = False) -> CallableSkill:
-    """Bind `fn(params) -> dict` (or an async function) to `contract`; raise `SkillError` in it to fail.
+    """Bind `fn(params) -> JSON value` (or an async function) to `contract`; raise `SkillError` to fail.
 
     A sync function runs on the event loop, so it must be quick. Pass `blocking=True` for one that waits
     on I/O: it then runs in a worker thread and the executor's timeout can fire while it waits.
@@ -48,22 +48,29 @@ def callable_skill(contract: SkillContract, fn: SkillFunction, *, blocking: bool
 class SimulatedSkill(Skill):
     """A stand-in that follows the contract's `simulation` profile. See `simulated_skill`."""
 
-    def __init__(self, contract: SkillContract, *, seed: int, output: Callable[[Json], Json] | None) -> None:
+    def __init__(
+        self, contract: SkillContract, *, seed: int, output: Callable[[Json], JsonValue] | None
+    ) -> None:
         super().__init__(contract)
         if contract.simulation is None:
             raise ContractError(
                 f"{contract.name}: a simulated skill needs a `simulation` section in its contract"
             )
         self._profile: SimulationProfile = contract.simulation
-        sample = sample_instance(contract.output_schema) if output is None else {}
-        if not isinstance(sample, dict):
-            raise ContractError(
-                f"{contract.name}: cannot build a sample output from output_schema; pass output=fn"
-            )
         self._output = output
-        self._sample: Json = sample
-        self._flat = all(isinstance(value, str | int | float | None) for value in sample.values())
-        """Whether the sample holds only immutable values, so a shallow copy is a full one."""
+        self._sample: JsonValue = None
+        if output is None:
+            try:
+                self._sample = sample_instance(contract.output_schema)
+            except ValueError:
+                raise ContractError(
+                    f"{contract.name}: cannot build a sample output from output_schema; pass output=fn"
+                ) from None
+        self._flat = not isinstance(self._sample, list | dict) or (
+            isinstance(self._sample, dict)
+            and all(isinstance(value, str | int | float | None) for value in self._sample.values())
+        )
+        """Whether the sample is a scalar or a mapping of scalars, so a shallow copy is a full one."""
         self._rng = random.Random(seed)
 
     def draw_latency_ms(self) -> float:
@@ -74,7 +81,7 @@ class SimulatedSkill(Skill):
         sigma2 = math.log1p((std / mean) ** 2)
         return self._rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
 
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Sleep a drawn latency on `clock`, then fail with the profile's probability or answer."""
         latency_ms = self.draw_latency_ms()
         fails = self._rng.random() < self._profile.fail_rate
@@ -87,17 +94,19 @@ class SimulatedSkill(Skill):
             )
         if self._output is not None:
             return self._output(params)
-        return dict(self._sample) if self._flat else copy.deepcopy(self._sample)
+        if not self._flat:
+            return copy.deepcopy(self._sample)
+        return dict(self._sample) if isinstance(self._sample, dict) else self._sample
 
 
 def simulated_skill(
-    contract: SkillContract, *, seed: int = 0, output: Callable[[Json], Json] | None = None
+    contract: SkillContract, *, seed: int = 0, output: Callable[[Json], JsonValue] | None = None
 ) -> SimulatedSkill:
     """A seeded stand-in for `contract`: the same seed and call sequence give the same latencies and failures.
 
     Latency is log-normal with `simulation.mean_ms`/`std_ms` (slept on the executor's clock, so the
     executor's `time_factor` speeds it up); a call fails with probability `fail_rate`, with a code drawn
     from `fail_codes` (`INTERNAL` when none). The answer is `output(params)`, or else the smallest payload
-    that satisfies `output_schema`.
+    that satisfies `output_schema` (None when the contract declares none).
     """
     return SimulatedSkill(contract, seed=seed, output=output)

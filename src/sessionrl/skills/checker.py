@@ -15,7 +15,13 @@ from typing import Any
 from sessionrl.skills.clock import SystemClock
 from sessionrl.skills.contract import SkillContract, load_contract, parse_contract
 from sessionrl.skills.errors import ContractError, SkillCheckError, SkillError
-from sessionrl.skills.schema import fill_defaults, sample_instance, validation_errors, validator_for
+from sessionrl.skills.schema import (
+    fill_defaults,
+    json_problem,
+    sample_instance,
+    validation_errors,
+    validator_for,
+)
 from sessionrl.skills.skill import Skill
 
 Json = dict[str, Any]
@@ -140,10 +146,10 @@ async def check_calls(contract: SkillContract, impl: Skill) -> list[str]:
     """Run the implementation on each example (or a sample input) and hold its answers to the contract."""
     inputs = list(contract.examples)
     if not inputs:
-        sample = sample_instance(contract.input_schema)
-        if not isinstance(sample, dict):
+        try:
+            inputs = [sample_instance(contract.input_schema)]
+        except ValueError:
             return [f"{contract.name}: no examples and no sample input; add `examples` to exercise the skill"]
-        inputs = [sample]
     output_validator, warnings = validator_for(contract.output_schema), []
     for index, params in enumerate(inputs):
         where = f"{contract.name}: input {index} ({params})"
@@ -166,6 +172,9 @@ async def check_calls(contract: SkillContract, impl: Skill) -> list[str]:
                 f"{where} raised {type(error).__name__}: {error}; "
                 "raise SkillError(code, message) for expected failures"
             ) from error
+        problem = json_problem(output)
+        if problem is not None:
+            raise SkillCheckError(f"{where} answered with something that is not JSON: {problem}")
         problems = validation_errors(output_validator, output, root="output")
         if problems:
             raise SkillCheckError(f"{where} answered against output_schema: {'; '.join(problems)}")

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sessionrl.skills.errors import STANDARD_RETRYABLE, ContractError
-from sessionrl.skills.schema import schema_problems
+from sessionrl.skills.schema import object_schema_problems, schema_problems
 
 Json = dict[str, Any]
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -91,7 +91,8 @@ class SkillContract(_Frozen):
     description: str = Field(min_length=1, description="What the skill does, written for the model.")
     input_schema: Json = Field(description="JSON Schema (2020-12) of the parameters; `type: object`.")
     output_schema: Json = Field(
-        default_factory=lambda: {"type": "object"}, description="JSON Schema of a success payload."
+        default_factory=dict,
+        description="JSON Schema of a success payload, which may be any JSON value; none: anything.",
     )
     errors: dict[str, ErrorSpec] = Field(default_factory=dict, description="The skill's own error codes.")
     sla: Sla = Field(default_factory=Sla, description="Timeout, latency budget, limits and breaker.")
@@ -102,9 +103,17 @@ class SkillContract(_Frozen):
     )
     examples: tuple[Json, ...] = Field(default=(), description="Valid parameter sets, used by check_skill.")
 
-    @field_validator("input_schema", "output_schema")
+    @field_validator("input_schema")
     @classmethod
-    def _usable_schema(cls, schema: Json) -> Json:
+    def _usable_input_schema(cls, schema: Json) -> Json:
+        problem = object_schema_problems(schema)
+        if problem is not None:
+            raise ValueError(problem)
+        return schema
+
+    @field_validator("output_schema")
+    @classmethod
+    def _usable_output_schema(cls, schema: Json) -> Json:
         problem = schema_problems(schema)
         if problem is not None:
             raise ValueError(problem)
@@ -148,13 +157,15 @@ class SkillContract(_Frozen):
         return {"type": "function", "function": function}
 
     def to_mcp_tool(self) -> Json:
-        """The contract as an MCP tool description (the `tools/list` entry, camelCase keys)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "inputSchema": self.input_schema,
-            "outputSchema": self.output_schema,
-        }
+        """The contract as an MCP tool description (the `tools/list` entry, camelCase keys).
+
+        MCP's `outputSchema` describes structured content, which is always an object, so it is given only
+        for an output schema of `type: object`; other outputs travel as text.
+        """
+        tool = {"name": self.name, "description": self.description, "inputSchema": self.input_schema}
+        if self.output_schema.get("type") == "object":
+            tool["outputSchema"] = self.output_schema
+        return tool
 
 
 def _is_code(code: str) -> bool:

@@ -5,8 +5,9 @@ One call to `SkillExecutor.call` goes:
 2. attempts: a plain first one, then, after a retryable failure only, a tenacity loop for the rest
    (exponential backoff with seeded jitter, slept on the clock). Each attempt is a breaker check
    (`BREAKER_OPEN`), token bucket (`RATE_LIMITED` when the wait would pass the timeout), concurrency
-   slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation (`INVALID_OUTPUT`);
-   each attempt's outcome feeds the breaker;
+   slot, the skill itself under the contract's timeout (`TIMEOUT`), output validation (`INVALID_OUTPUT`:
+   the output must be a JSON value, of any kind, and satisfy the contract's output schema); each
+   attempt's outcome feeds the breaker;
 3. if it still failed (for any reason but bad parameters) and the contract names a fallback, the fallback
    runs the same way and the result says so.
 Every outcome is a `SkillResult`; the executor never raises for a skill's failure.
@@ -34,10 +35,11 @@ from sessionrl.skills.schema import (
     SchemaValidator,
     clip_numbers,
     fill_defaults,
+    json_problem,
     validation_errors,
     validator_for,
 )
-from sessionrl.skills.skill import Skill, SkillResult
+from sessionrl.skills.skill import JsonValue, Skill, SkillResult
 from sessionrl.skills.stats import SkillStats, StatsRecorder
 
 Json = dict[str, Any]
@@ -182,7 +184,7 @@ class SkillExecutor:
             return SkillError(ErrorCode.INVALID_PARAMS, "; ".join(problems)), warnings
         return params, warnings
 
-    async def _run(self, slot: _Slot, params: Json) -> tuple[Json | SkillError, int]:
+    async def _run(self, slot: _Slot, params: Json) -> tuple[JsonValue | SkillError, int]:
         """Attempt until success, a non-retryable error or `max_attempts`; returns outcome and attempts.
 
         The first attempt is a plain call: most calls succeed at once, and they should not pay for the
@@ -219,7 +221,7 @@ class SkillExecutor:
         base = min(config.backoff_max_s, config.backoff_initial_s * 2 ** (attempt - 1))
         return float(base) + self._rng.uniform(0.0, config.jitter_s)
 
-    async def _attempt(self, slot: _Slot, params: Json) -> Json:
+    async def _attempt(self, slot: _Slot, params: Json) -> JsonValue:
         """One run of the skill behind the breaker, the rate limit and the concurrency cap."""
         contract = slot.contract
         if not slot.breaker.available:
@@ -241,7 +243,7 @@ class SkillExecutor:
             finally:
                 slot.breaker.record(permit, ok)
 
-    async def _timed_invoke(self, slot: _Slot, params: Json) -> Json:
+    async def _timed_invoke(self, slot: _Slot, params: Json) -> JsonValue:
         """The skill under its timeout (on the wall, scaled by `time_factor`, and on the clock)."""
         timeout_s = slot.contract.sla.timeout_s
         started = self.clock.now()
@@ -256,6 +258,9 @@ class SkillExecutor:
             raise SkillError(ErrorCode.INTERNAL, f"{type(error).__name__}: {error}") from error
         if self.clock.now() - started > timeout_s:
             raise SkillError(ErrorCode.TIMEOUT, f"answered after the {timeout_s} s timeout")
+        problem = json_problem(output)
+        if problem is not None:
+            raise SkillError(ErrorCode.INVALID_OUTPUT, problem)
         problems = validation_errors(slot.output, output, root="output")
         if problems:
             raise SkillError(ErrorCode.INVALID_OUTPUT, "; ".join(problems))

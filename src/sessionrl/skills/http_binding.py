@@ -1,4 +1,5 @@
-"""A skill served by an HTTP endpoint: the parameters go out as a JSON POST, the payload comes back as JSON.
+"""A skill served by an HTTP endpoint: the parameters go out as a JSON POST, the payload comes back as JSON
+(any JSON value: an object, an array, a string, ...).
 
 A failed response maps to an error code: a JSON body `{"error_code": "...", "message": "..."}` names the
 code itself; otherwise the status decides (`STATUS_CODES`, anything else is `INTERNAL`). Transport
@@ -15,7 +16,7 @@ import httpx
 from sessionrl.skills.clock import Clock
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.errors import ErrorCode, SkillError
-from sessionrl.skills.skill import Skill
+from sessionrl.skills.skill import JsonValue, Skill
 
 Json = dict[str, Any]
 STATUS_CODES: Final[dict[int, ErrorCode]] = {
@@ -47,7 +48,7 @@ class HttpSkill(Skill):
         self._client = client
         self._owns_client = client is None
 
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """POST the parameters and decode the answer."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.contract.sla.timeout_s)
@@ -59,10 +60,10 @@ class HttpSkill(Skill):
             raise SkillError(
                 ErrorCode.UNAVAILABLE, f"{self._url}: {type(error).__name__}: {error}"
             ) from error
-        body = _json_or_none(response)
+        decoded, body = _json(response)
         if response.is_success:
-            if not isinstance(body, dict):
-                raise SkillError(ErrorCode.INVALID_OUTPUT, f"{self._url} answered with no JSON object")
+            if not decoded:
+                raise SkillError(ErrorCode.INVALID_OUTPUT, f"{self._url} answered with no JSON")
             return body
         raise _error_for(response, body)
 
@@ -73,11 +74,12 @@ class HttpSkill(Skill):
             self._client = None
 
 
-def _json_or_none(response: httpx.Response) -> Any:
+def _json(response: httpx.Response) -> tuple[bool, Any]:
+    """(True, the decoded body), or (False, None) when the body is not JSON."""
     try:
-        return response.json()
+        return True, response.json()
     except ValueError:
-        return None
+        return False, None
 
 
 def _error_for(response: httpx.Response, body: Any) -> SkillError:

@@ -5,7 +5,8 @@ own, because the SDK's connection must be opened and closed by the same task whi
 
 A tool reports a contract error by failing with a message that contains `CODE: ...` for a code the
 contract knows (an MCPServer tool raises `ToolError("PATIENT_NOT_FOUND: no patient p9")`); any other
-failure is `INTERNAL`. The payload is the tool's structured content, or its text content parsed as JSON.
+failure is `INTERNAL`. The payload is the tool's structured content, or else its text content: parsed as
+JSON when it is JSON (any value: an array, a number, ...), the text itself when it is not.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sessionrl.skills.clock import Clock
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.errors import ErrorCode, SkillError
-from sessionrl.skills.skill import Skill
+from sessionrl.skills.skill import JsonValue, Skill
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -89,7 +90,7 @@ class McpSkill(Skill):
             )
         return self._client
 
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Call the tool and turn its result into a payload or a `SkillError`."""
         from mcp import MCPError
 
@@ -101,12 +102,11 @@ class McpSkill(Skill):
         text = "".join(getattr(block, "text", "") for block in result.content)
         if result.is_error:
             raise self._error_from_text(text)
-        payload = result.structured_content
-        if payload is None:
-            payload = _json_or_none(text)
-        if not isinstance(payload, dict):
-            raise SkillError(ErrorCode.INVALID_OUTPUT, f"tool {self._tool!r} returned no JSON object")
-        return payload
+        if result.structured_content is not None:
+            return result.structured_content
+        if not result.content:
+            raise SkillError(ErrorCode.INVALID_OUTPUT, f"tool {self._tool!r} returned no content")
+        return _json_or_text(text)
 
     def _error_from_text(self, text: str) -> SkillError:
         for match in _CODE_IN_TEXT.finditer(text):
@@ -122,11 +122,11 @@ class McpSkill(Skill):
             self._runner = None
 
 
-def _json_or_none(text: str) -> Any:
+def _json_or_text(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        return None
+        return text
 
 
 def mcp_skill(

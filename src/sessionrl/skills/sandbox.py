@@ -25,7 +25,7 @@ from sessionrl.skills._sandbox_child import EXIT_MEMORY
 from sessionrl.skills.clock import Clock
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.errors import ErrorCode, SkillError
-from sessionrl.skills.skill import Skill
+from sessionrl.skills.skill import JsonValue, Skill
 
 Json = dict[str, Any]
 CHILD: Final = Path(__file__).with_name("_sandbox_child.py")
@@ -73,7 +73,7 @@ class SandboxedSkill(Skill):
         }
         self.limits = limits
 
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Run the function once in a new child process."""
         sys_path = [p for p in sys.path if p]
         payload = json.dumps({**self._request, "params": params, "sys_path": sys_path}).encode()
@@ -133,7 +133,7 @@ async def _read_capped(
     return kept, overflow
 
 
-def _decode(returncode: int, answer: bytes, errors: str, limits: SandboxLimits) -> Json:
+def _decode(returncode: int, answer: bytes, errors: str, limits: SandboxLimits) -> JsonValue:
     tail = errors.strip().splitlines()[-1] if errors.strip() else "no output on stderr"
     if returncode == EXIT_MEMORY:
         raise SkillError(
@@ -150,9 +150,8 @@ def _decode(returncode: int, answer: bytes, errors: str, limits: SandboxLimits) 
         raise SkillError(
             ErrorCode.SANDBOX_CRASH, f"exited with status {returncode} without answering ({tail})"
         ) from None
-    if isinstance(message, dict) and isinstance(message.get("output"), dict):
-        output: Json = message["output"]
-        return output
+    if isinstance(message, dict) and "output" in message:
+        return message["output"]
     if isinstance(message, dict) and isinstance(message.get("error_code"), str):
         raise SkillError(message["error_code"], str(message.get("message", "")))
     raise SkillError(ErrorCode.SANDBOX_CRASH, f"malformed answer from the skill process ({tail})")
@@ -169,7 +168,7 @@ def sandboxed_skill(
 
     `target` is `"package.module:function"`, importable from this process's `sys.path`; or, with `source`
     (Python text), the name of the function that the text defines. The function takes the parameters
-    dict and returns a dict (it may be async); an exception with a string `code` attribute (such as
+    dict and returns any JSON value (it may be async); an exception with a string `code` attribute (such as
     `SkillError`) fails the call with that code, any other exception with `INTERNAL`.
     """
     return SandboxedSkill(contract, target, source=source, limits=limits or SandboxLimits())

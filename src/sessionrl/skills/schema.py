@@ -1,4 +1,5 @@
-"""JSON Schema helpers for skill parameters: defaults, clipping, readable errors and sample instances.
+"""JSON Schema helpers for skill parameters and outputs: defaults, clipping, readable errors, sample
+instances, and the check that a value is JSON at all.
 
 All helpers return new values and never change their inputs.
 
@@ -10,12 +11,14 @@ All helpers return new values and never change their inputs.
 ({'amount': 120}, ('amount: 500 clipped to the maximum of 120',))
 >>> validation_errors(validator_for(schema), {"amount": 500})
 ('amount: 500 is greater than the maximum of 120',)
+>>> json_problem({"items": [1, {2, 3}]})
+'items[1]: a set is not a JSON value (use a list, a mapping, a string, a number, a bool or None)'
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -49,15 +52,68 @@ def validator_for(schema: Json) -> SchemaValidator:
 
 
 def schema_problems(schema: object) -> str | None:
-    """Why `schema` is not a usable JSON Schema for an object payload, or None when it is."""
+    """Why `schema` is not a usable JSON Schema (written as a mapping), or None when it is."""
     if not isinstance(schema, dict):
         return f"must be a JSON Schema object (a mapping), got {type(schema).__name__}"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as error:
         return f"is not valid JSON Schema at {field_path(error.absolute_path, 'schema')}: {error.message}"
-    if schema.get("type") != "object":
-        return "must have `type: object` at its root, because parameters and outputs are JSON objects"
+    return None
+
+
+def object_schema_problems(schema: object) -> str | None:
+    """Why `schema` is not a usable JSON Schema of a JSON object (as parameters are), or None when it is."""
+    problem = schema_problems(schema)
+    if problem is None and isinstance(schema, dict) and schema.get("type") != "object":
+        return "must have `type: object` at its root, because parameters are JSON objects"
+    return problem
+
+
+_INT_RANGE = (-(2**63), 2**64 - 1)
+"""Integers a JSON document holds exactly (what orjson, which stores sessions, reads and writes)."""
+
+
+def json_problem(value: Any, root: str = "output") -> str | None:
+    """Where and why `value` is not a JSON value that reads back equal after encoding, or None.
+
+    JSON values are None, bools, strings, finite numbers (integers within 64 bits), lists and mappings
+    with string keys, nested freely. Tuples, sets, NaN, bytes and objects are not: each would come back
+    changed (or not at all) from the store.
+    """
+    found = _json_problem(value)
+    if found is None:
+        return None
+    path, reason = found
+    return f"{field_path(path[::-1], root)}: {reason}"
+
+
+def _json_problem(value: Any) -> tuple[list[str | int], str] | None:
+    """(path reversed, reason) of the first non-JSON part of `value`, or None."""
+    if value is None or isinstance(value, str | bool):
+        return None
+    if isinstance(value, int):
+        low, high = _INT_RANGE
+        return None if low <= value <= high else ([], f"{value} does not fit in 64 bits")
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ([], f"{value} is not a finite number")
+    if isinstance(value, list):
+        return _first_problem(enumerate(value))
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                return [], f"key {key!r} is not a string"
+        return _first_problem(value.items())
+    kind = type(value).__name__
+    return [], f"a {kind} is not a JSON value (use a list, a mapping, a string, a number, a bool or None)"
+
+
+def _first_problem(items: Iterable[tuple[str | int, Any]]) -> tuple[list[str | int], str] | None:
+    for key, item in items:
+        found = _json_problem(item)
+        if found is not None:
+            found[0].append(key)
+            return found
     return None
 
 
@@ -134,13 +190,16 @@ def _clip_number(schema: Json, number: float, path: tuple[str | int, ...]) -> tu
 
 
 def sample_instance(schema: Json) -> Any:
-    """A small value that satisfies `schema` (defaults, first enum entries, lower bounds), or None.
+    """A small value that satisfies `schema` (defaults, first enum entries, lower bounds).
 
-    Only required properties are filled. Keywords it does not understand (`pattern`, `format`) can make
-    the sample invalid; the result is checked and None is returned then.
+    Only required properties are filled; a schema that names no type (`{}`) gets None, which it accepts.
+    Keywords it does not understand (`pattern`, `format`) can make the sample invalid; the result is
+    checked and `ValueError` is raised then.
     """
     value = _sample(schema)
-    return value if validator_for(schema).is_valid(value) else None
+    if not validator_for(schema).is_valid(value):
+        raise ValueError("cannot build a value that satisfies the schema")
+    return value
 
 
 def _sample(schema: Any) -> Any:

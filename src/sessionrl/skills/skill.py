@@ -11,14 +11,20 @@ from sessionrl.skills.clock import Clock
 from sessionrl.skills.contract import SkillContract
 
 Json = dict[str, Any]
+"""A JSON object: what a skill is called with."""
+
+JsonValue = Any
+"""Any JSON value (object, array, string, number, boolean or null): what a skill may answer. The executor
+refuses anything else (`INVALID_OUTPUT`), so every answer it passes on survives a JSON round trip."""
 
 
 class Skill(abc.ABC):
     """An implementation bound to a contract.
 
     `invoke` gets parameters that already passed the contract's input schema (defaults filled) and returns
-    the success payload, or raises `SkillError(code, message)`. Anything else it raises becomes `INTERNAL`.
-    Timeouts, retries, limits and breakers are the executor's job, not the skill's.
+    the success payload (any JSON value, checked against the contract's output schema), or raises
+    `SkillError(code, message)`. Anything else it raises becomes `INTERNAL`. Timeouts, retries, limits
+    and breakers are the executor's job, not the skill's.
     """
 
     def __init__(self, contract: SkillContract) -> None:
@@ -30,7 +36,7 @@ class Skill(abc.ABC):
         return self.contract.name
 
     @abc.abstractmethod
-    async def invoke(self, params: Json, clock: Clock) -> Json:
+    async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Run one call. `clock` is the executor's: a skill that simulates time sleeps on it."""
 
     async def aclose(self) -> None:
@@ -48,7 +54,9 @@ class SkillResult(BaseModel):
 
     skill: str = Field(description="Name of the skill that served the call (the fallback, if one did).")
     status: Literal["success", "error"]
-    output: Json | None = Field(default=None, description="The success payload.")
+    output: JsonValue = Field(
+        default=None, description="The success payload: any JSON value (None on error)."
+    )
     error_code: str | None = None
     error_message: str | None = None
     retryable: bool = Field(default=False, description="Whether the same call may succeed later.")
