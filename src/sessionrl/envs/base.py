@@ -179,6 +179,6 @@ class NamesEntities(Protocol):
 class GoldPlans(Protocol):
     """An environment whose tasks carry gold actions (τ-bench style), replayable as a plan."""
 
-    def gold(self, task: Task) -> ExpertPlan:
+    def gold_plan(self, task: Task) -> ExpertPlan:
         """The task's gold actions as a plan, ending with a message that says every expected output."""
         ...
