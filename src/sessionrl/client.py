@@ -27,9 +27,19 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from sessionrl.errors import SessionRLError
-from sessionrl.orchestrator.results import FeedbackResult, FinishResult, StepKind, StepPayload, StepResult
-from sessionrl.service.schemas import FeedbackIn, Health, Problem, SessionPage, SkillInfo
 from sessionrl.session.model import FinalOutput, Session, SessionCreate
+from sessionrl.wire import (
+    FeedbackIn,
+    FeedbackResult,
+    FinishResult,
+    Health,
+    Problem,
+    SessionPage,
+    SkillInfo,
+    StepKind,
+    StepPayload,
+    StepResult,
+)
 
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({502, 503, 504})

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,9 +16,30 @@ import uvicorn
 from service_support import PLAN, WRITER, make_app
 
 from sessionrl.client import ApiError, AsyncClient, Client
-from sessionrl.orchestrator.results import ToolPayload
-from sessionrl.service.schemas import FeedbackIn
 from sessionrl.session import Claim, FeedbackType, FinalOutput, SessionCreate
+from sessionrl.wire import FeedbackIn, ToolPayload
+
+SERVER_SIDE = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "torch",
+    "sqlite3",
+    "sessionrl.service",
+    "sessionrl.store",
+    "sessionrl.orchestrator",
+    "sessionrl.skills",
+)
+"""Modules a client never needs: the web framework and server, the engine, the store, the skills, torch."""
+
+
+def test_importing_the_client_loads_no_server_side_module() -> None:
+    probe = (
+        "import sys, sessionrl.client; "
+        f"print(sorted(m for m in sys.modules if m.startswith({SERVER_SIDE!r})))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
 
 
 class LosesFirstResponse(httpx.AsyncBaseTransport):

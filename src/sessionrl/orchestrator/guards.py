@@ -17,29 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
 from sessionrl.session.model import CallStatus, FinalOutput, Plan, Session
 
-
-class PlanRejection(StrEnum):
-    """Why the plan breaker rejected a plan."""
-
-    TOO_MANY_SUBGOALS = "too_many_subgoals"
-    DUPLICATE_SUBGOAL = "duplicate_subgoal"
-    REPEATED_TOOL = "repeated_tool"
-    UNKNOWN_TOOL = "unknown_tool"
-    FORBIDDEN_TOOL = "forbidden_tool"
-    MISSING_DEPENDENCY = "missing_dependency"
-    CYCLE = "cycle"
-
-
-class Refusal(StrEnum):
-    """Why a tool step was refused without running."""
-
-    UNKNOWN_SUBGOAL = "UNKNOWN_SUBGOAL"
-    UNMET_DEPENDENCIES = "UNMET_DEPENDENCIES"
-    MASKED_SKILL = "MASKED_SKILL"
+# the reasons are part of the wire (`StepResult` carries them), so they are defined in `sessionrl.wire`
+from sessionrl.wire import PlanRejection as PlanRejection
+from sessionrl.wire import Refusal as Refusal
 
 
 @dataclass(frozen=True, slots=True)

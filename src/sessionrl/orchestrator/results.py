@@ -1,5 +1,7 @@
 """What the engine takes and gives back: step payloads, the one `StepResult`, and finish/feedback answers.
 
+The models themselves live in `sessionrl.wire`, the HTTP API's wire models; this module builds them.
+
 Results are built from the committed session by pure functions (`tool_result`, `plan_result`, ...). The
 engine calls the same function after its own commit and when it answers a replayed request from the log,
 so a retry with the same idempotency key gets the same answer as the first try.
@@ -11,131 +13,32 @@ import hashlib
 import itertools
 import os
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from sessionrl.orchestrator.guards import PlanRejection, Refusal, missing_citations, unverified_subgoals
+from sessionrl.orchestrator.guards import missing_citations, unverified_subgoals
 from sessionrl.orchestrator.policy import parse_plan
-from sessionrl.session.model import (
-    CallStatus,
-    Input,
-    LLMCall,
-    Message,
-    Plan,
-    Session,
-    SessionState,
-    ToolCall,
-)
+from sessionrl.session.model import CallStatus, LLMCall, Session, ToolCall
+
+# the wire models are defined in `sessionrl.wire` (so a client can import them alone) and named here too
+from sessionrl.wire import FeedbackResult as FeedbackResult
+from sessionrl.wire import FinishResult as FinishResult
+from sessionrl.wire import LLMPayload as LLMPayload
+from sessionrl.wire import PlanPayload as PlanPayload
+from sessionrl.wire import PlanRejection, Refusal
+from sessionrl.wire import StepError as StepError
+from sessionrl.wire import StepKind as StepKind
+from sessionrl.wire import StepPayload as StepPayload
+from sessionrl.wire import StepResult as StepResult
+from sessionrl.wire import ToolPayload as ToolPayload
 
 C = TypeVar("C", ToolCall, LLMCall)
 
 
-class StepKind(StrEnum):
-    """The three kinds of step, each with its own lane."""
-
-    PLAN = "plan"
-    TOOL = "tool"
-    LLM = "llm"
-
-
-class StepError(StrEnum):
-    """Error codes of failed steps that are the engine's own (tool failures carry the skill's code)."""
-
-    UNPARSEABLE_PLAN = "UNPARSEABLE_PLAN"
-    UNPARSEABLE_TOOL_CALL = "UNPARSEABLE_TOOL_CALL"
-    PLAN_REJECTED = "PLAN_REJECTED"
-    POLICY_ERROR = "POLICY_ERROR"
-
-
-class PlanPayload(Input):
-    """A plan step: give `plan` directly (an expert demonstration), or leave it out to ask the policy."""
-
-    plan: Plan | None = Field(default=None, description="The plan to use as is; none: the policy writes one.")
-    messages: tuple[Message, ...] = Field(
-        default=(), description="Conversation for the policy; empty: the engine's planning prompt."
-    )
-
-
-class ToolPayload(Input):
-    """A tool step: name the skill, or leave `tool` out to let the policy choose (it answers in JSON)."""
-
-    tool: str | None = Field(default=None, max_length=200, description="Skill to call; none: ask the policy.")
-    params: dict[str, Any] = Field(default_factory=dict, description="Parameters for the skill.")
-    subgoal_id: str | None = Field(default=None, max_length=64, description="Sub-goal this call serves.")
-    messages: tuple[Message, ...] = Field(
-        default=(), description="Conversation for the policy when it chooses the tool."
-    )
-
-
-class LLMPayload(Input):
-    """An LLM step: the policy answers the conversation."""
-
-    messages: tuple[Message, ...] = Field(default=(), description="Conversation; empty: the user's query.")
-    purpose: str = Field(default="step", min_length=1, max_length=64, description="Why the model is called.")
-
-
-StepPayload = PlanPayload | ToolPayload | LLMPayload
 PAYLOADS: dict[StepKind, type[PlanPayload] | type[ToolPayload] | type[LLMPayload]] = {
     StepKind.PLAN: PlanPayload,
     StepKind.TOOL: ToolPayload,
     StepKind.LLM: LLMPayload,
 }
-
-
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StepResult(_Result):
-    """How one step ended. `ok` is false for failed, refused or rejected steps; each is still recorded."""
-
-    ok: bool
-    kind: StepKind
-    session_id: str
-    state: SessionState = Field(description="The session's state right after the step was committed.")
-    state_version: int = Field(description="The session's version right after the step was committed.")
-    call_id: str | None = Field(default=None, description="The tool call (tool steps) or LLM call recorded.")
-    policy_call_id: str | None = Field(default=None, description="The LLM call that chose the tool, if any.")
-    tool: str | None = Field(default=None, description="The skill that served the call (a fallback, maybe).")
-    status: CallStatus | None = None
-    output: Any = None
-    text: str | None = Field(default=None, description="What the policy wrote.")
-    plan: Plan | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    retryable: bool = False
-    refused: Refusal | None = Field(default=None, description="Why a tool step was refused without running.")
-    rejection: PlanRejection | None = Field(
-        default=None, description="Why the plan breaker rejected the plan."
-    )
-    latency_ms: float = 0.0
-    attempts: int = 0
-    warnings: tuple[str, ...] = ()
-    masked: tuple[str, ...] = Field(default=(), description="Skills masked (breaker open) when answered.")
-
-
-class FinishResult(_Result):
-    """How a session was finished, and what the finishing guards found."""
-
-    session_id: str
-    state: SessionState
-    state_version: int
-    unverified_subgoals: tuple[str, ...] = Field(
-        description="Sub-goals penalised: no tool call executed them."
-    )
-    missing_citations: tuple[str, ...] = Field(description="Cited call ids the session does not have.")
-
-
-class FeedbackResult(_Result):
-    """Where a piece of feedback went. `in_force` is false when later-dated feedback of the same kind won."""
-
-    session_id: str
-    feedback_id: str
-    in_force: bool
-    state: SessionState
-    state_version: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from sessionrl.errors import (
 )
 from sessionrl.orchestrator.engine import KeyReused
 from sessionrl.orchestrator.lanes import Overloaded
-from sessionrl.service.schemas import FieldProblem, Problem
+from sessionrl.wire import FieldProblem, Problem
 
 MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("sessionrl.service")

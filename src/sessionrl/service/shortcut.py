@@ -36,8 +36,8 @@ from sessionrl.service.config import Scope as TokenScope
 from sessionrl.service.deps import IDEMPOTENCY_KEY_PATTERN, IF_MATCH_PATTERN
 from sessionrl.service.problems import ProblemError, error_response
 from sessionrl.service.routers import sessions, steps
-from sessionrl.service.schemas import StepRequest
 from sessionrl.session.model import FinalOutput, SessionCreate
+from sessionrl.wire import StepRequest
 
 IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 IF_MATCH = re.compile(IF_MATCH_PATTERN)

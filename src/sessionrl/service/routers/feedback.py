@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from sessionrl.orchestrator.results import FeedbackResult
 from sessionrl.service import problems
 from sessionrl.service.deps import IdempotencyKey, Writer, engine_of, scoped_key
-from sessionrl.service.schemas import FeedbackIn
+from sessionrl.wire import FeedbackIn
 
 router = APIRouter(prefix="/v1/sessions", tags=["feedback"])
 

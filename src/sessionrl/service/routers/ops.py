@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from sessionrl.service import problems
 from sessionrl.service.deps import Reader, engine_of
-from sessionrl.service.schemas import Health
+from sessionrl.wire import Health
 
 router = APIRouter(tags=["operations"])
 

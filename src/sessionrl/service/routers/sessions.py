@@ -20,9 +20,9 @@ from sessionrl.service.deps import (
     json_response,
     scoped_key,
 )
-from sessionrl.service.schemas import SessionPage, SessionSummary, Timestamp
 from sessionrl.session.model import FeedbackType, FinalOutput, Session, SessionCreate, SessionState
 from sessionrl.store import SessionQuery
+from sessionrl.wire import SessionPage, SessionSummary, Timestamp
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 AUTH = (401, 403, 429)

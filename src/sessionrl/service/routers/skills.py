@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from sessionrl.service import problems
 from sessionrl.service.deps import Reader, engine_of
-from sessionrl.service.schemas import SkillInfo
+from sessionrl.wire import SkillInfo
 
 router = APIRouter(prefix="/v1/skills", tags=["skills"])
 

@@ -18,7 +18,7 @@ from sessionrl.service.deps import (
     json_response,
     scoped_key,
 )
-from sessionrl.service.schemas import StepRequest
+from sessionrl.wire import StepRequest
 
 router = APIRouter(prefix="/v1/sessions", tags=["steps"])
 
