@@ -68,3 +68,11 @@ def test_the_sqlite_backend_spells_the_feedback_text_filter() -> None:
         assert params == ["comment", '"chronic"', "%chronic%"]
     finally:
         backend.close()
+
+
+def test_a_new_file_store_gets_its_folder(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs' / 'deep' / 'sessions.db'}"
+    with SessionStore.open(url) as store:
+        store.create(SessionCreate(user_query="q", session_id="s1"))
+    with SessionStore.open(url) as store:
+        assert store.session_ids() == ["s1"]

@@ -355,6 +355,8 @@ class SQLiteBackend:
         self.location = location
         self.url = url
         self.lock = threading.RLock()
+        if location.path is not None:  # a new store's folder is made, as its file is
+            Path(location.path).parent.mkdir(parents=True, exist_ok=True)
         self.writer = _connect(location.path or ":memory:", uri=False)
         for pragma in PRAGMAS:
             self.writer.execute(pragma)
@@ -367,7 +369,7 @@ class SQLiteBackend:
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteBackend:
-        """Open (creating if needed) the database at a `sqlite://` URL (see `parse_url`)."""
+        """Open (creating it and its folder if needed) the database at a `sqlite://` URL (see `parse_url`)."""
         return cls(parse_url(url), url)
 
     def _create_tables(self) -> None:
