@@ -25,7 +25,7 @@ def test_the_samples_exercise_what_terms_react_to() -> None:
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_TERMS))
 def test_builtin_terms_conform(name: str) -> None:
-    check_reward_term(BUILTIN_TERMS[name][0], SESSIONS)
+    check_reward_term(BUILTIN_TERMS[name].fn, SESSIONS)
 
 
 @pytest.mark.parametrize("term", load_rules().terms, ids=lambda t: t.name)

@@ -115,7 +115,11 @@ def test_a_compiled_rule_runs_on_a_session(tmp_path: Path) -> None:
         ),
         (GOOD.replace("for_each: tool_call", "for_each: everything"), "tool_failure", "for_each"),
         (GOOD.replace("name: rating", "name: tool_failure"), None, "names used twice"),
-        (GOOD + "terms:\n  magic: {layer: risk}\n", None, "unknown terms ['magic']"),
+        (
+            GOOD + "terms:\n  magic: {layer: risk}\n",
+            None,
+            "unknown term 'magic'; known terms are efficiency, judge_correction, predicted_rating",
+        ),
         (GOOD + "layer_weights: {rule: 1.0}\n", None, "not layers of five_layer"),
         (GOOD + "penalties: missing.yaml\n", None, "penalties:"),
     ],

@@ -9,6 +9,7 @@ which imports scikit-learn.
 'default'
 """
 
+from sessionrl.rewards.catalog import UserTerms, term_catalog
 from sessionrl.rewards.checker import TermCheckError, check_reward_term, sample_sessions
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
 from sessionrl.rewards.judge import Correction, JudgeConfig, JudgeRunner, PenaltyTable, Severity
@@ -27,6 +28,7 @@ from sessionrl.rewards.source import RuleSource
 from sessionrl.rewards.terms import (
     BUILTIN_TERMS,
     Params,
+    PythonTerm,
     RatingPredictor,
     ScoringContext,
     Term,
@@ -44,6 +46,7 @@ __all__ = [
     "LayerValue",
     "Params",
     "PenaltyTable",
+    "PythonTerm",
     "RatingPredictor",
     "RewardConfig",
     "RewardEngine",
@@ -64,10 +67,12 @@ __all__ = [
     "TermFn",
     "TermKind",
     "TermResult",
+    "UserTerms",
     "check_reward_term",
     "compile_rules",
     "default_rules_path",
     "discount",
     "load_rules",
     "sample_sessions",
+    "term_catalog",
 ]

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sessionrl.rewards.catalog import UserTerms, term_catalog
 from sessionrl.rewards.judge.base import Judge
 from sessionrl.rewards.judge.runner import JudgeConfig, JudgeRunner
-from sessionrl.rewards.rules import RuleSet
+from sessionrl.rewards.rules import RuleFileError, RuleSet
 from sessionrl.rewards.source import RuleSource
 from sessionrl.rewards.stats import StatsBook
 from sessionrl.rewards.terms import (
+    BUILTIN_TERMS,
     Params,
     RatingPredictor,
     ScoringContext,
@@ -64,18 +66,26 @@ class StoredReward:
 
 
 class RewardEngine:
-    """Scores sessions into reward vectors and stores them as new reward versions."""
+    """Scores sessions into reward vectors and stores them as new reward versions.
+
+    `terms` are Python terms of your own, next to the built-ins, that the rule file switches on by name
+    under `terms:` (see `sessionrl.rewards.catalog`). Each is checked with `check_reward_term` here, and
+    the rule file must switch every one of them on.
+    """
 
     def __init__(
         self,
         config: RewardConfig | None = None,
         *,
+        terms: UserTerms | None = None,
         judge: Judge | None = None,
         rating_model: RatingPredictor | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.config = config or RewardConfig()
-        self.source = RuleSource(self.config.rules)
+        catalog = term_catalog(terms)
+        self.source = RuleSource(self.config.rules, catalog)
+        _require_switched_on(self.source, set(catalog) - set(BUILTIN_TERMS))
         self.judge = (
             JudgeRunner(judge, cache_size=self.config.judge.cache_size)
             if judge is not None
@@ -185,6 +195,18 @@ class RewardEngine:
     def save_stats(self) -> None:
         """Persist layer statistics and best step counts (when a stats file is configured)."""
         self.stats.save()
+
+
+def _require_switched_on(source: RuleSource, names: set[str]) -> None:
+    """Every user term must be switched on by the rule file: one that is not would be silently unused."""
+    unused = sorted(names - set(source.current().file.terms))
+    if unused:
+        example = f"{unused[0]}: {{layer: completion}}"
+        raise RuleFileError(
+            str(source.path),
+            f"terms {unused} were given to the engine but the file does not switch them on; "
+            f"add them under `terms:` with their layer (e.g. `{example}`)",
+        )
 
 
 def contract_budgets(folder: Path) -> dict[str, float]:

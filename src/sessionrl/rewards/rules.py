@@ -35,6 +35,8 @@ from pydantic import (
 )
 
 from sessionrl.errors import SessionRLError
+from sessionrl.rewards.catalog import FUNCTION_PATH, TERM_NAME, import_term
+from sessionrl.rewards.checker import TermCheckError
 from sessionrl.rewards.judge.table import (
     PenaltyTable,
     PenaltyTableError,
@@ -45,6 +47,7 @@ from sessionrl.rewards.layers import DEFAULT_WEIGHTS, FIVE_LAYERS, LAYERS, Schem
 from sessionrl.rewards.terms import (
     BUILTIN_TERMS,
     Params,
+    PythonTerm,
     ScoringContext,
     Term,
     TermResult,
@@ -115,11 +118,16 @@ class RuleSpec(BaseModel):
 
 
 class TermSpec(BaseModel):
-    """A built-in Python term switched on in the file."""
+    """A Python term switched on in the file: a known one by its key, or one imported from `function`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     layer: Layer
+    function: str | None = Field(
+        default=None,
+        pattern=FUNCTION_PATH.pattern,
+        description="`package.module:function` to import the term from; the key names it.",
+    )
 
 
 class RuleFile(Params):
@@ -132,14 +140,14 @@ class RuleFile(Params):
     normalise: bool = Field(default=True, description="Standardise each layer with its running stats.")
     clip: float = Field(default=5.0, gt=0, description="Bound of a standardised layer value.")
     penalties: str | None = Field(default=None, description="Penalty table, relative to this file.")
-    terms: dict[str, TermSpec] = Field(default_factory=dict, description="Built-in terms to switch on.")
+    terms: dict[str, TermSpec] = Field(default_factory=dict, description="Python terms to switch on.")
     rules: tuple[RuleSpec, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> RuleFile:
-        unknown = set(self.terms) - set(BUILTIN_TERMS)
-        if unknown:
-            raise ValueError(f"unknown terms {sorted(unknown)}; built-ins are {sorted(BUILTIN_TERMS)}")
+        misnamed = sorted(n for n in self.terms if not TERM_NAME.fullmatch(n))
+        if misnamed:
+            raise ValueError(f"term names must be snake_case, got {misnamed}")
         bad = set(self.layer_weights) - set(LAYERS[self.scheme])
         if bad:
             raise ValueError(f"layer_weights names {sorted(bad)}, not layers of {self.scheme}")
@@ -302,8 +310,13 @@ def load_rules(path: Path | None = None) -> RuleSet:
     return compile_rules(text, str(path), path.parent)
 
 
-def compile_rules(text: bytes, source: str, base: Path) -> RuleSet:
-    """Validate and compile a rule file's text; `base` is the folder a relative `penalties` path starts in."""
+def compile_rules(
+    text: bytes, source: str, base: Path, terms: Mapping[str, PythonTerm] = BUILTIN_TERMS
+) -> RuleSet:
+    """Validate and compile a rule file's text; `base` is the folder a relative `penalties` path starts in.
+
+    `terms` are the Python terms the file may switch on by name (see `sessionrl.rewards.catalog`).
+    """
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -314,9 +327,9 @@ def compile_rules(text: bytes, source: str, base: Path) -> RuleSet:
         penalties = load_penalty_table(penalties_path)
     except (OSError, PenaltyTableError) as exc:
         raise RuleFileError(source, f"penalties: {exc}") from exc
-    terms = _compile_terms(file, source)
+    compiled = (*_compile_rules(file, source), *_python_terms(file, source, terms))
     digest = hashlib.sha256(text + b"\0" + penalties.digest.encode()).hexdigest()[:12]
-    return RuleSet(file, f"{file.name}@{digest}", terms, penalties, penalties_path)
+    return RuleSet(file, f"{file.name}@{digest}", compiled, penalties, penalties_path)
 
 
 def _validate(raw: Any, source: str) -> RuleFile:
@@ -344,8 +357,8 @@ def _describe(error: Any) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def _compile_terms(file: RuleFile, source: str) -> tuple[Term, ...]:
-    """Every rule compiled and checked, then the switched-on built-in terms, in file order."""
+def _compile_rules(file: RuleFile, source: str) -> tuple[Term, ...]:
+    """Every rule compiled and checked, in file order."""
     compiled = []
     for spec in file.rules:
         when, value = _compile(spec, "when", source), _compile(spec, "value", source)
@@ -363,12 +376,31 @@ def _compile_terms(file: RuleFile, source: str) -> tuple[Term, ...]:
     needs: dict[Scope, Needs] = {}
     for spec, _, _, reads in compiled:
         needs[spec.for_each] = _merge(needs.get(spec.for_each, {}), reads)
-    rules = [
+    return tuple(
         Term(spec.name, RuleTerm(spec, when, value, needs[spec.for_each]), TermKind.RULE, spec.layer)
         for spec, when, value, _ in compiled
-    ]
-    builtins = [Term(name, *BUILTIN_TERMS[name], spec.layer) for name, spec in file.terms.items()]
-    return (*rules, *builtins)
+    )
+
+
+def _python_terms(file: RuleFile, source: str, known: Mapping[str, PythonTerm]) -> tuple[Term, ...]:
+    """The Python terms the file switches on, in file order: known ones by name, others imported."""
+    terms = []
+    for name, spec in file.terms.items():
+        if spec.function is None and name not in known:
+            problem = (
+                f"terms: unknown term {name!r}; known terms are {', '.join(sorted(known))} "
+                "(give your own to RewardEngine(terms=...), or import one with `function: module:name`)"
+            )
+            raise RuleFileError(source, problem)
+        if spec.function is not None and name in known:
+            problem = f"terms: {name!r} is already a known term; import yours under another name"
+            raise RuleFileError(source, problem)
+        try:
+            python = known[name] if spec.function is None else import_term(spec.function, name)
+        except TermCheckError as exc:
+            raise RuleFileError(source, f"terms: {exc}") from exc
+        terms.append(Term(name, python.fn, python.kind, spec.layer))
+    return tuple(terms)
 
 
 def _compile(spec: RuleSpec, part: str, source: str) -> cel.Program:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from sessionrl.rewards.rules import RuleFileError, RuleSet, compile_rules, default_rules_path
+from sessionrl.rewards.terms import BUILTIN_TERMS, PythonTerm
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +23,17 @@ Fingerprint = tuple[tuple[int, int] | None, tuple[int, int] | None]
 
 
 class RuleSource:
-    """The rule-set of a rule file, reloaded when the file changes. Loading the first time must succeed."""
+    """The rule-set of a rule file, reloaded when the file changes. Loading the first time must succeed.
 
-    def __init__(self, path: Path | None = None) -> None:
+    `terms` are the Python terms the file may switch on by name (the built-ins by default).
+    """
+
+    def __init__(self, path: Path | None = None, terms: Mapping[str, PythonTerm] = BUILTIN_TERMS) -> None:
         self.path = path or default_rules_path()
+        self.terms = terms
         self.last_error: RuleFileError | None = None
         text = self._read()
-        self._ruleset = compile_rules(text, str(self.path), self.path.parent)
+        self._ruleset = compile_rules(text, str(self.path), self.path.parent, terms)
         self._hash = _content_hash(text, self._ruleset.penalties_path)
         self._fingerprint = self._stat()
 
@@ -57,7 +63,7 @@ class RuleSource:
         text = self._read()
         if _content_hash(text, self._ruleset.penalties_path) == self._hash:
             return
-        ruleset = compile_rules(text, str(self.path), self.path.parent)
+        ruleset = compile_rules(text, str(self.path), self.path.parent, self.terms)
         if ruleset.version != self._ruleset.version:
             log.info("rules reloaded: %s -> %s", self._ruleset.version, ruleset.version)
         self._ruleset, self._hash, self.last_error = (

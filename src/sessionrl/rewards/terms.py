@@ -4,7 +4,9 @@ A term looks at one session and says how much reward it earns, which steps (call
 in a sentence. Terms never change the session and give the same answer for the same inputs; the
 `check_reward_term` checker holds them to that. CEL rules from the rule file become terms
 (`sessionrl.rewards.rules`); three terms are written in Python here: `efficiency`, `judge_correction` and
-`predicted_rating`.
+`predicted_rating`. Terms of your own are plain functions too: give them to
+`RewardEngine(terms=...)`, or name them in the rule file as `module:function` (see
+`sessionrl.rewards.catalog`).
 
 Temporal discounting multiplies a feedback-driven value by exp(-λ·Δt), where Δt is how late the feedback
 reached us: `received_at - occurred_at`, in seconds, never negative. This is defined for every feedback
@@ -88,6 +90,19 @@ class ScoringContext:
 
 
 TermFn = Callable[[Session, ScoringContext], TermResult]
+
+
+@dataclass(frozen=True)
+class PythonTerm:
+    """A term written in Python that a rule file switches on by name, with the kind of its signal.
+
+    The kind is the term's layer in the three-layer scheme; in the five-layer scheme the rule file gives
+    the layer.
+    """
+
+    name: str
+    fn: TermFn
+    kind: TermKind = TermKind.RULE
 
 
 @dataclass(frozen=True)
@@ -190,12 +205,15 @@ def predicted_rating(session: Session, ctx: ScoringContext) -> TermResult:
     return TermResult((rating - 1.0) / 4.0, {}, f"predicted rating {rating:.2f}")
 
 
-BUILTIN_TERMS: dict[str, tuple[TermFn, TermKind]] = {
-    "efficiency": (efficiency, TermKind.RULE),
-    "judge_correction": (judge_correction, TermKind.JUDGE),
-    "predicted_rating": (predicted_rating, TermKind.MODEL),
+BUILTIN_TERMS: dict[str, PythonTerm] = {
+    t.name: t
+    for t in (
+        PythonTerm("efficiency", efficiency, TermKind.RULE),
+        PythonTerm("judge_correction", judge_correction, TermKind.JUDGE),
+        PythonTerm("predicted_rating", predicted_rating, TermKind.MODEL),
+    )
 }
-"""Python terms a rule file can switch on under `terms:`, with their kind."""
+"""Python terms every rule file can switch on under `terms:`, by name."""
 
 
 def succeeded(session: Session) -> bool:
