@@ -172,6 +172,18 @@ class MissingSkill(CounterEnv):
         return CounterEpisode(task, self.new_state(), lambda e: [callable_skill(ADD, e.add)])
 
 
+class OnlyTestSplit(CounterEnv):
+    """A benchmark domain: its tasks are all for the report."""
+
+    def tasks(self, split: Split) -> Sequence[Task]:
+        return super().tasks(split) if split is Split.TEST else ()
+
+
+class NoTasks(CounterEnv):
+    def tasks(self, split: Split) -> Sequence[Task]:
+        return ()
+
+
 class NoPolicy(CounterEnv):
     def system_prompt(self) -> str:
         return "  "
@@ -179,6 +191,10 @@ class NoPolicy(CounterEnv):
 
 def test_a_correct_environment_passes() -> None:
     assert check_env(CounterEnv()) == ()
+
+
+def test_a_domain_with_only_a_test_split_passes() -> None:
+    assert check_env(OnlyTestSplit()) == ()
 
 
 @pytest.mark.parametrize(
@@ -195,6 +211,7 @@ def test_a_correct_environment_passes() -> None:
         (MislabelledSplit(), "is listed under dev but says train"),
         (MissingSkill(), r"episode skills \['add'\] differ from contracts"),
         (NoPolicy(), "system_prompt\\(\\) is empty"),
+        (NoTasks(), "every split is empty"),
     ],
 )
 def test_each_broken_promise_is_named_with_its_fix(env: CounterEnv, fix: str) -> None:

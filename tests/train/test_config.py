@@ -8,7 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from sessionrl.envs.base import Split
-from sessionrl.train.config import RETAIL_DATA_ENV, EnvSection, RunConfig
+from sessionrl.envs.retail import DATA_ENV_VAR
+from sessionrl.envs.taubench import DataMissing
+from sessionrl.train.config import EnvSection, RunConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -38,9 +40,38 @@ def test_mistakes_name_the_field(tmp_path: Path) -> None:
 def test_retail_data_comes_from_the_config_or_the_environment(
     retail_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(RETAIL_DATA_ENV, raising=False)
-    with pytest.raises(ValueError, match=RETAIL_DATA_ENV):
+    monkeypatch.delenv(DATA_ENV_VAR, raising=False)
+    with pytest.raises(DataMissing, match=DATA_ENV_VAR):
         EnvSection(name="retail").build()
     assert len(EnvSection(name="retail", data=retail_data).build().tasks(Split.TEST)) == 115
-    monkeypatch.setenv(RETAIL_DATA_ENV, str(retail_data))
+    monkeypatch.setenv(DATA_ENV_VAR, str(retail_data))
     assert EnvSection(name="retail").build().name == "retail"
+
+
+def test_env_options_beside_the_name_are_read_as_options() -> None:
+    flat = EnvSection.model_validate({"name": "orders", "train": 6, "dev": 2})
+    nested = EnvSection.model_validate({"name": "orders", "options": {"train": 6, "dev": 2}})
+    assert flat == nested
+    assert flat.options == {"train": 6, "dev": 2}
+    env = flat.build()
+    assert (len(env.tasks(Split.TRAIN)), len(env.tasks(Split.DEV))) == (6, 2)
+    with pytest.raises(ValidationError, match="both beside name and under options"):
+        EnvSection.model_validate({"name": "orders", "train": 6, "options": {"train": 7}})
+
+
+def test_env_names_and_options_are_checked_when_the_config_loads(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: {name: orders, data: somewhere}\n")
+    with pytest.raises(ValidationError, match=r"takes no option 'data'; it accepts: seed, train, dev, test"):
+        RunConfig.load(bad)
+    bad.write_text("env: {name: order}\n")
+    with pytest.raises(ValidationError, match=r"no env named 'order'; known: clinic, orders, retail"):
+        RunConfig.load(bad)
+    bad.write_text("env: {name: orders, options: {train: many}}\n")
+    with pytest.raises(ValidationError, match=r"train: Input should be a valid integer"):
+        RunConfig.load(bad)
+
+
+def test_env_by_module_and_class() -> None:
+    section = EnvSection(name="sessionrl.envs.orders:OrdersEnv")
+    assert section.build().name == "orders"

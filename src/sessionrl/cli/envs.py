@@ -1,4 +1,8 @@
-"""`sessionrl envs ...`: list and inspect the built-in task environments, run scripted plans into the store.
+"""`sessionrl envs ...`: list and inspect the registered task environments, run scripted plans into the store.
+
+An environment is named as `sessionrl.envs.build` takes it: a registered name (`envs list` shows them,
+entry points of installed packages included) or `module:Class`. Its options come from `--data DIR` (the
+data folder of a τ-bench-style domain) and `-o KEY=VALUE` (any option, such as `-o train=100`).
 
 `run-expert` and `replay-gold` end with one JSON line (`env`, `split`, `agent`, `n`, `successes`,
 `success_rate`, `failed`), so scripts can read the result from the last line of the output.
@@ -7,43 +11,47 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
 import typer
+import yaml
 from rich.markup import escape
 from rich.table import Table
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, out, reporting
-from sessionrl.envs import DecisionEnv, Split, Task
-from sessionrl.envs.clinic import ClinicEnv
-from sessionrl.envs.orders import OrdersEnv
-from sessionrl.envs.retail import DATA_ENV_VAR, RetailDataMissing, RetailEnv, resolve_data_dir
+from sessionrl.envs import DecisionEnv, EnvBuildError, Split, Task, build, env_names
+from sessionrl.envs.base import GoldPlans
+from sessionrl.envs.registry import REGISTRY
 from sessionrl.envs.runner import Agent, RunSummary, run_many
+from sessionrl.envs.taubench import DataMissing
 from sessionrl.skills import SkillContract
 
 POLICY_LINES = 12
 """Lines of the domain policy `show` prints."""
 
-
-class BuiltIn(StrEnum):
-    """The environments that ship with sessionrl."""
-
-    RETAIL = "retail"
-    ORDERS = "orders"
-    CLINIC = "clinic"
-
-
-EnvName = Annotated[BuiltIn, typer.Argument(help="A built-in environment.", show_default=False)]
+EnvName = Annotated[
+    str,
+    typer.Argument(help="A registered environment (see `envs list`) or module:Class.", show_default=False),
+]
 DataDir = Annotated[
     Path | None,
     typer.Option(
         "--data",
-        help=f"The τ-bench retail data folder [default: ${DATA_ENV_VAR}]",
+        help="The data folder of a τ-bench-style domain (its `data` option) [default: the domain's "
+        "environment variable, $SESSIONRL_RETAIL_DATA for retail]",
         show_default=False,
         file_okay=False,
+    ),
+]
+OptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--option",
+        "-o",
+        help="An option of the environment as KEY=VALUE (repeatable), such as -o train=100.",
+        show_default=False,
     ),
 ]
 SplitOpt = Annotated[Split, typer.Option("--split", help="Which tasks: train, dev or test.")]
@@ -52,49 +60,69 @@ ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Episodes in flight at 
 SeedOpt = Annotated[int, typer.Option(help="Seeds every episode (each task draws its own seed from it).")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")]
 
-app = typer.Typer(help="List, inspect and run the built-in task environments.", no_args_is_help=True)
+app = typer.Typer(help="List, inspect and run the registered task environments.", no_args_is_help=True)
 
 
-def load_env(name: BuiltIn, data: Path | None) -> DecisionEnv:
-    """Build the environment `name`; retail reads `data` (or `$SESSIONRL_RETAIL_DATA`)."""
-    if name is BuiltIn.RETAIL:
-        return RetailEnv(resolve_data_dir(data))
-    if name is BuiltIn.ORDERS:
-        return OrdersEnv()
-    return ClinicEnv()
+def env_options(data: Path | None, options: Sequence[str] | None = None) -> dict[str, Any]:
+    """`--data` and each `-o KEY=VALUE` as keyword options; a value reads as a YAML scalar (`100` is a
+    number, `true` a boolean), and the environment's factory checks each one."""
+    parsed: dict[str, Any] = {} if data is None else {"data": data}
+    for option in options or ():
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--option")
+        parsed[key.strip()] = yaml.safe_load(value)
+    return parsed
 
 
-def _load_or_exit(name: BuiltIn, data: Path | None) -> DecisionEnv:
-    """`load_env`, or a one-line error saying how to get the retail data, and exit status 1."""
+def load_env(name: str, data: Path | None = None, options: Sequence[str] | None = None) -> DecisionEnv:
+    """Build the environment `name` (see `sessionrl.envs.build`) with `--data` and `-o` options."""
+    return build(name, **env_options(data, options))
+
+
+def _load_or_exit(name: str, data: Path | None, options: Sequence[str] | None = None) -> DecisionEnv:
+    """`load_env`, or a one-line error saying what to change (how to get the data, which options exist),
+    and exit status 1."""
     try:
-        return load_env(name, data)
-    except RetailDataMissing as exc:
+        return load_env(name, data, options)
+    except EnvBuildError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
 
 
+def _listed(name: str, data: Path | None) -> DecisionEnv | str:
+    """The environment `name` as `list` shows it (given `--data` when it takes a data folder), or a note
+    saying why it cannot be built."""
+    try:
+        takes_data = "data" in REGISTRY.options(name)
+        return load_env(name, data if takes_data else None)
+    except DataMissing as exc:
+        return "no data: pass --data DIR" + (f" or set {exc.variable}" if exc.variable else "")
+    except EnvBuildError as exc:
+        return str(exc).split(". ")[0]
+
+
 @app.command("list")
 def list_envs(data: DataDir = None) -> None:
-    """The built-in environments with their skills and task counts per split."""
-    table = Table(title="built-in environments")
+    """Every registered environment (built-in or from an installed package) with its skills and task
+    counts per split."""
+    table = Table(title="environments")
     for column in ("env", "skills", *Split, "note"):
         table.add_column(column, justify="right" if column in ("skills", *Split) else "left")
-    for name in BuiltIn:
-        try:
-            env = load_env(name, data)
-        except RetailDataMissing:
-            how = f"no data: pass --data DIR or set {DATA_ENV_VAR}"
-            table.add_row(name.value, "-", *("-" for _ in Split), how)
+    for name in env_names():
+        env = _listed(name, data)
+        if isinstance(env, str):
+            table.add_row(name, "-", *("-" for _ in Split), escape(env))
             continue
         counts = (str(len(env.tasks(split))) for split in Split)
-        table.add_row(name.value, str(len(env.contracts())), *counts, "")
+        table.add_row(name, str(len(env.contracts())), *counts, "")
     out.print(table)
 
 
 @app.command("show")
-def show(env_name: EnvName, data: DataDir = None) -> None:
+def show(env_name: EnvName, data: DataDir = None, option: OptionOpt = None) -> None:
     """An environment's skill contracts, the start of its policy, and a sample task with the expert's plan."""
-    env = _load_or_exit(env_name, data)
+    env = _load_or_exit(env_name, data, option)
     counts = ", ".join(f"{len(env.tasks(split))} {split}" for split in Split)
     out.print(f"[bold]{env.name}[/bold]: {len(env.contracts())} skills; tasks: {counts}")
     out.print(_contracts_table(env.contracts()))
@@ -103,9 +131,9 @@ def show(env_name: EnvName, data: DataDir = None) -> None:
     out.print(escape("\n".join(lines[:POLICY_LINES])))
     if len(lines) > POLICY_LINES:
         out.print(f"[dim]… {len(lines) - POLICY_LINES} more lines[/dim]")
-    train = env.tasks(Split.TRAIN)
-    if train:
-        _show_task(env, train[0])
+    sample = next((tasks[0] for tasks in map(env.tasks, Split) if tasks), None)
+    if sample is not None:
+        _show_task(env, sample)
 
 
 def _contracts_table(contracts: Sequence[SkillContract]) -> Table:
@@ -143,12 +171,13 @@ def run_expert(
     n: CountOpt = None,
     db: Db = DEFAULT_DB,
     data: DataDir = None,
+    option: OptionOpt = None,
     concurrency: ConcurrencyOpt = 16,
     seed: SeedOpt = 0,
     progress: ProgressOpt = True,
 ) -> None:
     """Run the expert through the orchestrator on a split's tasks into the store; print the success rate."""
-    env = _load_or_exit(env_name, data)
+    env = _load_or_exit(env_name, data, option)
     _run(env, "expert", split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
 
 
@@ -159,17 +188,16 @@ def replay_gold(
     n: CountOpt = None,
     db: Db = DEFAULT_DB,
     data: DataDir = None,
+    option: OptionOpt = None,
     concurrency: ConcurrencyOpt = 16,
     seed: SeedOpt = 0,
     progress: ProgressOpt = True,
 ) -> None:
-    """Replay the tasks' gold actions (τ-bench style; retail only) through the orchestrator into the store."""
-    if env_name is not BuiltIn.RETAIL:
-        err.print(
-            f"[red]error:[/red] {env_name.value} has no gold actions; only retail's τ-bench tasks have them"
-        )
+    """Replay the tasks' gold actions (τ-bench-style domains) through the orchestrator into the store."""
+    env = _load_or_exit(env_name, data, option)
+    if not isinstance(env, GoldPlans):
+        err.print(f"[red]error:[/red] {env.name} has no gold actions; only τ-bench-style domains have them")
         raise typer.Exit(1)
-    env = _load_or_exit(env_name, data)
     _run(env, "gold", split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
 
 

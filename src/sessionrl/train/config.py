@@ -15,24 +15,20 @@ mistake. The run writes everything under `run_dir`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.envs.faults import Faults, FaultSchedule
+from sessionrl.envs.registry import REGISTRY
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
 from sessionrl.rollout import RolloutConfig
 from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.sft import SFTConfig
-
-RETAIL_DATA_ENV = "SESSIONRL_RETAIL_DATA"
-"""Environment variable naming the retail data folder when the config does not."""
 
 
 class Section(BaseModel):
@@ -42,28 +38,41 @@ class Section(BaseModel):
 
 
 class EnvSection(Section):
-    """Which domain to train on."""
+    """Which domain to train on: an environment name and its options, checked by the env registry.
 
-    name: Literal["orders", "retail"] = Field(default="orders", description="Built-in environment.")
-    seed: int = Field(default=0, description="Seeds the orders task generator.")
-    train: int = Field(default=400, ge=1, description="Orders training tasks.")
-    dev: int = Field(default=50, ge=0, description="Orders development tasks (the stage gate).")
-    test: int = Field(default=100, ge=0, description="Orders test tasks (the report).")
-    data: Path | None = Field(default=None, description=f"Retail data folder; else ${RETAIL_DATA_ENV}.")
+    Options may also sit beside `name` (`{name: orders, train: 400}`); they are read as `options`.
+    """
+
+    name: str = Field(
+        default="orders",
+        description="A registered environment (`sessionrl envs list`) or module:Class.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword options of the environment (orders: seed, train, dev, test; retail: data).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_beside_name(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        beside = {key: value for key, value in data.items() if key not in ("name", "options")}
+        both = sorted(set(beside) & set(data.get("options") or {}))
+        if both:
+            raise ValueError(f"env option(s) {both} given both beside name and under options; keep one")
+        if not beside:
+            return data
+        return {"name": data.get("name", "orders"), "options": {**(data.get("options") or {}), **beside}}
+
+    @model_validator(mode="after")
+    def _options_known(self) -> EnvSection:
+        REGISTRY.validate(self.name, self.options)
+        return self
 
     def build(self) -> DecisionEnv:
-        """The environment this section describes."""
-        if self.name == "orders":
-            from sessionrl.envs.orders import DomainConfig, OrdersEnv
-
-            sizes = DomainConfig(seed=self.seed, train=self.train, dev=self.dev, test=self.test)
-            return OrdersEnv(sizes)
-        from sessionrl.envs.retail import RetailEnv
-
-        folder = self.data or os.environ.get(RETAIL_DATA_ENV)
-        if not folder:
-            raise ValueError(f"the retail environment needs env.data in the config or ${RETAIL_DATA_ENV}")
-        return RetailEnv(Path(folder))
+        """The environment this section describes (`sessionrl.envs.build(name, **options)`)."""
+        return REGISTRY.build(self.name, **self.options)
 
 
 class ModelSection(Section):
@@ -166,7 +175,6 @@ class RunConfig(Section):
 
 
 __all__ = [
-    "RETAIL_DATA_ENV",
     "EnvSection",
     "EvalSection",
     "FaultSection",

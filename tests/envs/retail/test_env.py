@@ -10,16 +10,10 @@ from typing import Any
 import pytest
 
 from sessionrl.envs import ExpertPlan, ExpertStep, Faults, Split, Task, check_env, replay, run_plan
-from sessionrl.envs.retail import (
-    DATA_ENV_VAR,
-    RetailDataMissing,
-    RetailDb,
-    RetailEnv,
-    RetailEpisode,
-    resolve_data_dir,
-)
+from sessionrl.envs.retail import DATA_ENV_VAR, RetailEnv
 from sessionrl.envs.retail.expert import identify_user
 from sessionrl.envs.retail.tools import READ_ONLY_TOOLS
+from sessionrl.envs.taubench import DataMissing, TauEpisode, resolve_data_dir
 from sessionrl.skills import ErrorCode, SkillError, SkillExecutor, SystemClock
 
 
@@ -28,7 +22,7 @@ def env(retail_data: Path) -> RetailEnv:
     return RetailEnv(retail_data)
 
 
-def call(episode: RetailEpisode, tool: str, **params: Any) -> dict[str, Any]:
+def call(episode: TauEpisode, tool: str, **params: Any) -> dict[str, Any]:
     skill = next(s for s in episode.skills() if s.name == tool)
     return asyncio.run(skill.invoke(params, SystemClock()))
 
@@ -116,7 +110,7 @@ def test_expert_solves_at_least_95_percent_of_train(env: RetailEnv) -> None:
 
 
 def test_expert_finds_every_train_user_from_the_instruction(env: RetailEnv) -> None:
-    db = RetailDb(env.data)
+    db = env.fresh_db()
     found = [identify_user(task.instruction, db) for task in env.tasks(Split.TRAIN)]
     fallbacks = sum(lookup is None for lookup in found)
     assert fallbacks == 0
@@ -232,11 +226,14 @@ def test_check_env_passes(env: RetailEnv) -> None:
 
 
 def test_data_folder_resolution(retail_data: Path, tmp_path: Path) -> None:
-    assert resolve_data_dir(retail_data, environ={}) == retail_data
-    assert resolve_data_dir(None, environ={DATA_ENV_VAR: str(retail_data)}) == retail_data
-    assert resolve_data_dir(retail_data, environ={DATA_ENV_VAR: str(tmp_path)}) == retail_data
-    with pytest.raises(RetailDataMissing, match=f"Pass --data DIR or set {DATA_ENV_VAR}"):
-        resolve_data_dir(None, environ={})
+    def resolve(data: Path | None, environ: dict[str, str]) -> Path:
+        return resolve_data_dir("retail", RetailEnv.tables, data, variable=DATA_ENV_VAR, environ=environ)
+
+    assert resolve(retail_data, environ={}) == retail_data
+    assert resolve(None, environ={DATA_ENV_VAR: str(retail_data)}) == retail_data
+    assert resolve(retail_data, environ={DATA_ENV_VAR: str(tmp_path)}) == retail_data
+    with pytest.raises(DataMissing, match=f"Pass --data DIR or set {DATA_ENV_VAR}"):
+        resolve(None, environ={})
     (tmp_path / "users.json").write_text(json.dumps({}))
-    with pytest.raises(RetailDataMissing, match=r"lacks orders\.json, products\.json"):
-        resolve_data_dir(tmp_path, environ={})
+    with pytest.raises(DataMissing, match=r"lacks orders\.json, products\.json"):
+        resolve(tmp_path, environ={})

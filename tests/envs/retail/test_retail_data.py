@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from sessionrl.envs import Split
-from sessionrl.envs.retail import RetailData, RetailDb
+from sessionrl.envs.retail import RetailEnv
+from sessionrl.envs.taubench import TauData, TauDb
 
 
 @pytest.fixture(scope="module")
-def data(retail_data: Path) -> RetailData:
-    return RetailData.load(retail_data)
+def data(retail_data: Path) -> TauData:
+    return RetailEnv.load_data(retail_data)
 
 
-def test_loads_every_table_and_task_file(data: RetailData) -> None:
+def test_loads_every_table_and_task_file(data: TauData) -> None:
     assert {name: len(table) for name, table in data.tables.items()} == {
         "users": 500,
         "orders": 1000,
@@ -25,10 +26,10 @@ def test_loads_every_table_and_task_file(data: RetailData) -> None:
     assert [len(data.raw_tasks(split)) for split in Split] == [500, 20, 115]
 
 
-def test_edits_are_private_to_one_copy(data: RetailData) -> None:
+def test_edits_are_private_to_one_copy(data: TauData) -> None:
     order_id = next(iter(data.tables["orders"]))
     status = data.tables["orders"][order_id]["status"]
-    mine, other = RetailDb(data), RetailDb(data)
+    mine, other = TauDb(data), TauDb(data)
     mine.edit("orders", order_id)["status"] = "cancelled"
     assert mine.get("orders", order_id)["status"] == "cancelled"  # type: ignore[index]
     assert other.get("orders", order_id)["status"] == status  # type: ignore[index]
@@ -36,9 +37,9 @@ def test_edits_are_private_to_one_copy(data: RetailData) -> None:
     assert dict(mine.items("orders"))[order_id]["status"] == "cancelled"
 
 
-def test_the_hash_sees_content_not_history(data: RetailData) -> None:
-    fresh = RetailDb(data).state_hash()
-    db = RetailDb(data)
+def test_the_hash_sees_content_not_history(data: TauData) -> None:
+    fresh = TauDb(data).state_hash()
+    db = TauDb(data)
     user_id = next(iter(data.tables["users"]))
     assert db.state_hash() == fresh
     address = db.edit("users", user_id)["address"]

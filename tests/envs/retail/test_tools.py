@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessionrl.envs.retail.data import Record, RetailData, RetailDb
+from sessionrl.envs.retail import RetailEnv
 from sessionrl.envs.retail.tools import (
     INSUFFICIENT_BALANCE,
     INVALID_ARGUMENT,
@@ -32,6 +32,7 @@ from sessionrl.envs.retail.tools import (
     think,
     transfer_to_human_agents,
 )
+from sessionrl.envs.taubench import Record, TauData, TauDb
 from sessionrl.skills import SkillError
 
 ADDRESS = {
@@ -45,25 +46,25 @@ ADDRESS = {
 
 
 @pytest.fixture(scope="module")
-def data(retail_data: Path) -> RetailData:
-    return RetailData.load(retail_data)
+def data(retail_data: Path) -> TauData:
+    return RetailEnv.load_data(retail_data)
 
 
 @pytest.fixture
-def db(data: RetailData) -> RetailDb:
-    return RetailDb(data)
+def db(data: TauData) -> TauDb:
+    return TauDb(data)
 
 
-def orders(data: RetailData, status: str) -> Iterator[Record]:
+def orders(data: TauData, status: str) -> Iterator[Record]:
     return (order for order in data.tables["orders"].values() if order["status"] == status)
 
 
-def methods(data: RetailData, order: Record) -> dict[str, Record]:
+def methods(data: TauData, order: Record) -> dict[str, Record]:
     result: dict[str, Record] = data.tables["users"][order["user_id"]]["payment_methods"]
     return result
 
 
-def other_variant(data: RetailData, item: Record, available: bool = True) -> Record | None:
+def other_variant(data: TauData, item: Record, available: bool = True) -> Record | None:
     variants = data.tables["products"][item["product_id"]]["variants"]
     return next(
         (v for v in variants.values() if v["item_id"] != item["item_id"] and v["available"] is available),
@@ -71,7 +72,7 @@ def other_variant(data: RetailData, item: Record, available: bool = True) -> Rec
     )
 
 
-def assert_fails(db: RetailDb, code: str, tool: Callable[..., Any], **kwargs: Any) -> SkillError:
+def assert_fails(db: TauDb, code: str, tool: Callable[..., Any], **kwargs: Any) -> SkillError:
     """The call fails with `code`, is not retryable in kind (a domain code), and changes nothing."""
     before = db.state_hash()
     with pytest.raises(SkillError) as caught:
@@ -81,7 +82,7 @@ def assert_fails(db: RetailDb, code: str, tool: Callable[..., Any], **kwargs: An
     return caught.value
 
 
-def test_all_sixteen_tools_match_the_schemas(data: RetailData) -> None:
+def test_all_sixteen_tools_match_the_schemas(data: TauData) -> None:
     assert sorted(TOOLS) == sorted(schema["function"]["name"] for schema in data.tool_schemas)
     assert len(TOOLS) == 16
 
@@ -89,13 +90,13 @@ def test_all_sixteen_tools_match_the_schemas(data: RetailData) -> None:
 # look-ups
 
 
-def test_find_user_by_email_ignores_case(db: RetailDb, data: RetailData) -> None:
+def test_find_user_by_email_ignores_case(db: TauDb, data: TauData) -> None:
     user_id, user = next(iter(data.tables["users"].items()))
     assert find_user_id_by_email(db, user["email"].upper()) == {"user_id": user_id}
     assert_fails(db, NOT_FOUND, find_user_id_by_email, email="nobody@example.com")
 
 
-def test_find_user_by_name_and_zip(db: RetailDb, data: RetailData) -> None:
+def test_find_user_by_name_and_zip(db: TauDb, data: TauData) -> None:
     user_id, user = next(iter(data.tables["users"].items()))
     first, last, zip_code = user["name"]["first_name"], user["name"]["last_name"], user["address"]["zip"]
     assert find_user_id_by_name_zip(db, first.lower(), last.upper(), zip_code) == {"user_id": user_id}
@@ -111,7 +112,7 @@ def test_find_user_by_name_and_zip(db: RetailDb, data: RetailData) -> None:
     ],
 )
 def test_get_details_returns_a_copy_or_not_found(
-    db: RetailDb, data: RetailData, tool: Callable[..., Any], table: str, param: str
+    db: TauDb, data: TauData, tool: Callable[..., Any], table: str, param: str
 ) -> None:
     key, record = next(iter(data.tables[table].items()))
     before = db.state_hash()
@@ -122,7 +123,7 @@ def test_get_details_returns_a_copy_or_not_found(
     assert_fails(db, NOT_FOUND, tool, **{param: "no-such-key"})
 
 
-def test_list_all_product_types_is_sorted_by_name(db: RetailDb, data: RetailData) -> None:
+def test_list_all_product_types_is_sorted_by_name(db: TauDb, data: TauData) -> None:
     listing = list_all_product_types(db)
     assert len(listing) == len(data.tables["products"]) == 50
     assert list(listing) == sorted(listing)
@@ -140,16 +141,16 @@ def test_list_all_product_types_is_sorted_by_name(db: RetailDb, data: RetailData
         ("0.1 + 0.2", 0.3),
     ],
 )
-def test_calculate_rounds_to_cents(db: RetailDb, expression: str, result: float) -> None:
+def test_calculate_rounds_to_cents(db: TauDb, expression: str, result: float) -> None:
     assert calculate(db, expression) == {"result": result}
 
 
 @pytest.mark.parametrize("expression", ["2 ^ 2", "__import__('os')", "2 +", "1 / 0", "2 ** 3", "", "()"])
-def test_calculate_refuses_anything_but_arithmetic(db: RetailDb, expression: str) -> None:
+def test_calculate_refuses_anything_but_arithmetic(db: TauDb, expression: str) -> None:
     assert_fails(db, INVALID_ARGUMENT, calculate, expression=expression)
 
 
-def test_think_and_transfer_change_nothing(db: RetailDb) -> None:
+def test_think_and_transfer_change_nothing(db: TauDb) -> None:
     before = db.state_hash()
     assert think(db, "the user wants a refund") == {}
     assert transfer_to_human_agents(db, "wants to speak to a person") == {"transferred": True}
@@ -159,7 +160,7 @@ def test_think_and_transfer_change_nothing(db: RetailDb) -> None:
 # cancel
 
 
-def test_cancel_refunds_every_payment_and_credits_gift_cards(db: RetailDb, data: RetailData) -> None:
+def test_cancel_refunds_every_payment_and_credits_gift_cards(db: TauDb, data: TauData) -> None:
     order = next(
         o
         for o in orders(data, "pending")
@@ -181,7 +182,7 @@ def test_cancel_refunds_every_payment_and_credits_gift_cards(db: RetailDb, data:
     assert data.tables["orders"][order["order_id"]]["status"] == "pending"  # the original is untouched
 
 
-def test_cancel_errors(db: RetailDb, data: RetailData) -> None:
+def test_cancel_errors(db: TauDb, data: TauData) -> None:
     pending = next(orders(data, "pending"))["order_id"]
     delivered = next(orders(data, "delivered"))["order_id"]
     assert_fails(db, NOT_FOUND, cancel_pending_order, order_id="#W0000000", reason="no longer needed")
@@ -192,7 +193,7 @@ def test_cancel_errors(db: RetailDb, data: RetailData) -> None:
 # modify pending order
 
 
-def test_modify_order_address(db: RetailDb, data: RetailData) -> None:
+def test_modify_order_address(db: TauDb, data: TauData) -> None:
     pending = next(orders(data, "pending"))["order_id"]
     assert modify_pending_order_address(db, pending, **ADDRESS)["address"] == ADDRESS
     processed = next(orders(data, "processed"))["order_id"]
@@ -200,7 +201,7 @@ def test_modify_order_address(db: RetailDb, data: RetailData) -> None:
     assert_fails(db, INVALID_STATE, modify_pending_order_address, order_id=processed, **ADDRESS)
 
 
-def _payment_case(data: RetailData) -> tuple[Record, str, float]:
+def _payment_case(data: TauData) -> tuple[Record, str, float]:
     """A pending order paid by a non-gift method whose user has a gift card covering the amount."""
     for order in orders(data, "pending"):
         amount = order["payment_history"][0]["amount"]
@@ -211,7 +212,7 @@ def _payment_case(data: RetailData) -> tuple[Record, str, float]:
     raise AssertionError("the data holds no such order")
 
 
-def test_modify_payment_charges_new_and_refunds_old(db: RetailDb, data: RetailData) -> None:
+def test_modify_payment_charges_new_and_refunds_old(db: TauDb, data: TauData) -> None:
     order, card_id, balance = _payment_case(data)
     old = order["payment_history"][0]
     result = modify_pending_order_payment(db, order["order_id"], card_id)
@@ -232,7 +233,7 @@ def test_modify_payment_charges_new_and_refunds_old(db: RetailDb, data: RetailDa
     )
 
 
-def test_modify_payment_errors(db: RetailDb, data: RetailData) -> None:
+def test_modify_payment_errors(db: TauDb, data: TauData) -> None:
     order = next(orders(data, "pending"))
     current = order["payment_history"][0]["payment_method_id"]
     delivered = next(orders(data, "delivered"))
@@ -252,7 +253,7 @@ def test_modify_payment_errors(db: RetailDb, data: RetailData) -> None:
     assert_fails(db, INSUFFICIENT_BALANCE, tool, order_id=poor[0]["order_id"], payment_method_id=poor[1])
 
 
-def _swap_case(data: RetailData, status: str) -> tuple[Record, Record, Record, str]:
+def _swap_case(data: TauData, status: str) -> tuple[Record, Record, Record, str]:
     """An order in `status`, one of its items, another available variant, and a non-gift method."""
     for order in orders(data, status):
         item = order["items"][0]
@@ -263,7 +264,7 @@ def _swap_case(data: RetailData, status: str) -> tuple[Record, Record, Record, s
     raise AssertionError("the data holds no such order")
 
 
-def test_modify_items_swaps_variants_and_settles_the_difference(db: RetailDb, data: RetailData) -> None:
+def test_modify_items_swaps_variants_and_settles_the_difference(db: TauDb, data: TauData) -> None:
     order, item, variant, method = _swap_case(data, "pending")
     result = modify_pending_order_items(
         db, order["order_id"], [item["item_id"]], [variant["item_id"]], method
@@ -293,7 +294,7 @@ def test_modify_items_swaps_variants_and_settles_the_difference(db: RetailDb, da
     )
 
 
-def _unavailable_case(data: RetailData, status: str) -> tuple[Record, Record, str]:
+def _unavailable_case(data: TauData, status: str) -> tuple[Record, Record, str]:
     """An order in `status`, one of its items, and an unavailable variant of the same product."""
     for order in orders(data, status):
         for item in order["items"]:
@@ -308,7 +309,7 @@ SWAP_STATUS = {"modify_pending_order_items": "pending", "exchange_delivered_orde
 
 
 @pytest.mark.parametrize("tool_name", SWAP_TOOLS)
-def test_item_swap_errors(db: RetailDb, data: RetailData, tool_name: str) -> None:
+def test_item_swap_errors(db: TauDb, data: TauData, tool_name: str) -> None:
     tool, status = TOOLS[tool_name], SWAP_STATUS[tool_name]
     order, item, variant, method = _swap_case(data, status)
     old, new = item["item_id"], variant["item_id"]
@@ -351,7 +352,7 @@ def test_item_swap_errors(db: RetailDb, data: RetailData, tool_name: str) -> Non
 
 
 @pytest.mark.parametrize("tool_name", SWAP_TOOLS)
-def test_item_swap_needs_gift_card_cover(db: RetailDb, data: RetailData, tool_name: str) -> None:
+def test_item_swap_needs_gift_card_cover(db: TauDb, data: TauData, tool_name: str) -> None:
     status = SWAP_STATUS[tool_name]
     for order in orders(data, status):
         cards = [m for m in methods(data, order).values() if m["source"] == "gift_card"]
@@ -371,7 +372,7 @@ def test_item_swap_needs_gift_card_cover(db: RetailDb, data: RetailData, tool_na
 # delivered orders
 
 
-def test_exchange_records_the_request_and_charges_nothing_yet(db: RetailDb, data: RetailData) -> None:
+def test_exchange_records_the_request_and_charges_nothing_yet(db: TauDb, data: TauData) -> None:
     order, item, variant, method = _swap_case(data, "delivered")
     result = exchange_delivered_order_items(
         db, order["order_id"], [item["item_id"]], [variant["item_id"]], method
@@ -385,7 +386,7 @@ def test_exchange_records_the_request_and_charges_nothing_yet(db: RetailDb, data
     assert result["items"] == order["items"]
 
 
-def test_return_records_sorted_items_and_refund_method(db: RetailDb, data: RetailData) -> None:
+def test_return_records_sorted_items_and_refund_method(db: TauDb, data: TauData) -> None:
     order = next(o for o in orders(data, "delivered") if len(o["items"]) >= 2)
     original = order["payment_history"][0]["payment_method_id"]
     item_ids = [order["items"][1]["item_id"], order["items"][0]["item_id"]]
@@ -395,7 +396,7 @@ def test_return_records_sorted_items_and_refund_method(db: RetailDb, data: Retai
     assert result["return_payment_method_id"] == original
 
 
-def test_return_errors(db: RetailDb, data: RetailData) -> None:
+def test_return_errors(db: TauDb, data: TauData) -> None:
     tool = return_delivered_order_items
     order = next(
         o
@@ -427,7 +428,7 @@ def test_return_errors(db: RetailDb, data: RetailData) -> None:
     assert_fails(db, INVALID_ARGUMENT, tool, **call, item_ids=[])
 
 
-def test_modify_user_address(db: RetailDb, data: RetailData) -> None:
+def test_modify_user_address(db: TauDb, data: TauData) -> None:
     user_id = next(iter(data.tables["users"]))
     assert modify_user_address(db, user_id, **ADDRESS)["address"] == ADDRESS
     assert get_user_details(db, user_id)["address"] == ADDRESS

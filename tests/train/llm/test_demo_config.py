@@ -13,7 +13,7 @@ def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) 
     config = demo_config(tmp_path / "demo")
     assert RunConfig.model_validate_json(config.model_dump_json()) == config
     assert config.rl.unseen_tasks
-    assert config.env.train > config.sft.demos
+    assert config.env.options["train"] > config.sft.demos
     assert config.faults.demo_rate < config.faults.eval_rate  # RL meets more faults than imitation saw
     assert config.evaluation.tasks >= 50
     assert config.evaluation.temperature == 0.0

@@ -1,23 +1,8 @@
-"""The public τ-bench retail domain (data folder given as a path; see `resolve_data_dir`)."""
+"""The public τ-bench retail domain (data folder given as a path, else `$SESSIONRL_RETAIL_DATA`)."""
 
-from sessionrl.envs.retail.data import DATA_ENV_VAR, RetailData, RetailDataMissing, RetailDb, resolve_data_dir
-from sessionrl.envs.retail.env import (
-    RetailEnv,
-    RetailEpisode,
-    apply_actions,
-    build_contracts,
-    contract_examples,
-)
+from sessionrl.envs.registry import register
+from sessionrl.envs.retail.env import DATA_ENV_VAR, RetailEnv
 
-__all__ = [
-    "DATA_ENV_VAR",
-    "RetailData",
-    "RetailDataMissing",
-    "RetailDb",
-    "RetailEnv",
-    "RetailEpisode",
-    "apply_actions",
-    "build_contracts",
-    "contract_examples",
-    "resolve_data_dir",
-]
+register("retail", RetailEnv)
+
+__all__ = ["DATA_ENV_VAR", "RetailEnv"]

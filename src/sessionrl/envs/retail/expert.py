@@ -7,21 +7,19 @@ calls that change the database, and ends with a message that states every expect
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sessionrl.envs.base import ExpertPlan, ExpertStep, Task
-from sessionrl.envs.retail.data import RetailDb
+from sessionrl.envs.base import ExpertPlan, Task
 from sessionrl.envs.retail.tools import (
     READ_ONLY_TOOLS,
     TOOLS,
-    Json,
     find_user_id_by_email,
     find_user_id_by_name_zip,
 )
+from sessionrl.envs.taubench import PlanBuilder, TauDb, final_message
 from sessionrl.skills import SkillError
 
 Products = Sequence[Sequence[str]]
@@ -58,7 +56,7 @@ def _candidates(instruction: str) -> Iterator[tuple[str, dict[str, str]]]:
             yield "find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": zip_code}
 
 
-def identify_user(instruction: str, db: RetailDb) -> UserLookup | None:
+def identify_user(instruction: str, db: TauDb) -> UserLookup | None:
     """The first look-up read from the instruction that finds a user, or None when none does."""
     for tool, params in _candidates(instruction):
         try:
@@ -72,7 +70,7 @@ def identify_user(instruction: str, db: RetailDb) -> UserLookup | None:
     return None
 
 
-def _fallback_lookup(db: RetailDb, user_id: str) -> UserLookup:
+def _fallback_lookup(db: TauDb, user_id: str) -> UserLookup:
     """A look-up by the email on file for the task's user, for instructions naming no findable user."""
     user = db.get("users", user_id)
     if user is None:
@@ -112,7 +110,7 @@ def _wording(action: Mapping[str, Any], done: bool) -> str:
     return _WORDING[action["name"]][1 if done else 0].format_map(action["kwargs"])
 
 
-def _touched_products(db: RetailDb, action: Mapping[str, Any]) -> list[str]:
+def _touched_products(db: TauDb, action: Mapping[str, Any]) -> list[str]:
     """Products whose items an item-changing action swaps (read from the order as stored)."""
     order = db.get("orders", action["kwargs"].get("order_id", ""))
     if action["name"] not in _ITEM_TOOLS or order is None:
@@ -121,28 +119,8 @@ def _touched_products(db: RetailDb, action: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(item["product_id"] for item in order["items"] if item["item_id"] in wanted))
 
 
-class _PlanBuilder:
-    """Appends numbered steps; remembers which step read each order and product."""
-
-    def __init__(self) -> None:
-        self.steps: list[ExpertStep] = []
-        self.reads: dict[str, str] = {}
-
-    def add(self, description: str, tool: str, params: Mapping[str, Any], depends_on: Sequence[str]) -> str:
-        step_id = f"s{len(self.steps) + 1}"
-        deps = tuple(dict.fromkeys(depends_on))
-        self.steps.append(ExpertStep(step_id, description, tool, copy.deepcopy(dict(params)), deps))
-        return step_id
-
-    def read(self, key: str, description: str, tool: str, params: Json, depends_on: str) -> str:
-        """The step reading `key` (an order or product id), added the first time it is asked for."""
-        if key not in self.reads:
-            self.reads[key] = self.add(description, tool, params, [depends_on])
-        return self.reads[key]
-
-
 def _add_reads(
-    plan: _PlanBuilder, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
+    plan: PlanBuilder, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
 ) -> None:
     """Read each order the actions touch, then the products whose items they change."""
     for action, products in zip(actions, touched, strict=True):
@@ -154,18 +132,20 @@ def _add_reads(
                 f"check the status of order {order_id}",
                 "get_order_details",
                 {"order_id": order_id},
-                profile,
+                [profile],
             )
         for product_id in products:
             description = f"check the available variants of product {product_id}"
-            plan.read(product_id, description, "get_product_details", {"product_id": product_id}, order_step)
+            plan.read(
+                product_id, description, "get_product_details", {"product_id": product_id}, [order_step]
+            )
 
 
 def _add_actions(
-    plan: _PlanBuilder, db: RetailDb, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
+    plan: PlanBuilder, actions: Sequence[Mapping[str, Any]], touched: Products, profile: str
 ) -> tuple[list[str], list[str]]:
-    """Add each action after the reads it needs and the previous action on the same order; run it on `db`
-    (a throwaway copy) to learn what it will report. Returns the reports of successes and failures."""
+    """Add each action after the reads it needs and the previous action on the same order; the plan runs
+    it on its scratch copy to learn what it will report. Returns the reports of successes and failures."""
     done: list[str] = []
     failed: list[str] = []
     last_on: dict[str, str] = {}
@@ -173,10 +153,8 @@ def _add_actions(
         target = action["kwargs"].get("order_id", "user")
         deps = [profile, plan.reads.get(target, profile), last_on.get(target, profile)]
         deps += [plan.reads[p] for p in products]
-        step = plan.add(_wording(action, done=False), action["name"], action["kwargs"], deps)
-        try:
-            TOOLS[action["name"]](db, **action["kwargs"])
-        except SkillError as error:
+        step, error = plan.act(action, _wording(action, done=False), deps)
+        if error is not None:
             # a later action on the same order must not wait on one the expert knows will fail
             failed.append(f"I could not {_wording(action, done=False)} ({error.message})")
             continue
@@ -185,12 +163,12 @@ def _add_actions(
     return done, failed
 
 
-def expert_plan(task: Task, db: RetailDb) -> ExpertPlan:
+def expert_plan(task: Task, db: TauDb) -> ExpertPlan:
     """A plan solving `task` when replayed on a fresh copy of the data; `db` is such a copy, used up here."""
     actions = [a for a in task.payload["actions"] if a["name"] not in _LOOKUPS]
     lookup = identify_user(task.instruction, db) or _fallback_lookup(db, task.payload["user_id"])
-    plan = _PlanBuilder()
-    found = plan.add("authenticate the user", lookup.tool, lookup.params, [])
+    plan = PlanBuilder(db, TOOLS)
+    found = plan.add("authenticate the user", lookup.tool, lookup.params)
     profile = plan.add(
         "read the user's profile and payment methods",
         "get_user_details",
@@ -199,18 +177,7 @@ def expert_plan(task: Task, db: RetailDb) -> ExpertPlan:
     )
     touched = [_touched_products(db, action) for action in actions]
     _add_reads(plan, actions, touched, profile)
-    done, failed = _add_actions(plan, db, actions, touched, profile)
-    return ExpertPlan(
-        goal=f"resolve the requests of user {lookup.user_id}",
-        steps=tuple(plan.steps),
-        final_message=_final_message(done, failed, task.payload["outputs"]),
+    done, failed = _add_actions(plan, actions, touched, profile)
+    return plan.plan(
+        f"resolve the requests of user {lookup.user_id}", final_message(done, failed, task.payload["outputs"])
     )
-
-
-def _final_message(done: Sequence[str], failed: Sequence[str], outputs: Sequence[str]) -> str:
-    parts = [f"I have {', '.join(done)}." if done else "No change to your account was needed."]
-    parts += [f"{report}." for report in failed]
-    if outputs:
-        parts.append(f"The details you asked for: {'; '.join(outputs)}.")
-    parts.append("Is there anything else I can help with?")
-    return " ".join(parts)

@@ -1,8 +1,8 @@
-"""The 16 retail tools as plain functions over one episode's `RetailDb`.
+"""The 16 retail tools as plain functions over one episode's tables (`users`, `orders`, `products`).
 
-Each tool returns a JSON object. A failure raises `SkillError` with a domain code (never retryable: asking
-again gives the same answer) and changes nothing: every check runs before the first write.
-Returned records are copies, so a caller cannot change the episode's state through them.
+Each tool returns a JSON object. A failure raises `SkillError` with one of the codes its `@tool` mark
+declares (never retryable: asking again gives the same answer) and changes nothing: every check runs before
+the first write. Returned records are copies, so a caller cannot change the episode's state through them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import orjson
 
-from sessionrl.envs.retail.data import Record, RetailDb
+from sessionrl.envs.taubench import Record, TauDb, Tool, tool, toolbox
 from sessionrl.skills import SkillError
 
 NOT_FOUND: Final = "NOT_FOUND"
@@ -29,6 +29,7 @@ ERROR_MEANINGS: Final = {
     INSUFFICIENT_BALANCE: "The gift card does not cover the amount.",
 }
 
+_SWAP_ERRORS: Final = (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT, INSUFFICIENT_BALANCE)
 CANCEL_REASONS: Final = ("no longer needed", "ordered by mistake")
 _CALC_CHARS: Final = frozenset("0123456789+-*/(). ")
 _BIN_OPS: Final[dict[type[ast.operator], Callable[[float, float], float]]] = {
@@ -57,21 +58,21 @@ def _address(address1: str, address2: str, city: str, state: str, country: str, 
     }
 
 
-def _found(db: RetailDb, table: str, key: str, what: str) -> Record:
+def _found(db: TauDb, table: str, key: str, what: str) -> Record:
     record = db.get(table, key)
     if record is None:
         raise SkillError(NOT_FOUND, f"{what} {key!r} not found")
     return record
 
 
-def _order_in(db: RetailDb, order_id: str, status: str) -> Record:
+def _order_in(db: TauDb, order_id: str, status: str) -> Record:
     order = _found(db, "orders", order_id, "order")
     if order["status"] != status:
         raise SkillError(INVALID_STATE, f"order {order_id} is {order['status']!r}, not {status!r}")
     return order
 
 
-def _payment_method(db: RetailDb, user_id: str, payment_method_id: str) -> Record:
+def _payment_method(db: TauDb, user_id: str, payment_method_id: str) -> Record:
     methods: dict[str, Record] = _found(db, "users", user_id, "user")["payment_methods"]
     if payment_method_id not in methods:
         raise SkillError(NOT_FOUND, f"payment method {payment_method_id!r} not found for user {user_id}")
@@ -85,7 +86,7 @@ def _require_balance(method: Record, amount: float) -> None:
         )
 
 
-def _move_balance(db: RetailDb, user_id: str, payment_method_id: str, delta: float) -> None:
+def _move_balance(db: TauDb, user_id: str, payment_method_id: str, delta: float) -> None:
     """Add `delta` to a gift card's balance (rounded to cents); other methods hold no balance."""
     if db.get("users", user_id) is None:
         return
@@ -104,7 +105,7 @@ def _require_items(order: Record, item_ids: Sequence[str]) -> None:
 
 
 def _swap_targets(
-    db: RetailDb, order: Record, item_ids: Sequence[str], new_item_ids: Sequence[str]
+    db: TauDb, order: Record, item_ids: Sequence[str], new_item_ids: Sequence[str]
 ) -> list[tuple[int, Record]]:
     """For each old item, its position in the order and the variant it becomes; raises on any bad pair."""
     if not item_ids:
@@ -134,7 +135,8 @@ def _price_difference(order: Record, targets: Sequence[tuple[int, Record]]) -> f
     return round(difference, 2)
 
 
-def find_user_id_by_email(db: RetailDb, email: str) -> Json:
+@tool(errors=(NOT_FOUND,))
+def find_user_id_by_email(db: TauDb, email: str) -> Json:
     """The id of the user with this email (case-insensitive)."""
     wanted = email.strip().lower()
     for user_id, user in db.items("users"):
@@ -143,7 +145,8 @@ def find_user_id_by_email(db: RetailDb, email: str) -> Json:
     raise SkillError(NOT_FOUND, f"no user with email {email!r}")
 
 
-def find_user_id_by_name_zip(db: RetailDb, first_name: str, last_name: str, zip: str) -> Json:
+@tool(errors=(NOT_FOUND,))
+def find_user_id_by_name_zip(db: TauDb, first_name: str, last_name: str, zip: str) -> Json:
     """The id of the user with this name (case-insensitive) and zip code."""
     first, last = first_name.strip().lower(), last_name.strip().lower()
     for user_id, user in db.items("users"):
@@ -157,22 +160,26 @@ def find_user_id_by_name_zip(db: RetailDb, first_name: str, last_name: str, zip:
     raise SkillError(NOT_FOUND, f"no user named {first_name} {last_name} with zip {zip}")
 
 
-def get_user_details(db: RetailDb, user_id: str) -> Json:
+@tool(errors=(NOT_FOUND,))
+def get_user_details(db: TauDb, user_id: str) -> Json:
     """The user's record: name, address, email, payment methods, orders."""
     return _copy(_found(db, "users", user_id, "user"))
 
 
-def get_order_details(db: RetailDb, order_id: str) -> Json:
+@tool(errors=(NOT_FOUND,))
+def get_order_details(db: TauDb, order_id: str) -> Json:
     """The order's record: items, fulfilments, status, payment history."""
     return _copy(_found(db, "orders", order_id, "order"))
 
 
-def get_product_details(db: RetailDb, product_id: str) -> Json:
+@tool(errors=(NOT_FOUND,))
+def get_product_details(db: TauDb, product_id: str) -> Json:
     """The product's record with every variant."""
     return _copy(_found(db, "products", product_id, "product"))
 
 
-def list_all_product_types(db: RetailDb) -> Json:
+@tool()
+def list_all_product_types(db: TauDb) -> Json:
     """`{product name: product id}` for every product, sorted by name."""
     return dict(sorted((product["name"], product_id) for product_id, product in db.items("products")))
 
@@ -190,7 +197,8 @@ def _evaluate(node: ast.AST) -> float:
     raise SkillError(INVALID_ARGUMENT, "only numbers, + - * / and parentheses are allowed")
 
 
-def calculate(db: RetailDb, expression: str) -> Json:
+@tool(errors=(INVALID_ARGUMENT,))
+def calculate(db: TauDb, expression: str) -> Json:
     """The value of an arithmetic expression (digits, `+-*/()`, `.` and spaces), rounded to 2 decimals."""
     if not expression.strip() or not set(expression) <= _CALC_CHARS:
         raise SkillError(INVALID_ARGUMENT, "only numbers, + - * / and parentheses are allowed")
@@ -203,17 +211,20 @@ def calculate(db: RetailDb, expression: str) -> Json:
     return {"result": round(value, 2)}
 
 
-def think(db: RetailDb, thought: str) -> Json:
+@tool()
+def think(db: TauDb, thought: str) -> Json:
     """Nothing: a place for the agent to write down its reasoning."""
     return {}
 
 
-def transfer_to_human_agents(db: RetailDb, summary: str) -> Json:
+@tool(ends_episode=True)
+def transfer_to_human_agents(db: TauDb, summary: str) -> Json:
     """Hand the user over to a human; the episode ends."""
     return {"transferred": True}
 
 
-def cancel_pending_order(db: RetailDb, order_id: str, reason: str) -> Json:
+@tool(errors=(NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT), writes=True)
+def cancel_pending_order(db: TauDb, order_id: str, reason: str) -> Json:
     """Cancel a pending order and refund every payment (gift cards at once)."""
     order = _order_in(db, order_id, "pending")
     if reason not in CANCEL_REASONS:
@@ -229,8 +240,9 @@ def cancel_pending_order(db: RetailDb, order_id: str, reason: str) -> Json:
     return _copy(order)
 
 
+@tool(errors=(NOT_FOUND, INVALID_STATE), writes=True)
 def modify_pending_order_address(
-    db: RetailDb, order_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
+    db: TauDb, order_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
 ) -> Json:
     """Replace the shipping address of a pending order."""
     _order_in(db, order_id, "pending")
@@ -239,7 +251,8 @@ def modify_pending_order_address(
     return _copy(order)
 
 
-def modify_pending_order_payment(db: RetailDb, order_id: str, payment_method_id: str) -> Json:
+@tool(errors=_SWAP_ERRORS, writes=True)
+def modify_pending_order_payment(db: TauDb, order_id: str, payment_method_id: str) -> Json:
     """Pay a pending order with another method: charge the new one, refund the old one."""
     order = _order_in(db, order_id, "pending")
     method = _payment_method(db, order["user_id"], payment_method_id)
@@ -262,8 +275,9 @@ def modify_pending_order_payment(db: RetailDb, order_id: str, payment_method_id:
     return _copy(order)
 
 
+@tool(errors=_SWAP_ERRORS, writes=True)
 def modify_pending_order_items(
-    db: RetailDb, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
+    db: TauDb, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
 ) -> Json:
     """Swap items of a pending order for other variants of the same products; settle the difference."""
     order = _order_in(db, order_id, "pending")
@@ -284,8 +298,9 @@ def modify_pending_order_items(
     return _copy(order)
 
 
+@tool(errors=_SWAP_ERRORS, writes=True)
 def exchange_delivered_order_items(
-    db: RetailDb, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
+    db: TauDb, order_id: str, item_ids: list[str], new_item_ids: list[str], payment_method_id: str
 ) -> Json:
     """Request an exchange of delivered items for other variants; the difference is settled later."""
     order = _order_in(db, order_id, "delivered")
@@ -304,8 +319,9 @@ def exchange_delivered_order_items(
     return _copy(order)
 
 
+@tool(errors=(NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT), writes=True)
 def return_delivered_order_items(
-    db: RetailDb, order_id: str, item_ids: list[str], payment_method_id: str
+    db: TauDb, order_id: str, item_ids: list[str], payment_method_id: str
 ) -> Json:
     """Request a return of delivered items, refunded to the original method or a gift card."""
     order = _order_in(db, order_id, "delivered")
@@ -325,8 +341,9 @@ def return_delivered_order_items(
     return _copy(order)
 
 
+@tool(errors=(NOT_FOUND,), writes=True)
 def modify_user_address(
-    db: RetailDb, user_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
+    db: TauDb, user_id: str, address1: str, address2: str, city: str, state: str, country: str, zip: str
 ) -> Json:
     """Replace a user's default address."""
     _found(db, "users", user_id, "user")
@@ -335,9 +352,8 @@ def modify_user_address(
     return _copy(user)
 
 
-TOOLS: Final[dict[str, Callable[..., Json]]] = {
-    tool.__name__: tool
-    for tool in (
+TOOLS: Final[dict[str, Tool[...]]] = toolbox(
+    [
         calculate,
         cancel_pending_order,
         exchange_delivered_order_items,
@@ -354,42 +370,9 @@ TOOLS: Final[dict[str, Callable[..., Json]]] = {
         return_delivered_order_items,
         think,
         transfer_to_human_agents,
-    )
-}
+    ]
+)
 """Every tool by its name in `tools.json`."""
 
-READ_ONLY_TOOLS: Final = frozenset(
-    {
-        "calculate",
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
-        "get_order_details",
-        "get_product_details",
-        "get_user_details",
-        "list_all_product_types",
-        "think",
-        "transfer_to_human_agents",
-    }
-)
+READ_ONLY_TOOLS: Final = frozenset(name for name, each in TOOLS.items() if not each.writes)
 """Tools that never change the database."""
-
-_SWAP_ERRORS: Final = (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT, INSUFFICIENT_BALANCE)
-TOOL_ERRORS: Final[dict[str, tuple[str, ...]]] = {
-    "calculate": (INVALID_ARGUMENT,),
-    "cancel_pending_order": (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT),
-    "exchange_delivered_order_items": _SWAP_ERRORS,
-    "find_user_id_by_email": (NOT_FOUND,),
-    "find_user_id_by_name_zip": (NOT_FOUND,),
-    "get_order_details": (NOT_FOUND,),
-    "get_product_details": (NOT_FOUND,),
-    "get_user_details": (NOT_FOUND,),
-    "list_all_product_types": (),
-    "modify_pending_order_address": (NOT_FOUND, INVALID_STATE),
-    "modify_pending_order_items": _SWAP_ERRORS,
-    "modify_pending_order_payment": _SWAP_ERRORS,
-    "modify_user_address": (NOT_FOUND,),
-    "return_delivered_order_items": (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT),
-    "think": (),
-    "transfer_to_human_agents": (),
-}
-"""The codes each tool may fail with; every one is final (not retryable)."""

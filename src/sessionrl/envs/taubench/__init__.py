@@ -1,1 +1,30 @@
-"""τ-bench-style domains: JSON tables, the canonical hash, the success rule, contracts from tools.json."""
+"""τ-bench-style domains: JSON tables with inserts, the canonical hash, the success rule, contracts from
+`tools.json`, the gold-plan replay and an expert scaffold. A domain is its data folder, its tools and its
+expert: subclass `TauEnv` (see `taubench.env`)."""
+
+from sessionrl.envs.taubench.data import DataMissing, Record, TauData, TauDb, resolve_data_dir
+from sessionrl.envs.taubench.env import TauEnv, TauEpisode, build_contracts, judge
+from sessionrl.envs.taubench.expert import PlanBuilder, final_message, gold_expert
+from sessionrl.envs.taubench.gold import gold_plan
+from sessionrl.envs.taubench.tools import Json, Tool, apply_actions, tool, toolbox
+
+__all__ = [
+    "DataMissing",
+    "Json",
+    "PlanBuilder",
+    "Record",
+    "TauData",
+    "TauDb",
+    "TauEnv",
+    "TauEpisode",
+    "Tool",
+    "apply_actions",
+    "build_contracts",
+    "final_message",
+    "gold_expert",
+    "gold_plan",
+    "judge",
+    "resolve_data_dir",
+    "tool",
+    "toolbox",
+]

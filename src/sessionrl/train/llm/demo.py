@@ -79,7 +79,7 @@ def demo_config(
     return RunConfig(
         run_dir=run_dir,
         seed=0,
-        env=EnvSection(name="orders", train=800, dev=50, test=100),
+        env=EnvSection(name="orders", options={"train": 800, "dev": 50, "test": 100}),
         model=ModelSection(tiny=tiny),
         rollout=RolloutConfig(
             max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300, executor=executor
