@@ -29,8 +29,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sessionrl.envs import build
 from sessionrl.envs.base import Split
-from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import PPOConfig, train_ppo
@@ -67,7 +67,7 @@ class Result:
 def run_one(algorithm: str, seed: int, iterations: int, demos: int) -> Result:
     """Imitate, then train with `algorithm`; evaluate greedily on the test split."""
     started = time.perf_counter()
-    env = OrdersEnv(DomainConfig(time_factor=0, transient_failures=False))
+    env = build("orders", time_factor=0, transient_failures=False)
     run = StructuredRunConfig(iterations=iterations, seed=seed)
     cloned = imitate(env, run, ImitationConfig(demos=demos, epochs=150, lr=1e-2))
     if algorithm == "ppo":

@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 import torch
 
+from sessionrl.envs import DecisionEnv, build
 from sessionrl.envs.base import Split
-from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.rollout import EpisodeSpec, RolloutConfig, prompt_messages, rollout
@@ -49,7 +49,7 @@ from sessionrl.train.llm.run import split_digits, tokenizer_corpus
 ROLLOUT = RolloutConfig(full_schemas=False, domain_policy=False, max_tool_chars=300)
 
 
-def expert_sessions(env: OrdersEnv, n: int) -> list[Session]:
+def expert_sessions(env: DecisionEnv, n: int) -> list[Session]:
     """`n` expert sessions of training tasks, through the orchestrator into an in-memory store."""
     store = SessionStore.open("sqlite://")
     specs = [EpisodeSpec(t, f"demo-{t.task_id}") for t in env.tasks(Split.TRAIN)[:n]]
@@ -142,7 +142,7 @@ def main() -> None:
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
 
-    env = OrdersEnv(DomainConfig(train=max(args.sessions, 8)))
+    env = build("orders", train=max(args.sessions, 8))
     sessions = expert_sessions(env, args.sessions)
     system = prompt_messages(env, env.tasks(Split.TRAIN)[0], ROLLOUT)[0].content
     folder = Path(tempfile.mkdtemp(prefix="bench-trainer-"))

@@ -31,9 +31,9 @@ from gymnasium import spaces
 from rich.console import Console
 from rich.table import Table
 
+from sessionrl.envs import DecisionEnv, build
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv, GymConfig
-from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.policy.encoder import HashingEncoder
 from sessionrl.train.structured.ppo import PPOConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
@@ -42,8 +42,8 @@ BINS = 21
 ENVS, STEPS = 8, 64
 
 
-def orders() -> OrdersEnv:
-    return OrdersEnv(DomainConfig(time_factor=0, transient_failures=False))
+def orders() -> DecisionEnv:
+    return build("orders", time_factor=0, transient_failures=False)
 
 
 class SB3View(gym.Wrapper[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray], dict[str, Any]]):
