@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -36,6 +35,7 @@ from pydantic import (
 
 from sessionrl.errors import SessionRLError
 from sessionrl.rewards.catalog import FUNCTION_PATH, TERM_NAME, import_term
+from sessionrl.rewards.cel_reads import Reads, expression_reads, merge_reads
 from sessionrl.rewards.checker import TermCheckError
 from sessionrl.rewards.judge.table import (
     PenaltyTable,
@@ -178,10 +178,8 @@ class RuleSet:
         return self.file.name
 
 
-Needs = Mapping[str, frozenset[str] | None]
+Needs = Reads
 """Variables a scope's rules read, each with the view fields read (None: the whole value)."""
-
-_BOUND = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 
 
 @dataclass(frozen=True)
@@ -269,7 +267,9 @@ def _variables(
     values: dict[str, Any] = {}
     for name, fields in needs.items():
         value = _variable(name, scope, session, item, ctx)
-        values[name] = value if fields is None else {f: value[f] for f in fields}
+        if fields is not None and isinstance(value, dict):  # a view: only the fields the rules read
+            value = {f: value[f] for f in fields}
+        values[name] = value
     context = cel.Context(values)
     ctx.memo[memo_key] = context
     return context
@@ -362,20 +362,22 @@ def _compile_rules(file: RuleFile, source: str) -> tuple[Term, ...]:
     compiled = []
     for spec in file.rules:
         when, value = _compile(spec, "when", source), _compile(spec, "value", source)
-        used = _free_variables(when) | _free_variables(value)
-        unknown = used - SCOPE_VARIABLES[spec.for_each]
+        parts = {"when": expression_reads(when), "value": expression_reads(value)}
+        reads = merge_reads(parts["when"], parts["value"])
+        unknown = set(reads) - SCOPE_VARIABLES[spec.for_each]
         if unknown:
             known = ", ".join(sorted(SCOPE_VARIABLES[spec.for_each]))
             problem = (
                 f"unknown variable(s) {', '.join(sorted(unknown))}; scope {spec.for_each} defines {known}"
             )
             raise RuleFileError(source, problem, spec.name)
-        _check_fields(spec, source)
+        for part, part_reads in parts.items():
+            _check_fields(spec, part, part_reads, source)
         _check_on_sample(spec, when, value, source)
-        compiled.append((spec, when, value, _reads(spec, used)))
+        compiled.append((spec, when, value, reads))
     needs: dict[Scope, Needs] = {}
     for spec, _, _, reads in compiled:
-        needs[spec.for_each] = _merge(needs.get(spec.for_each, {}), reads)
+        needs[spec.for_each] = merge_reads(needs.get(spec.for_each, {}), reads)
     return tuple(
         Term(spec.name, RuleTerm(spec, when, value, needs[spec.for_each]), TermKind.RULE, spec.layer)
         for spec, when, value, _ in compiled
@@ -411,45 +413,18 @@ def _compile(spec: RuleSpec, part: str, source: str) -> cel.Program:
         raise RuleFileError(source, f"{part}: CEL does not compile: {exc}", spec.name) from exc
 
 
-def _free_variables(program: cel.Program) -> set[str]:
-    """Variables an expression reads from its scope (names bound by macros such as `exists` left out)."""
-    return set(program.variables()) - set(_BOUND.findall(program.source))
-
-
-def _reads(spec: RuleSpec, used: set[str]) -> Needs:
-    """What a rule reads of each variable: the view fields it names, or None for the whole value."""
-    text = f"{spec.when}\n{spec.value}"
-    reads: dict[str, frozenset[str] | None] = {}
-    for name in used:
-        bare = re.search(rf"\b{name}\b(?!\s*\.)", text)
-        fields = frozenset(f for v, f in _FIELD.findall(text) if v == name)
-        reads[name] = fields if name in _VIEWS and fields and not bare else None
-    return reads
-
-
-def _merge(a: Needs, b: Needs) -> Needs:
-    """Reads of two rules of a scope together (the whole value wins over fields)."""
-    merged = dict(a)
-    for name, fields in b.items():
-        old = merged.get(name, frozenset())
-        merged[name] = None if fields is None or old is None else old | fields
-    return merged
-
-
-_VIEWS = frozenset({"call", "feedback", "session"})
-_FIELD = re.compile(r"\b(call|feedback|session)\s*\.\s*([A-Za-z_]\w*)")
-
-
-def _check_fields(spec: RuleSpec, source: str) -> None:
+def _check_fields(spec: RuleSpec, part: str, reads: Reads, source: str) -> None:
     """Fields read from `call`, `feedback` and `session` must be fields of their view (typos caught here)."""
     views = sample_variables(spec.for_each)
-    for part in ("when", "value"):
-        for variable, name in _FIELD.findall(getattr(spec, part)):
-            if variable in views and name not in views[variable]:
-                known = ", ".join(sorted(views[variable]))
-                raise RuleFileError(
-                    source, f"{part}: {variable} has no field {name!r} (it has {known})", spec.name
-                )
+    for variable, fields in sorted(reads.items()):
+        view = views.get(variable)
+        if not isinstance(view, dict) or fields is None:
+            continue
+        for name in sorted(fields - view.keys()):
+            known = ", ".join(sorted(view))
+            raise RuleFileError(
+                source, f"{part}: {variable} has no field {name!r} (it has {known})", spec.name
+            )
 
 
 def _check_on_sample(spec: RuleSpec, when: cel.Program, value: cel.Program, source: str) -> None:
