@@ -34,3 +34,14 @@ def test_late_feedback_walkthrough() -> None:
     assert values["judge_correction"] == pytest.approx(-0.2)
     assert outcome.after.session_version > outcome.before.session_version
     assert len(outcome.queue) == 5
+
+
+def test_custom_term_example_scores_its_term_in_the_layer_the_file_gives() -> None:
+    module = runpy.run_path(str(EXAMPLES / "custom_term.py"))
+    vectors = module["run"](60)
+    contributions = [t for v in vectors for t in v.terms if t.name == "abandoned_failures"]
+    assert len(contributions) == len(vectors)
+    assert {t.layer for t in contributions} == {"completion"}
+    paid = [t for t in contributions if t.value]
+    assert paid
+    assert all(t.value == pytest.approx(sum(t.steps.values())) for t in paid)

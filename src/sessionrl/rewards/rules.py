@@ -5,10 +5,15 @@ once). When its `when` expression is true, its `value` expression is the reward,
 (or, for feedback, to what the feedback is anchored to) and, with `discount: true`, multiplied by
 exp(-λ·Δt).
 
+Python terms are switched on under `terms:` with their layer: the built-ins and those given to the engine
+by name, or any other importable one as `name: {layer: ..., function: package.module:function}`.
+
 Loading checks everything it can before any session is scored: the YAML shape (unknown fields, missing
-values), that every expression compiles, that it only names variables of its scope, and that on a typical
-sample it yields a boolean (`when`) or a number (`value`). Each problem is a `RuleFileError` naming the
-rule. The rule-set's version is its name and the hash of its file and penalty table: `default@3f9c...`.
+values), that every expression compiles, that it only names variables of its scope and fields of their
+views (`sessionrl.rewards.cel_reads`), that on a typical sample it yields a boolean (`when`) or a number
+(`value`), and that every Python term is known or imports and passes `check_reward_term`. Each problem is
+a `RuleFileError` naming the rule. The rule-set's version is its name and the hash of its file and penalty
+table (`default@3f9c...`); the code of Python terms is not part of it.
 """
 
 from __future__ import annotations
