@@ -29,9 +29,10 @@ import torch
 
 from sessionrl.envs import DecisionEnv, build
 from sessionrl.envs.base import Split
+from sessionrl.episodes import EpisodeSpec, RolloutConfig, expert, run_episodes
+from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
-from sessionrl.rollout import EpisodeSpec, RolloutConfig, prompt_messages, rollout
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.data import (
@@ -53,7 +54,7 @@ def expert_sessions(env: DecisionEnv, n: int) -> list[Session]:
     """`n` expert sessions of training tasks, through the orchestrator into an in-memory store."""
     store = SessionStore.open("sqlite://")
     specs = [EpisodeSpec(t, f"demo-{t.task_id}") for t in env.tasks(Split.TRAIN)[:n]]
-    ran = asyncio.run(rollout(env, specs, None, store, ROLLOUT))
+    ran = asyncio.run(run_episodes(env, specs, expert(env), store, ROLLOUT))
     return [store.get(r.session_id) for r in ran]
 
 

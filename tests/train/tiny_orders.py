@@ -11,9 +11,10 @@ import pytest
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.episodes import EpisodeSpec, RolloutConfig, expert, run_episodes
+from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
-from sessionrl.rollout import EpisodeSpec, RolloutConfig, prompt_messages, rollout
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.run import tokenizer_corpus
@@ -43,7 +44,7 @@ def build_orders_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ord
     store = SessionStore.open("sqlite://")
     tasks = env.tasks(Split.TRAIN)[:12]
     specs = [EpisodeSpec(task, f"demo-{task.task_id}", metadata={"stage": "demo"}) for task in tasks]
-    ran = asyncio.run(rollout(env, specs, None, store, SHORT_PROMPTS))
+    ran = asyncio.run(run_episodes(env, specs, expert(env), store, SHORT_PROMPTS))
     experts = tuple(store.get(r.session_id) for r in ran)
     system = prompt_messages(env, tasks[0], SHORT_PROMPTS)[0].content
     folder = tmp_path_factory.mktemp("tiny-orders")

@@ -5,7 +5,8 @@ entry points of installed packages included) or `module:Class`. Its options come
 data folder of a τ-bench-style domain) and `-o KEY=VALUE` (any option, such as `-o train=100`).
 
 `run-expert` and `replay-gold` end with one JSON line (`env`, `split`, `agent`, `n`, `successes`,
-`success_rate`, `failed`), so scripts can read the result from the last line of the output.
+`success_rate`, `failed`, and `reasons`: how many failed episodes each reason accounts for, see
+`sessionrl.episodes.why_unsolved`), so scripts can read the result from the last line of the output.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, out, reporti
 from sessionrl.envs import DecisionEnv, EnvBuildError, Split, Task, build, env_names
 from sessionrl.envs.base import GoldPlans
 from sessionrl.envs.registry import REGISTRY
-from sessionrl.envs.runner import Agent, RunSummary, run_many
 from sessionrl.envs.taubench import DataMissing
+from sessionrl.episodes import RolloutConfig, RunSummary, ScriptedAgent, expert, gold, run_many
 from sessionrl.skills import SkillContract
 
 POLICY_LINES = 12
@@ -178,7 +179,7 @@ def run_expert(
 ) -> None:
     """Run the expert through the orchestrator on a split's tasks into the store; print the success rate."""
     env = _load_or_exit(env_name, data, option)
-    _run(env, "expert", split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
+    _run(env, expert(env), split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
 
 
 @app.command("replay-gold")
@@ -198,12 +199,12 @@ def replay_gold(
     if not isinstance(env, GoldPlans):
         err.print(f"[red]error:[/red] {env.name} has no gold actions; only τ-bench-style domains have them")
         raise typer.Exit(1)
-    _run(env, "gold", split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
+    _run(env, gold(env), split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
 
 
 def _run(
     env: DecisionEnv,
-    agent: Agent,
+    agent: ScriptedAgent,
     split: Split,
     n: int | None,
     *,
@@ -214,8 +215,9 @@ def _run(
 ) -> None:
     """Run, then print a sentence and the summary as one JSON line."""
     with reporting(), open_store(db) as store:
+        config = RolloutConfig(concurrency=concurrency)
         summary = run_many(
-            env, split, n, store=store, concurrency=concurrency, seed=seed, agent=agent, progress=progress
+            env, split, agent, n, store=store, config=config, seed=seed, show_progress=progress
         )
     _report(summary)
 
@@ -230,4 +232,6 @@ def _report(summary: RunSummary) -> None:
         shown = ", ".join(summary.failed[:10])
         more = f" and {len(summary.failed) - 10} more" if len(summary.failed) > 10 else ""
         out.print(f"failed: {shown}{more}", soft_wrap=True)
+        why = ", ".join(f"{count} {reason}" for reason, count in sorted(summary.reasons.items()))
+        out.print(f"why: {escape(why)}", soft_wrap=True)
     typer.echo(orjson.dumps(summary.as_dict()).decode())

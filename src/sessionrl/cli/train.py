@@ -23,6 +23,7 @@ def train_command(
 ) -> None:
     """Imitation, a gate, then GRPO, as the config says, and the exported policies evaluated side by side;
     everything goes under its run_dir."""
+    from sessionrl.cli.sessions import reporting
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import train
@@ -30,7 +31,8 @@ def train_command(
 
     console = Console()
     run_config = RunConfig.load(config)
-    result = train(run_config, resume=resume, console=console)
+    with reporting():  # a named error (too few demonstrations, say) is one line and exit status 1
+        result = train(run_config, resume=resume, console=console)
     if result.gate is not None:
         console.print(
             f"gate: success {result.gate.metrics.success:.3f} on {result.gate.metrics.n_tasks} tasks"

@@ -20,13 +20,15 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.envs.faults import Faults, FaultSchedule
 from sessionrl.envs.registry import REGISTRY
+from sessionrl.episodes.config import RolloutConfig
+from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
-from sessionrl.rollout import RolloutConfig
 from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.sft import SFTConfig
 
@@ -151,6 +153,10 @@ class RunConfig(Section):
     env: EnvSection = Field(default_factory=EnvSection)
     model: ModelSection = Field(default_factory=ModelSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How episodes run.")
+    orchestrator: OrchestratorConfig = Field(
+        default_factory=OrchestratorConfig,
+        description="The engine episodes run on (lanes, guards); scripted plans widen the plan guards.",
+    )
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Request batching.")
     faults: FaultSection = Field(default_factory=FaultSection)
     sft: SFTSection = Field(default_factory=SFTSection)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from sessionrl.envs.base import Split
+from sessionrl.episodes import RolloutConfig, run_episodes
+from sessionrl.episodes.llm import PolicyAgent
 from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
-from sessionrl.rollout import RolloutConfig, rollout
 from sessionrl.session.model import SessionState
 from sessionrl.store import SessionStore
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
@@ -103,7 +104,7 @@ def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update
         run.policy = resumed_policy(run)
         start_rl(run, resume=True)
         specs = [dataclasses.replace(s, session_id=s.session_id + "-again") for s in rl_specs(run, 0)]
-        asyncio.run(rollout(run.env, specs, run.policy, run.store, config.rollout, policy_version=0))
+        asyncio.run(run_episodes(run.env, specs, PolicyAgent(run.policy, 0), run.store, config.rollout))
         run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
 
     outcomes = []

@@ -34,11 +34,11 @@ from rich.console import Console
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import FaultSchedule
+from sessionrl.episodes import RolloutConfig
 from sessionrl.eval.report import metrics_table
 from sessionrl.policy.llm import BatchingConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
-from sessionrl.rollout import RolloutConfig
 from sessionrl.skills import ExecutorConfig
 from sessionrl.train.config import (
     EnvSection,

@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
+from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
+from sessionrl.episodes.llm import PolicyAgent
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
-from sessionrl.rollout import EpisodeSpec, rollout
 from sessionrl.session.model import Session
-from sessionrl.train.llm.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
 from sessionrl.train.llm.data import (
     TokenSequence,
     call_advantages,
@@ -65,19 +65,6 @@ class Evaluation:
     label: str
     metrics: AgentMetrics
     sessions: tuple[Session, ...]
-
-
-def progress(console: Console) -> Progress:
-    """The rich progress bar the stages share."""
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=console,
-        transient=False,
-    )
 
 
 # episodes
@@ -117,7 +104,9 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     faults = cfg.faults.fixed(cfg.faults.eval_rate)
     tasks = run.env.tasks(split)[:n_tasks]
     specs = once_per_task(cfg.seed, tasks, "eval", f"eval-{label}", faults, {"stage": "eval", "label": label})
-    ran = asyncio.run(rollout(run.env, specs, view, run.store, cfg.rollout, policy_version=policy.version))
+    agent = PolicyAgent(view, policy.version)
+    batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
+    ran = asyncio.run(batch)
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
     run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict()})
@@ -136,13 +125,32 @@ def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") ->
     return report
 
 
-def record_demonstrations(run: Run) -> list[Session]:
-    """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones."""
-    cfg = run.config
+def record_demonstrations(run: Run, console: Console | None = None) -> list[Session]:
+    """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones.
+
+    Every requested demonstration that is missing is counted by its reason (`Tally`), printed and logged
+    (the `demos` record of metrics.jsonl); more than `MAX_MISSING` of them missing stops the run with
+    `MissingDemonstrations`.
+    """
+    cfg, console = run.config, console or Console()
     faults = cfg.faults.fixed(cfg.faults.demo_rate)
     tasks = run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
     specs = once_per_task(cfg.seed, tasks, "demo", "demo", faults, {"stage": "demo"})
-    ran = asyncio.run(rollout(run.env, specs, None, run.store, cfg.rollout))
+    with progress(console, "demonstrations", len(specs)) as bar:
+        batch = run_episodes(
+            run.env,
+            specs,
+            expert(run.env),
+            run.store,
+            cfg.rollout,
+            orchestrator=cfg.orchestrator,
+            done=lambda _: bar.advance(),
+        )
+        ran = asyncio.run(batch)
+    tally = Tally.of(cfg.sft.demos, ran)
+    run.log.write("demos", 0, tally.as_record())
+    console.print(tally.describe(), markup=False, highlight=False)
+    require(tally)
     return [run.store.get(r.session_id) for r in ran if r.success]
 
 
@@ -191,7 +199,7 @@ def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list
 def imitation(run: Run, console: Console, resume: bool) -> None:
     """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export."""
     cfg = run.config
-    demos = record_demonstrations(run)
+    demos = record_demonstrations(run, console)
     texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
     run.policy = policy = build_policy(cfg, texts, run.folder / "base")
     trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
@@ -203,8 +211,7 @@ def imitation(run: Run, console: Console, resume: bool) -> None:
     sequences = demonstrations(run, policy, demos)
     run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
     steps = cfg.sft.trainer.steps
-    with progress(console) as bar:
-        task = bar.add_task("imitation", total=steps, completed=run.state.step, info="")
+    with progress(console, "imitation", steps, completed=run.state.step) as bar:
         for step in range(run.state.step, steps):
             # batch: a generator named by the step, so a resumed run draws the same batches
             rng = random.Random(stream_seed(cfg.seed, "sft", step, bits=SEED_BITS))
@@ -213,7 +220,7 @@ def imitation(run: Run, console: Console, resume: bool) -> None:
             stats = trainer.step(batch)
             # log
             run.log.write("sft", step, _update_record(stats))
-            bar.update(task, advance=1, info=f"loss {stats.loss:.3f}")
+            bar.advance(info=f"loss {stats.loss:.3f}")
             run.state = dataclasses.replace(run.state, step=step + 1)
             if (step + 1) % 25 == 0:
                 save_checkpoint(
@@ -301,17 +308,16 @@ def reinforce(
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
     started = time.monotonic()
-    with progress(console) as bar:
-        task = bar.add_task("reinforce", total=cfg.rl.iterations, completed=run.state.step, info="")
+    with progress(console, "reinforce", cfg.rl.iterations, completed=run.state.step) as bar:
         for iteration in range(run.state.step, cfg.rl.iterations):
             if cfg.rl.minutes is not None and time.monotonic() - started > 60 * cfg.rl.minutes:
                 break
             tick = time.monotonic()
             # rollout
             specs = rl_specs(run, iteration)
-            ran = asyncio.run(
-                rollout(run.env, specs, policy, run.store, cfg.rollout, policy_version=policy.version)
-            )
+            agent = PolicyAgent(policy, policy.version)
+            batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
+            ran = asyncio.run(batch)
             # rewards
             reward_cursor, _ = run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
             run.state = dataclasses.replace(
@@ -332,12 +338,12 @@ def reinforce(
             save_checkpoint(
                 run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
             )
-            bar.update(task, advance=1, info=f"success {record['success']:.2f}")
+            bar.advance(info=f"success {record['success']:.2f}")
     export_policy(policy, run.folder / "rl_policy")
 
 
 def _iteration_record(
-    iteration: int, ran: Sequence[Any], learned: Learned, seconds: float, version: int
+    iteration: int, ran: Sequence[Ran], learned: Learned, seconds: float, version: int
 ) -> dict[str, Any]:
     record: dict[str, Any] = {
         "iteration": iteration,

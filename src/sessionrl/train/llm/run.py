@@ -25,14 +25,14 @@ import torch
 from tokenizers import pre_tokenizers
 
 from sessionrl.envs.base import DecisionEnv, Split
+from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action, with_lora
 from sessionrl.policy.tiny import build_tiny_policy
 from sessionrl.rewards.engine import RewardEngine
-from sessionrl.rollout import prompt_messages
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
-from sessionrl.train.llm.checkpoint import LoopState
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.checkpoint import LoopState
 from sessionrl.train.llm.data import call_message
 from sessionrl.train.llm.feed import RewardShaper
 

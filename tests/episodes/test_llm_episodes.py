@@ -1,4 +1,4 @@
-"""Episodes through the orchestrator into the store, driven by scripted policies and by the expert."""
+"""Language-model episodes (scripted replies) and expert episodes through one engine into the store."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ import pytest
 from sessionrl.envs.base import Split, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.episodes import EpisodeSpec, Ran, RolloutConfig, entities_named, expert, run_episodes
+from sessionrl.episodes.llm import UNPARSEABLE, PolicyAgent, prompt_messages
 from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.policy import ScriptedBackend
 from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.policy.references import Context, abstract
-from sessionrl.rollout import (
-    UNPARSEABLE,
-    EpisodeSpec,
-    RolloutConfig,
-    expected_entities,
-    prompt_messages,
-    rollout,
-)
 from sessionrl.session.model import FeedbackType, Message, SessionCreate, SessionState
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.data import call_message
@@ -41,13 +35,27 @@ def env() -> OrdersEnv:
     return OrdersEnv(DomainConfig(train=12, dev=2, test=2))
 
 
+def rollout(
+    env: OrdersEnv,
+    specs: list[EpisodeSpec],
+    backend: ScriptedBackend | None,
+    store: SessionStore,
+    config: RolloutConfig,
+    *,
+    policy_version: int | None = None,
+) -> list[Ran]:
+    """The specs' episodes by the policy `backend` (the expert's when None), on one engine."""
+    agent = expert(env) if backend is None else PolicyAgent(backend, policy_version)
+    return asyncio.run(run_episodes(env, specs, agent, store, config))
+
+
 def task_of(env: OrdersEnv, issue: str) -> Task:
     return next(t for t in env.tasks(Split.TRAIN) if t.payload["issue"] == issue)
 
 
 def expert_script(env: OrdersEnv, task: Task, store: SessionStore) -> list[str]:
     """What a policy imitating the expert would write for `task`: its actions with references."""
-    (ran,) = asyncio.run(rollout(env, [EpisodeSpec(task, f"x-{task.task_id}")], None, store, CONFIG))
+    (ran,) = rollout(env, [EpisodeSpec(task, f"x-{task.task_id}")], None, store, CONFIG)
     session = store.get(ran.session_id)
     messages = [Message(role="user", content=task.instruction)]
     script = []
@@ -68,7 +76,7 @@ def test_a_policy_acting_like_the_expert_solves_the_task_and_the_session_says_so
     assert any("{{waybill_generate." in s for s in script)
     backend = ScriptedBackend(script, policy_version=4)
     spec = EpisodeSpec(task, "s-1", seed=3, metadata={"stage": "rl", "group": "0:t"})
-    (ran,) = asyncio.run(rollout(env, [spec], backend, store, CONFIG, policy_version=4))
+    (ran,) = rollout(env, [spec], backend, store, CONFIG, policy_version=4)
     assert ran.success
     session = store.get("s-1")
     assert session.state is SessionState.FINISHED
@@ -76,7 +84,8 @@ def test_a_policy_acting_like_the_expert_solves_the_task_and_the_session_says_so
     assert session.metadata["task_id"] == task.task_id
     assert session.metadata["policy_version"] == 4
     assert session.metadata["group"] == "0:t"
-    assert session.metadata["expected_entities"] == expected_entities(task, env.expert(task))
+    assert session.metadata["expected_entities"] == entities_named(task, env.expert(task))
+    assert session.metadata["agent"] == "llm"
     # every reply is recorded; the tool calls hold the resolved parameters the expert used
     assert [c.response for c in session.llm_calls] == script
     expert = store.get(f"x-{task.task_id}")
@@ -94,9 +103,7 @@ def test_replies_that_are_not_actions_end_the_episode_as_a_failure(
     env: OrdersEnv, store: SessionStore
 ) -> None:
     backend = ScriptedBackend(["hello there", '{"tool": }', "never asked"])
-    (ran,) = asyncio.run(
-        rollout(env, [EpisodeSpec(task_of(env, "stock_inquiry"), "s-2")], backend, store, CONFIG)
-    )
+    (ran,) = rollout(env, [EpisodeSpec(task_of(env, "stock_inquiry"), "s-2")], backend, store, CONFIG)
     assert not ran.success
     session = store.get("s-2")
     assert [c.response for c in session.llm_calls] == ["hello there", '{"tool": }']
@@ -112,9 +119,7 @@ def test_replies_that_are_not_actions_end_the_episode_as_a_failure(
 def test_an_episode_is_cut_after_max_steps(env: OrdersEnv, store: SessionStore) -> None:
     check = tool_action("inventory_check", {"sku": "{{user.item}}"})
     backend = ScriptedBackend([check] * 10)
-    (ran,) = asyncio.run(
-        rollout(env, [EpisodeSpec(task_of(env, "stock_inquiry"), "s-3")], backend, store, CONFIG)
-    )
+    (ran,) = rollout(env, [EpisodeSpec(task_of(env, "stock_inquiry"), "s-3")], backend, store, CONFIG)
     session = store.get("s-3")
     assert not ran.success
     assert len(session.llm_calls) == len(session.tool_calls) == CONFIG.max_steps
@@ -125,12 +130,12 @@ def test_finished_episodes_are_not_run_again_and_interrupted_ones_get_a_fresh_id
     env: OrdersEnv, store: SessionStore
 ) -> None:
     task = task_of(env, "stock_inquiry")
-    first = asyncio.run(rollout(env, [EpisodeSpec(task, "s-4")], None, store, CONFIG))
-    again = asyncio.run(rollout(env, [EpisodeSpec(task, "s-4")], ScriptedBackend([]), store, CONFIG))
+    first = rollout(env, [EpisodeSpec(task, "s-4")], None, store, CONFIG)
+    again = rollout(env, [EpisodeSpec(task, "s-4")], ScriptedBackend([]), store, CONFIG)
     assert first == again
     assert first[0].success
     store.create(SessionCreate(user_query=task.instruction, session_id="s-5"))  # a crash left it open
-    (ran,) = asyncio.run(rollout(env, [EpisodeSpec(task, "s-5")], None, store, CONFIG))
+    (ran,) = rollout(env, [EpisodeSpec(task, "s-5")], None, store, CONFIG)
     assert ran.session_id == "s-5.1"
     assert ran.success
     assert store.get("s-5").state is SessionState.CREATED
@@ -138,12 +143,13 @@ def test_finished_episodes_are_not_run_again_and_interrupted_ones_get_a_fresh_id
 
 def test_expert_episodes_plan_call_and_answer(env: OrdersEnv, store: SessionStore) -> None:
     specs = [EpisodeSpec(t, f"e-{t.task_id}") for t in env.tasks(Split.TRAIN)[:6]]
-    ran = asyncio.run(rollout(env, specs, None, store, RolloutConfig(concurrency=2)))
+    ran = rollout(env, specs, None, store, RolloutConfig(concurrency=2))
     assert all(r.success for r in ran)
     for spec in specs:
         session = store.get(spec.session_id)
         assert session.plan is not None
-        assert session.metadata["expert"] is True
+        assert session.metadata["agent"] == "expert"
+        assert session.metadata["policy_version"] is None
         assert len(session.tool_calls) == len(session.plan.subgoals)
         assert all(entity in spec.task.instruction for entity in session.metadata["expected_entities"])
 
@@ -154,9 +160,9 @@ def test_the_expert_calls_a_step_again_after_a_transient_failure(env: OrdersEnv,
     hasty = RolloutConfig(full_schemas=False, domain_policy=False, expert_retries=0)
     flaky = Faults(tool_error=0.5)
     specs = [EpisodeSpec(task, f"e-{seed}", seed=seed, faults=flaky) for seed in range(8)]
-    patient_ran = asyncio.run(rollout(env, specs, None, store, patient))
-    hasty_ran = asyncio.run(
-        rollout(env, [EpisodeSpec(s.task, f"h-{s.seed}", s.seed, flaky) for s in specs], None, store, hasty)
+    patient_ran = rollout(env, specs, None, store, patient)
+    hasty_ran = rollout(
+        env, [EpisodeSpec(s.task, f"h-{s.seed}", s.seed, flaky) for s in specs], None, store, hasty
     )
     retried = 0
     for ran in patient_ran:

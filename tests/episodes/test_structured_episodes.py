@@ -11,6 +11,8 @@ import pytest
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.episodes import EpisodeSpec, run_episodes
+from sessionrl.episodes.structured import PLAN, SUBGOAL, Progress, StructuredAgent, observe
 from sessionrl.eval.metrics import task_success
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import FeedbackType, SessionState
@@ -18,7 +20,6 @@ from sessionrl.skills import ManualClock
 from sessionrl.store import SessionStore
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.rollout import StructuredRun, StructuredRunConfig, evaluate
-from sessionrl.train.structured.session import PLAN, SUBGOAL, Progress, observe, run_structured_sessions
 
 ENV = OrdersEnv(DomainConfig(train=36, dev=0, test=12, time_factor=0, transient_failures=False))
 RUN = StructuredRunConfig(num_envs=1)
@@ -62,7 +63,10 @@ def test_episodes_run_as_decision_sessions(cloned: StructuredRun, store: Session
     vector stored for the judged session."""
     tasks = list(ENV.tasks(Split.TEST))
     engine = RewardEngine()
-    sessions = run_structured_sessions(ENV, tasks, cloned.policy, cloned.encoder, store, rewards=engine)
+    agent = StructuredAgent(ENV, cloned.policy, cloned.encoder)
+    ran = asyncio.run(run_episodes(ENV, [EpisodeSpec(t) for t in tasks], agent, store))
+    engine.store_all(store, (r.session_id for r in ran))
+    sessions = [store.get(r.session_id) for r in ran]
     gym_verdicts = [e.success for e in evaluate(cloned.policy, cloned.encoder, ENV, Split.TEST)]
     verdicts = [task_success(store.get(s.session_id)) for s in sessions]
     assert verdicts == gym_verdicts

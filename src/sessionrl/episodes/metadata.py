@@ -1,0 +1,73 @@
+"""What every episode's session says about itself when it opens (`sessionrl.eval` reads some of it).
+
+Each session is created with `scenario` = the env's name, tags (env, split, agent), and this metadata:
+
+    env, split, task_id     which task of which domain
+    agent                   who acted: "expert", "gold", "llm", "structured"
+    seed                    the seed of the episode's domain state and faults
+    policy_version          the acting policy's version (None for scripted plans)
+    expected_entities       entities a correct solution passes to its tools (Entity Recall@5)
+    ...                     the episode's extras (stage, group, iteration, label)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sessionrl.envs.base import DecisionEnv, ExpertPlan, NamesEntities, Task
+from sessionrl.session.model import SessionCreate
+
+
+def entities_named(task: Task, plan: ExpertPlan) -> list[str]:
+    """String parameters of `plan` that the task's request names word for word (order numbers, SKUs,
+    phones, waybills, addresses), in plan order, each once.
+
+    >>> from sessionrl.envs.base import ExpertStep, Split
+    >>> task = Task("t", Split.TRAIN, "Where is order #W42? My phone is 555-0100.")
+    >>> steps = (ExpertStep("a", "", "get_order", {"order_id": "#W42", "note": "x"}),)
+    >>> entities_named(task, ExpertPlan("g", steps, "done"))
+    ['#W42']
+    """
+    values = [v for step in plan.steps for v in step.params.values() if isinstance(v, str)]
+    named = (v for v in values if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", task.instruction))
+    return list(dict.fromkeys(named))
+
+
+def expected_entities(env: DecisionEnv, task: Task) -> list[str]:
+    """The entities a correct solution of `task` must use: what the env says when it names them
+    (`NamesEntities`), else the request's entities that the expert's plan passes to its tools."""
+    if isinstance(env, NamesEntities):
+        return [str(entity) for entity in env.expected_entities(task)]
+    return entities_named(task, env.expert(task))
+
+
+def session_create(
+    env: DecisionEnv,
+    task: Task,
+    *,
+    agent: str,
+    seed: int,
+    session_id: str | None = None,
+    policy_version: int | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> SessionCreate:
+    """The session an episode of `task` opens, with the metadata the module doc lists."""
+    metadata: dict[str, Any] = {
+        "env": env.name,
+        "split": task.split.value,
+        "task_id": task.task_id,
+        "agent": agent,
+        "seed": seed,
+        "policy_version": policy_version,
+        "expected_entities": expected_entities(env, task),
+        **(extra or {}),
+    }
+    return SessionCreate(
+        user_query=task.instruction,
+        session_id=session_id,
+        scenario=env.name,
+        tags=(env.name, task.split.value, agent),
+        metadata=metadata,
+    )
