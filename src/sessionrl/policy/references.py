@@ -3,7 +3,9 @@
 Inside a tool call's parameters or a final message the policy may write
 
 * ``{{express_contact.waybill}}`` — field ``waybill`` of the latest successful result of the tool
-  ``express_contact`` (a dotted path goes deeper, list positions included: ``{{lookup.items.0.sku}}``);
+  ``express_contact`` (a dotted path goes deeper, list positions included: ``{{lookup.items.0.sku}}``;
+  a result may be any JSON value, so ``{{find_user.0}}`` is the first item of a list and ``{{find_user}}``
+  a whole result, such as the string a τ-bench tool answers with);
 * ``{{user.phone}}`` — the identifier (a word holding a digit) that follows the word ``phone`` in the
   user's request.
 
@@ -22,6 +24,9 @@ conversation already holds them, which is how demonstrations teach the habit.
 {'order': 'O-123456', 'n': 7, 'note': 'ship SF1'}
 >>> abstract({"phone": "13800001234", "waybill": "SF1"}, ctx)
 {'phone': '{{user.phone}}', 'waybill': '{{track.waybill}}'}
+>>> said = Context.of("", [("find_user", "sara_1234"), ("orders", ["#W1", "#W2"])])
+>>> resolve({"user_id": "{{find_user}}", "first": "{{orders.0}}"}, said)
+{'user_id': 'sara_1234', 'first': '#W1'}
 """
 
 from __future__ import annotations
