@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from sessionrl.cli import app
+from sessionrl.envs import registry
 from sessionrl.envs.retail import DATA_ENV_VAR
 from sessionrl.eval.metrics import task_success
 from sessionrl.store import SessionStore
@@ -111,3 +113,34 @@ def test_replay_gold_refuses_a_domain_without_gold_actions() -> None:
     result = run("replay-gold", "orders", "--db", "sqlite://")
     assert result.exit_code == 1
     assert "orders has no gold actions" in result.stderr
+
+
+def test_options_reach_the_environment_and_wrong_ones_are_named() -> None:
+    summary = last_json(run("run-expert", "orders", "-o", "train=3", "--db", "sqlite://", "--no-progress"))
+    assert (summary["n"], summary["success_rate"]) == (3, 1.0)
+    result = run("show", "orders", "--data", "somewhere")
+    assert result.exit_code == 1
+    assert "env 'orders' takes no option 'data'; it accepts: seed, train, dev, test" in result.stderr
+    result = run("show", "orders", "-o", "train")
+    assert result.exit_code == 2
+    assert "is not KEY=VALUE" in result.output
+
+
+def test_an_unknown_environment_lists_the_known_ones() -> None:
+    result = run("show", "shop")
+    assert result.exit_code == 1
+    assert "no env named 'shop'; known: clinic, orders, retail, or give module:Class" in result.stderr
+
+
+def test_list_shows_environments_of_installed_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    points = [
+        EntryPoint("shop", "sessionrl.envs.orders:OrdersEnv", "sessionrl.envs"),
+        EntryPoint("broken", "no_such_package:Env", "sessionrl.envs"),
+    ]
+    monkeypatch.setattr(registry, "entry_points", lambda group: points)
+    result = run("list")
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 2}
+    assert sorted(name for name in rows if name) == ["broken", "clinic", "orders", "retail", "shop"]
+    assert [cell.strip() for cell in rows["shop"].split("│")[2:6]] == ["8", "400", "50", "100"]
+    assert "cannot import" in rows["broken"]

@@ -60,16 +60,21 @@ class EnvOptionError(EnvBuildError, ValueError):
     """An option is unknown to the environment or has a bad value; the message names the accepted ones."""
 
 
+def _parameters(factory: EnvFactory) -> list[inspect.Parameter]:
+    try:
+        return list(inspect.signature(factory, eval_str=True).parameters.values())
+    except (TypeError, ValueError, NameError) as error:
+        raise EnvBuildError(f"cannot read the options of {factory!r} from its signature: {error}") from error
+
+
 def _options(factory: EnvFactory) -> dict[str, inspect.Parameter]:
     """The keyword parameters of `factory`, by name (an empty dict for a factory taking none)."""
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    parameters = inspect.signature(factory, eval_str=True).parameters.values()
-    return {p.name: p for p in parameters if p.kind in kinds}
+    return {p.name: p for p in _parameters(factory) if p.kind in kinds}
 
 
 def _takes_any_keyword(factory: EnvFactory) -> bool:
-    parameters = inspect.signature(factory, eval_str=True).parameters.values()
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _parameters(factory))
 
 
 def validate_options(name: str, factory: EnvFactory, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,11 +35,11 @@ class RetailEnv(TauEnv):
         """Authenticate, read what the task touches, make the gold changes, state the expected outputs."""
         return expert_plan(task, self.fresh_db())
 
-    def contract_examples(self) -> dict[str, list[Json]]:
-        """One valid call per tool, from the data: the first user, order and product, and the first gold
-        action of the tasks for each tool that changes the database."""
+    def examples(self) -> dict[str, list[Json]]:
+        """Calls built from the data (the first user, order and product) for the tools whose examples would
+        not come from the tasks; the tools that change orders take the first gold action calling them."""
         user_id, user = next(iter(self.data.tables["users"].items()))
-        examples: dict[str, list[Json]] = {
+        return {
             "calculate": [{"expression": "(1 + 2) * 3.5"}],
             "find_user_id_by_email": [{"email": user["email"]}],
             "find_user_id_by_name_zip": [{**user["name"], "zip": user["address"]["zip"]}],
@@ -51,6 +51,3 @@ class RetailEnv(TauEnv):
             "think": [{"thought": "the order is pending, so it can still be cancelled"}],
             "transfer_to_human_agents": [{"summary": "the user asks for a person"}],
         }
-        for tool, calls in super().contract_examples().items():
-            examples.setdefault(tool, calls)
-        return examples

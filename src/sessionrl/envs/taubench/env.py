@@ -40,6 +40,16 @@ Examples = Mapping[str, Sequence[Json]]
 """Valid calls per tool name, for the contracts' `examples`."""
 
 
+def check_tools(tool_schemas: Sequence[Mapping[str, Any]], tools: Mapping[str, Tool[...]]) -> None:
+    """Raise `EnvBuildError` unless `tools.json` names exactly the domain's tool functions."""
+    named = [schema["function"]["name"] for schema in tool_schemas]
+    if sorted(named) != sorted(tools):
+        raise EnvBuildError(
+            f"tools.json names {sorted(set(named) - set(tools)) or 'no tool'} without a function and the "
+            f"functions {sorted(set(tools) - set(named)) or 'none'} have no schema; make the two lists agree"
+        )
+
+
 def build_contracts(
     tool_schemas: Sequence[Mapping[str, Any]],
     tools: Mapping[str, Tool[...]],
@@ -51,12 +61,7 @@ def build_contracts(
 
     Raises `EnvBuildError` when `tools.json` and `tools` name different tools, or a code has no meaning.
     """
-    named = [schema["function"]["name"] for schema in tool_schemas]
-    if sorted(named) != sorted(tools):
-        raise EnvBuildError(
-            f"tools.json names {sorted(set(named) - set(tools)) or 'no tool'} without a function and the "
-            f"functions {sorted(set(tools) - set(named)) or 'none'} have no schema; make the two lists agree"
-        )
+    check_tools(tool_schemas, tools)
     contracts = []
     for schema in tool_schemas:
         function = schema["function"]
@@ -103,7 +108,7 @@ def judge(
 
 class TauEnv:
     """A τ-bench-style domain over one data folder (see `taubench.data`); subclasses set the class
-    attributes below and may override `expert` and `contract_examples`. Loads the data once."""
+    attributes below and may override `expert` and `examples`. Loads the data once."""
 
     name: str
     """A short identifier; task ids are `<name>-<split>-<index>`."""
@@ -124,6 +129,7 @@ class TauEnv:
             raise EnvBuildError(f"{type(self).__name__} must set {', '.join(missing)} (see TauEnv)")
         self.data = data if isinstance(data, TauData) else self.load_data(data)
         self.toolbox = toolbox(self.tools)
+        check_tools(self.data.tool_schemas, self.toolbox)
         self._tasks = {
             split: tuple(self._task(split, i, raw) for i, raw in enumerate(self.data.raw_tasks(split)))
             for split in Split
@@ -185,14 +191,25 @@ class TauEnv:
             self._gold_hashes[task.task_id] = db.state_hash()
         return self._gold_hashes[task.task_id]
 
+    def examples(self) -> dict[str, list[Json]]:
+        """Valid calls the domain gives itself, by tool; override for tools that neither the gold actions
+        nor the expert's reads use (`check_env` warns about a tool without any). None by default."""
+        return {}
+
     def contract_examples(self) -> dict[str, list[Json]]:
-        """One valid call per tool that some task's gold actions use (the first such action, train tasks
-        first). Override to add examples for the other tools; `check_env` warns about a tool without any."""
-        examples: dict[str, list[Json]] = {}
-        for split in Split:
-            for raw in self.data.raw_tasks(split):
-                for action in raw.get("actions", ()):
-                    examples.setdefault(action["name"], [dict(action["kwargs"])])
+        """One valid call per tool: `examples()`, else the first gold action calling it, else the first
+        call to it in the expert's plans when it only reads (tasks in split order)."""
+        examples = self.examples()
+        tasks = [task for split in Split for task in self._tasks[split]]
+        for task in tasks:
+            for action in task.payload["actions"]:
+                examples.setdefault(action["name"], [dict(action["kwargs"])])
+        for task in tasks:
+            if len(examples) >= len(self.toolbox):
+                break
+            for step in self.expert(task).steps:
+                if not self.toolbox[step.tool].writes:
+                    examples.setdefault(step.tool, [dict(step.params)])
         return examples
 
 
