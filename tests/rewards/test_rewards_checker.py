@@ -74,6 +74,10 @@ def one_argument(session: Session) -> TermResult:
     return TermResult(0.0, {}, "x")
 
 
+def needs_a_key(session: Session, ctx: ScoringContext) -> TermResult:
+    return TermResult(float(session.metadata["refund_total"]), {}, "refunded")
+
+
 @pytest.mark.parametrize(
     ("term", "message"),
     [
@@ -86,6 +90,7 @@ def one_argument(session: Session) -> TermResult:
         (no_explanation, "gave no explanation"),
         (rambles, "keep it under"),
         (one_argument, "must accept exactly (session, ctx)"),
+        (needs_a_key, "raised KeyError: 'refund_total'"),
         ("not a function", "not callable"),
     ],
 )

@@ -63,13 +63,24 @@ def check_reward_term(
         context = partial(default_context, table)
     for session in sessions if sessions is not None else sample_sessions():
         before = digest(session)
-        result = term(session, context())
+        result = call_term(term, session, context(), name)
         check_result_type(result, name)
         check_finite(result, name, session)
         check_attribution(result, name, session)
         check_explanation(result, name)
         check_unchanged(before, session, name)
-        check_deterministic(result, term(session, context()), name, session)
+        check_deterministic(result, call_term(term, session, context(), name), name, session)
+
+
+def call_term(term: TermFn, session: Session, ctx: ScoringContext, name: str) -> TermResult:
+    """The term's answer on one session; an exception it raises is a broken contract."""
+    try:
+        return term(session, ctx)
+    except Exception as exc:  # a term may fail in any way; each is reported the same
+        raise TermCheckError(
+            f"{name} raised {type(exc).__name__}: {exc} on session {session.session_id!r}; a term must "
+            "answer for any session (return TermResult(0.0, {}, 'does not apply') when nothing applies)"
+        ) from exc
 
 
 def check_signature(term: TermFn, name: str) -> None:
