@@ -1,7 +1,10 @@
-"""`sessionrl serve` hands uvicorn the app and its options (uvicorn itself is replaced: nothing listens)."""
+"""`sessionrl serve` hands uvicorn the app and its options (the server's run is replaced: nothing listens),
+and its server says where it listens once it does."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +13,22 @@ import uvicorn
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
+from sessionrl.cli.serve import ListeningServer
+from sessionrl.cli.sessions import DEFAULT_DB
 
 runner = CliRunner()
 
 
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> dict[str, Any]:
-    """The keyword arguments `sessionrl serve ARGS` passes to `uvicorn.run`, and the app as `app`."""
+    """The uvicorn options `sessionrl serve ARGS` runs its server with, the app as `app`."""
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda application, **kw: seen.update(kw, app=application))
+
+    def run(server: ListeningServer) -> None:
+        c = server.config
+        seen.update(port=c.port, loop=c.loop, http=c.http, app=c.app, proxy_headers=c.proxy_headers)
+        seen.update(server_header=c.server_header, date_header=c.date_header)
+
+    monkeypatch.setattr(ListeningServer, "run", run)
     command = ["serve", "--db", str(tmp_path / "s.db"), "--tokens", "t:read,write", "--port", "9123", *args]
     result = runner.invoke(app, command)
     assert result.exit_code == 0, result.output
@@ -53,3 +64,39 @@ def test_full_collections_are_spaced_from_the_command_line(
     spaced = served(monkeypatch, tmp_path, "--full-gc-every", "60")["app"].state.config.full_gc_every_s
     assert (default, spaced) == (600.0, 60.0)
     assert runner.invoke(app, ["serve", "--full-gc-every", "0"]).exit_code == 2
+
+
+def test_db_takes_a_path_or_a_url_and_defaults_to_the_store_the_other_commands_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    urls: list[str] = []
+    monkeypatch.setattr(
+        ListeningServer, "run", lambda server: urls.append(server.config.app.state.config.db_url)
+    )
+    monkeypatch.delenv("SESSIONRL_DB", raising=False)
+    for db in ([], ["--db", "runs/sessions.db"], ["--db", "sqlite:///runs/sessions.db"]):
+        result = runner.invoke(app, ["serve", *db, "--tokens", "t:read,write"])
+        assert result.exit_code == 0, result.output
+    monkeypatch.setenv("SESSIONRL_DB", "/srv/s.db")
+    assert runner.invoke(app, ["serve", "--tokens", "t:read,write"]).exit_code == 0
+    assert urls == [DEFAULT_DB] * 3 + ["sqlite:////srv/s.db"]
+
+
+async def hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The smallest ASGI app: every request gets an empty 204."""
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_the_server_says_where_it_listens(capsys: pytest.CaptureFixture[str]) -> None:
+    server = ListeningServer(
+        uvicorn.Config(hello, host="127.0.0.1", port=0, lifespan="off", log_level="error")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    server.should_exit = True
+    await task
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"listening on http://127\.0\.0\.1:\d+", line)
+    assert not line.endswith(":0")

@@ -194,7 +194,7 @@ def test_bad_lines_are_reported_and_nothing_is_written(tmp_path: Path, sessions:
     target = url_of(tmp_path / "empty.db")
     result = run("sessions", "import", str(path), "--db", target)
     assert result.exit_code == 1
-    assert "3 bad line(s); nothing imported" in result.output
+    assert "3 bad line(s), 3 problem(s); nothing imported" in result.output
     assert "malformed JSON" in result.output
     assert "event.tool_call.call.status" in result.output
     assert "needs an existing session" in result.output

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import typer
+from typer._click import Context
+from typer.core import TyperOption
 
 from sessionrl.cli import demo, store_demo
 from sessionrl.cli.envs import app as envs_app
@@ -12,6 +14,17 @@ from sessionrl.cli.serve import serve
 from sessionrl.cli.sessions import app as sessions_app
 from sessionrl.cli.store import app as store_app
 from sessionrl.cli.train import eval_command, train_command
+
+_display_type = TyperOption.display_type_rich
+
+
+def _flag_type(option: TyperOption, ctx: Context) -> str | None:
+    """typer's rich help prints a value type after every option, flags included (`--json <bool>`,
+    `--help <bool>`), although a flag takes no value; its plain help leaves it out, and so does this."""
+    return None if option.is_flag else _display_type(option, ctx)
+
+
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign,assignment]
 
 app = typer.Typer(
     name="sessionrl",

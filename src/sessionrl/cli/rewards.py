@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, reporting
 from sessionrl.errors import SessionRLError
 from sessionrl.rewards.engine import RewardConfig, RewardEngine, StoredReward
 from sessionrl.rewards.judge.runner import Backend, JudgeConfig
-from sessionrl.rewards.vector import RewardVector
+from sessionrl.rewards.vector import LayerValue, RewardVector
 from sessionrl.session.lifecycle import TERMINAL
 from sessionrl.store import SessionStore
+from sessionrl.store.records import RewardRecord
 
 app = typer.Typer(help="Reward shaping: score, explain, re-score.", no_args_is_help=True)
 
-DEFAULT_DB = "sqlite:///runs/sessions.db"
 DEFAULT_STATS = Path("runs/reward_stats.json")
-
-Db = Annotated[
-    str | None,
-    typer.Option("--db", help=f"Store URL [default: $SESSIONRL_DB or {DEFAULT_DB}]", show_default=False),
-]
 Rules = Annotated[Path | None, typer.Option("--rules", help="Rule file (YAML); the shipped rules if unset.")]
 Stats = Annotated[
     Path | None,
@@ -41,10 +37,6 @@ Contracts = Annotated[
 JudgeBackend = Annotated[Backend, typer.Option("--judge", help="Comment judge backend.")]
 JudgeModel = Annotated[Path | None, typer.Option("--judge-model", help="Local model folder (--judge hf).")]
 JudgeUrl = Annotated[str | None, typer.Option("--judge-url", help="Endpoint root (--judge openai).")]
-
-
-def _db(db: str | None) -> str:
-    return db or os.environ.get("SESSIONRL_DB") or DEFAULT_DB
 
 
 def _engine(
@@ -89,7 +81,7 @@ def _summary(console: Console, stored: list[StoredReward], ruleset_version: str)
 
 @app.command("score")
 def score(
-    db: Db = None,
+    db: Db = DEFAULT_DB,
     rules: Rules = None,
     stats: Stats = None,
     contracts: Contracts = None,
@@ -98,18 +90,25 @@ def score(
     judge_url: JudgeUrl = None,
 ) -> None:
     """Score every session that has ended (finished, rejected or archived); a session gets a new reward
-    version only if it, or the rules, changed since its last one."""
+    version only if it, or the rules, changed since its last one. Sessions still running are skipped and
+    counted: they are scored once they end."""
     console = Console()
     engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
     stored: list[StoredReward] = []
-    with SessionStore.open(_db(db)) as store, _progress(console, "score") as bar:
+    with reporting(), open_store(db, create=False) as store, _progress(console, "score") as bar:
         ids = sorted(sid for state in sorted(TERMINAL) for sid in store.session_ids(state))
+        running = len(store.session_ids()) - len(ids)
         task = bar.add_task("sessions", total=len(ids))
         for session_id in ids:
             stored.append(engine.score_and_store(store, session_id))
             bar.advance(task)
     engine.save_stats()
     _summary(console, stored, engine.ruleset.version)
+    if running:
+        console.print(
+            f"{running} unfinished session(s) skipped: a session is scored once it has ended "
+            "(finished, rejected or archived)"
+        )
 
 
 @app.command("rescore")
@@ -117,7 +116,7 @@ def rescore(
     since: Annotated[
         str, typer.Option("--since", help="ISO time; feedback received from then on is re-scored.")
     ],
-    db: Db = None,
+    db: Db = DEFAULT_DB,
     rules: Rules = None,
     stats: Stats = None,
     contracts: Contracts = None,
@@ -125,14 +124,15 @@ def rescore(
     judge_model: JudgeModel = None,
     judge_url: JudgeUrl = None,
 ) -> None:
-    """Re-score the sessions that received feedback since a time (late feedback → new reward versions)."""
+    """Re-score the ended sessions that received feedback since a time (late feedback → new reward
+    versions); like `score`, it leaves sessions still running for when they end."""
     try:
         moment = datetime.fromisoformat(since)
     except ValueError as exc:
         raise typer.BadParameter(f"--since: {exc}; use e.g. 2025-03-01T12:00:00Z") from exc
     moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
-    with SessionStore.open(_db(db)) as store:
+    with reporting(), open_store(db, create=False) as store:
         stored = engine.rescore(store, moment)
     _summary(Console(), stored, engine.ruleset.version)
 
@@ -140,7 +140,7 @@ def rescore(
 @app.command("explain")
 def explain(
     session_id: Annotated[str, typer.Argument(help="Session to explain.")],
-    db: Db = None,
+    db: Db = DEFAULT_DB,
     version: Annotated[
         int | None, typer.Option("--version", help="Stored reward version [default: latest]")
     ] = None,
@@ -151,17 +151,29 @@ def explain(
     stats: Stats = None,
     contracts: Contracts = None,
 ) -> None:
-    """Show a session's reward term by term: value, layer, credited steps and why."""
-    with SessionStore.open(_db(db)) as store:
-        try:
-            if fresh:
-                engine = _engine(rules, stats, contracts, Backend.OFFLINE, None, None, learn=False)
-                vector = engine.score(store.get(session_id))
-            else:
-                vector = RewardVector.model_validate(store.reward(session_id, version).vector)
-        except SessionRLError as exc:
-            raise typer.BadParameter(str(exc)) from exc
+    """Show a session's reward term by term (value, layer, credited steps and why), and each layer's raw
+    total beside its normalised value and the normaliser that made it."""
+    with reporting(), open_store(db, create=False) as store:
+        if fresh:
+            engine = _engine(rules, stats, contracts, Backend.OFFLINE, None, None, learn=False)
+            vector = engine.score(store.get(session_id))
+        else:
+            vector = RewardVector.model_validate(_stored_reward(store, session_id, version).vector)
     _print_vector(Console(), vector)
+
+
+def _stored_reward(store: SessionStore, session_id: str, version: int | None) -> RewardRecord:
+    """The reward version asked for; for a session never scored, a one-line error saying how to score it."""
+    if version is None and not store.rewards(session_id):  # NotFound for an unknown session
+        state = store.get(session_id).state
+        how = (
+            "run `sessionrl rewards score` first"
+            if state in TERMINAL
+            else f"it is {state.value}; sessions are scored once they end (then `sessionrl rewards score`)"
+        )
+        err.print(f"[red]error:[/red] session {escape(session_id)} has no reward yet: {how}", soft_wrap=True)
+        raise typer.Exit(1)
+    return store.reward(session_id, version)
 
 
 def _print_vector(console: Console, vector: RewardVector) -> None:
@@ -174,20 +186,55 @@ def _print_vector(console: Console, vector: RewardVector) -> None:
         style = "dim" if t.value == 0 else ""
         terms.add_row(t.name, t.kind, t.layer, f"{t.value:+.3f}", steps, t.explanation, style=style)
     console.print(terms)
-    layers = Table(title="layers")
-    for column in ("layer", "raw", "normalised", "weight", "contribution"):
-        layers.add_column(column, justify="left" if column == "layer" else "right")
-    for name, layer in vector.layers.items():
-        layers.add_row(
-            name,
-            f"{layer.raw:+.3f}",
-            f"{layer.normalised:+.3f}",
-            f"{layer.weight:g}",
-            f"{layer.contribution:+.3f}",
-        )
-    console.print(layers)
+    console.print(_layers_table(vector))
+    console.print(_normaliser_line(vector), soft_wrap=True)
     console.print(
         f"session reward [bold]{vector.session_reward:+.4f}[/bold], long-term reward "
         f"[bold]{vector.long_term_reward:+.4f}[/bold], rating {vector.rating}, "
         f"scored {vector.scored_at:%Y-%m-%d %H:%M:%S}"
+    )
+
+
+def _layers_table(vector: RewardVector) -> Table:
+    """Raw total and normalised value side by side, with the mean and scale between them (`-` where the
+    normaliser had not started); a value the clip bounded is marked."""
+    layers = Table(title="layers: normalised = (raw − mean) / scale, clipped")
+    for column in ("layer", "raw", "mean", "scale", "normalised", "weight", "contribution"):
+        layers.add_column(column, justify="left" if column == "layer" else "right")
+    for name, layer in vector.layers.items():
+        started = layer.mean is not None and (layer.seen or 0) >= 2
+        layers.add_row(
+            name,
+            f"{layer.raw:+.3f}",
+            f"{layer.mean:+.3f}" if started and layer.mean is not None else "-",
+            f"{layer.scale:.3f}" if started else "-",
+            f"{layer.normalised:+.3f}{' (clipped)' if _clipped(layer) else ''}",
+            f"{layer.weight:g}",
+            f"{layer.contribution:+.3f}",
+        )
+    return layers
+
+
+def _clipped(layer: LayerValue) -> bool:
+    """Whether the clip bounded a layer's normalised value (it differs from (raw − mean) / scale)."""
+    if layer.mean is None or (layer.seen or 0) < 2:
+        return False
+    return abs((layer.raw - layer.mean) / layer.scale - layer.normalised) > 1e-9
+
+
+def _normaliser_line(vector: RewardVector) -> str:
+    """Which normaliser applied: the running statistics of the vector's rules, and after how many sessions."""
+    seen = sorted({layer.seen for layer in vector.layers.values() if layer.seen is not None})
+    rules = vector.ruleset_version
+    if not seen:
+        return "normaliser: not recorded (this reward was stored before sessionrl kept it)"
+    if seen[-1] < 2:
+        return (
+            f"normaliser: not started: the statistics of rules {rules} held {seen[-1]} scored session(s), "
+            "and normalising starts at 2, so each layer's raw total was used as is"
+        )
+    counts = ", ".join(map(str, seen))
+    return (
+        f"normaliser: the running mean and scale of each layer under rules {rules}, after {counts} scored "
+        "session(s)"
     )

@@ -16,7 +16,7 @@ app = typer.Typer(help="Session schema versions.", no_args_is_help=True)
 @app.command("export")
 def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the JSON Schemas into.")] = Path(
-        "schemas"
+        "runs/schemas"
     ),
 ) -> None:
     """Write the JSON Schema of every session schema version."""

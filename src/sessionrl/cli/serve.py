@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
 from sessionrl.orchestrator import OrchestratorConfig
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.service.collector import FULL_GC_EVERY_S
@@ -18,9 +20,7 @@ CACHE_SESSIONS = OrchestratorConfig.model_fields["cache_size"].default
 
 
 def serve(
-    db: Annotated[
-        Path, typer.Option("--db", help="SQLite file of the session store (created if missing).")
-    ] = Path("sessions.db"),
+    db: Db = DEFAULT_DB,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8321,
     skills: Annotated[
@@ -68,7 +68,7 @@ def serve(
 ) -> None:
     """Serve the session API. Plan steps need a `plan` in their payload: no policy backend is attached."""
     fields: dict[str, object] = {
-        "db_url": f"sqlite:///{db.resolve()}",
+        "db_url": store_url(db),
         "skills_dir": skills,
         "rate_per_s": rate,
         "rate_burst": max(1, int(rate * 2)),
@@ -83,15 +83,32 @@ def serve(
         token = secrets.token_urlsafe(24)
         config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
         print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr, flush=True)
-    uvicorn.run(
-        create_app(config),
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=log_level,
-        access_log=False,
-        proxy_headers=proxy_headers,
-        server_header=False,
-        date_header=False,
+    server = ListeningServer(
+        uvicorn.Config(
+            create_app(config),
+            host=host,
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            log_level=log_level,
+            access_log=False,
+            proxy_headers=proxy_headers,
+            server_header=False,
+            date_header=False,
+        )
     )
+    server.run()
+
+
+class ListeningServer(uvicorn.Server):
+    """uvicorn's server, saying on stderr where it listens once its socket is bound (uvicorn says it at
+    info level only, which the default `--log-level warning` hides). With `--port 0` it names the port
+    the system chose."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for listener in getattr(self, "servers", ()):
+            for bound in listener.sockets:
+                host, port = bound.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                print(f"listening on http://{shown}:{port}", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ from rich.tree import Tree
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
 from sessionrl.session import codec
 from sessionrl.session.events import (
+    EVENT_ADAPTER,
     Event,
     FeedbackAdded,
     LLMCallRecorded,
@@ -31,19 +32,24 @@ from sessionrl.session.events import (
     StateChanged,
     ToolCallRecorded,
     apply,
-    invalid_from,
-    parse_event,
 )
 from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionCreate, SessionState
 from sessionrl.session.schema import load_session
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.store.dialect import parse_url
+from sessionrl.store.records import SessionRow
 
 DEFAULT_DB = "sqlite:///runs/sessions.db"
+DB_ENV = "SESSIONRL_DB"
 
 Db = Annotated[
     str,
-    typer.Option("--db", envvar="SESSIONRL_DB", help="Store URL: sqlite:///path.db, or sqlite:// in memory."),
+    typer.Option(
+        "--db",
+        envvar=DB_ENV,
+        help="Session store: a file (runs/sessions.db) or a URL (sqlite:///runs/sessions.db, sqlite:// "
+        "in memory).",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object per line instead of a table.")]
 
@@ -52,26 +58,46 @@ out = Console()
 err = Console(stderr=True)
 
 
-def open_store(url: str) -> SessionStore:
-    """Open the store at `url`, creating the folder of a file database when it does not exist yet."""
-    path = parse_url(url).path
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+def store_url(db: str) -> str:
+    """The store URL a `--db` value names: a URL as given, a file path as `sqlite:///<path>`.
+
+    >>> store_url("runs/s.db"), store_url("/tmp/s.db"), store_url("sqlite://")
+    ('sqlite:///runs/s.db', 'sqlite:////tmp/s.db', 'sqlite://')
+    """
+    return db if "://" in db else f"sqlite:///{db}"
+
+
+def open_store(db: str, *, create: bool = True) -> SessionStore:
+    """Open the store `db` names (a path or a URL, see `store_url`), creating it when it is new.
+
+    Commands that only read pass `create=False`: a file store that does not exist is then a one-line
+    error saying so (exit status 1) instead of a new, empty store that answers every question with nothing.
+    """
+    url = store_url(db)
+    path = parse_url(url).path if url.startswith("sqlite:") else None
+    if not create and path is not None and not Path(path).exists():
+        err.print(
+            f"[red]error:[/red] no session store at {escape(path)}: nothing was written there yet. "
+            f"Write sessions first (sessionrl envs run-expert orders --n 10, or sessionrl serve), or point "
+            f"--db or ${DB_ENV} at an existing store.",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
     return SessionStore.open(url)
 
 
 @contextmanager
 def reporting() -> Iterator[None]:
-    """Turn sessionrl and validation errors into a one-line message and exit status 1."""
+    """Turn sessionrl and validation errors into a one-line message (never wrapped) and exit status 1."""
     try:
         yield
     except SessionRLError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "options"
-        err.print(f"[red]error:[/red] {escape(where)}: {escape(first['msg'])}")
+        err.print(f"[red]error:[/red] {escape(where)}: {escape(first['msg'])}", soft_wrap=True)
         raise typer.Exit(1) from exc
 
 
@@ -82,10 +108,18 @@ def emit_json(rows: list[dict[str, Any]]) -> None:
 
 
 def print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
-    """Print rows of any shape as a rich table with one column per key."""
+    """Print rows of any shape as a rich table with one column per key.
+
+    Id columns (`session_id`, `call_id`, ... : names ending in `id`) are never cut or wrapped, so an id
+    can be copied from the table; the other columns share what room is left.
+    """
     table = Table(title=title)
     for name in rows[0] if rows else ("(no rows)",):
-        table.add_column(str(name))
+        if str(name).endswith("id"):
+            width = max((len(_cell(r[name])) for r in rows), default=0)
+            table.add_column(str(name), no_wrap=True, min_width=max(width, len(str(name))))
+        else:
+            table.add_column(str(name), overflow="fold")
     for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     out.print(table)
@@ -115,41 +149,41 @@ def list_sessions(
     as_json: Json = False,
 ) -> None:
     """The most recently created sessions."""
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         q = SessionQuery(state=state, scenario=scenario, limit=limit, order_by="created_at", descending=True)
-        rows = [dataclasses.asdict(r) for r in store.query(q)]
+        rows = store.query(q)
     if as_json:
-        emit_json(rows)
-        return
-    table = Table(title=f"{len(rows)} most recent sessions (calls: tool/LLM/feedback; created: UTC)")
-    widths = {"session": max((len(r["session_id"]) for r in rows), default=7), "state": 9}
-    widths |= {
-        "scenario": max((len(r["scenario"] or "-") for r in rows), default=8),
-        "calls": 6,
-        "created": 11,
-    }
+        emit_json([dataclasses.asdict(r) for r in rows])
+    else:
+        out.print(sessions_table(rows, f"{len(rows)} most recent sessions"))
+
+
+def sessions_table(rows: Sequence[SessionRow], title: str) -> Table:
+    """One line per session; ids are never cut (the query text gives way to them)."""
+    table = Table(title=f"{title} (calls: tool/LLM/feedback; created: UTC)")
+    widths = {"session": max((len(r.session_id) for r in rows), default=7), "state": 9}
+    widths |= {"scenario": max((len(r.scenario or "-") for r in rows), default=8), "calls": 6, "created": 11}
     for column, width in widths.items():
         table.add_column(column, min_width=width, no_wrap=True)
     room = out.width - sum(widths.values()) - 3 * len(widths) - 4  # what the borders and padding leave
     table.add_column("query", overflow="ellipsis", no_wrap=True, max_width=max(room, 8))
     for r in rows:
-        calls = f"{r['n_tool_calls']}/{r['n_llm_calls']}/{r['n_feedback']}"
-        created = f"{r['created_at']:%m-%d %H:%M}"
+        calls = f"{r.n_tool_calls}/{r.n_llm_calls}/{r.n_feedback}"
         table.add_row(
-            escape(r["session_id"]),
-            r["state"],
-            escape(r["scenario"] or "-"),
+            escape(r.session_id),
+            r.state.value,
+            escape(r.scenario or "-"),
             calls,
-            created,
-            escape(r["user_query"]),
+            f"{r.created_at:%m-%d %H:%M}",
+            escape(r.user_query),
         )
-    out.print(table)
+    return table
 
 
 @app.command("show")
 def show(session_id: str, db: Db = DEFAULT_DB, as_json: Json = False) -> None:
     """One session as a tree: plan, tool calls, LLM calls, feedback and final output."""
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         session = store.get(session_id)
     if as_json:
         typer.echo(codec.dumps(session).decode())
@@ -179,7 +213,7 @@ def session_tree(s: Session) -> Tree:
     llm = tree.add(f"LLM calls ({len(s.llm_calls)})")
     for m in s.llm_calls:
         llm.add(
-            f"{escape(m.call_id)} {escape(m.purpose)} · {m.tokens_used} tokens · policy v{m.policy_version}"
+            f"{escape(m.call_id)} {escape(m.purpose)} · {m.tokens_used} tokens · {_policy(m.policy_version)}"
         )
     feedback = tree.add(f"feedback ({len(s.feedback)})")
     for f in s.feedback:
@@ -194,6 +228,11 @@ def session_tree(s: Session) -> Tree:
         for claim in s.final_output.claims:
             output.add(f"{escape(claim.text)} ← {escape(', '.join(claim.call_ids) or 'no source')}")
     return tree
+
+
+def _policy(version: int | None) -> str:
+    """Which policy made an LLM call: its version, or that the call named none (a model outside training)."""
+    return "policy version not recorded" if version is None else f"policy v{version}"
 
 
 @app.command("query")
@@ -235,7 +274,7 @@ def query(
     given = {k: v for k, v in filters.items() if v not in (None, ())}
     if sql is not None and (given or fraction_called):
         raise typer.BadParameter("--sql cannot be combined with typed filters", param_hint="--sql")
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         if sql is not None:
             rows = store.sql(sql)
         elif fraction_called is not None:
@@ -244,7 +283,11 @@ def query(
             share = store.fraction(of, SessionQuery(tool_called=fraction_called))
             rows = [{"matched": matched, "called": round(share * matched), "fraction": share}]
         else:
-            rows = [dataclasses.asdict(r) for r in store.query(SessionQuery(**given, limit=limit))]
+            sessions = store.query(SessionQuery(**given, limit=limit))
+            if not as_json:
+                out.print(sessions_table(sessions, f"{len(sessions)} matching session(s)"))
+                return
+            rows = [dataclasses.asdict(r) for r in sessions]
     if as_json:
         emit_json(rows)
     else:
@@ -262,12 +305,17 @@ def import_(
     session document (what `export --documents` writes). Every line is checked against the store before
     anything is written; bad lines are reported with their line number, field and rule.
     """
+    data = path.read_bytes()
+    hint = whole_document_hint(data)
+    if hint is not None:
+        err.print(f"[red]error:[/red] {escape(str(path))}: {escape(hint)}; nothing imported", soft_wrap=True)
+        raise typer.Exit(1)
     with reporting(), open_store(db) as store:
-        plan = plan_import(store, path.read_bytes().splitlines())
+        plan = plan_import(store, data.splitlines())
         if plan.problems:
-            table = Table(
-                "line", "field", "rule", title=f"{len(plan.problems)} bad line(s); nothing imported"
-            )
+            bad = len({p.line for p in plan.problems})
+            title = f"{bad} bad line(s), {len(plan.problems)} problem(s); nothing imported"
+            table = Table("line", "field", "rule", title=title)
             for p in plan.problems:
                 table.add_row(str(p.line), escape(p.field), escape(p.rule))
             err.print(table)
@@ -289,7 +337,7 @@ def export(
     ] = False,
 ) -> None:
     """Export sessions as event envelopes (lossless, re-importable) or as session documents."""
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as handle:
             lines = export_lines(store, state=state, documents=documents)
@@ -356,35 +404,79 @@ def document_events(s: Session) -> list[Event]:
     return [e.model_copy(update={"event_id": f"imp_{key}_{i}"}) for i, e in enumerate(events)]
 
 
+class BadLine(Exception):
+    """Everything wrong with one import line, as (field, rule) pairs: all of a line's validation errors
+    are reported at once, so a file is fixed in one pass rather than one error per attempt."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{where}: {rule}" for where, rule in problems))
+        self.problems = list(problems)
+
+    @classmethod
+    def of(cls, exc: ValidationError, prefix: str = "") -> BadLine:
+        """Every error of a pydantic validation, each naming its field (under `prefix`) and rule."""
+        found = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            found.append(
+                (f"{prefix}{where}" if where else prefix.rstrip(".") or "line", f"{e['msg']} ({e['type']})")
+            )
+        return cls(found)
+
+
 def line_events(raw: bytes) -> list[tuple[str, Event]]:
-    """The (session id, event) pairs one import line stands for; `InvalidEvent` names what is wrong."""
+    """The (session id, event) pairs one import line stands for; `BadLine` says everything wrong with it."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidEvent("line", f"malformed JSON: {exc}") from exc
+        raise BadLine([("line", f"malformed JSON: {exc}")]) from exc
     if not isinstance(doc, dict):
-        raise InvalidEvent("line", "expected a JSON object")
+        raise BadLine([("line", "expected a JSON object")])
     if "event" not in doc:
         try:
             session = load_session(doc)
         except ValidationError as exc:
-            raise invalid_from(exc) from exc
+            raise BadLine.of(exc) from exc
         return [(session.session_id, e) for e in document_events(session)]
     unknown = sorted(set(doc) - {"session_id", "seq", "event"})
     if unknown:
-        raise InvalidEvent(unknown[0], "unknown field in an event envelope")
+        raise BadLine([(name, "unknown field in an event envelope") for name in unknown])
     sid = doc.get("session_id")
     if not isinstance(sid, str) or not sid:
-        raise InvalidEvent("session_id", "a non-empty string is required")
+        raise BadLine([("session_id", "a non-empty string is required")])
     if not isinstance(doc["event"], dict):
-        raise InvalidEvent("event", "expected a JSON object")
+        raise BadLine([("event", "expected a JSON object")])
     try:
-        event = parse_event(doc["event"])
-    except InvalidEvent as exc:
-        raise InvalidEvent(f"event.{exc.field}", exc.rule) from exc
+        event = EVENT_ADAPTER.validate_python(doc["event"])
+    except ValidationError as exc:
+        raise BadLine.of(exc, prefix="event.") from exc
     if isinstance(event, SessionCreated) and event.session_id != sid:
-        raise InvalidEvent("session_id", f"the event creates {event.session_id!r}, not {sid!r}")
+        raise BadLine([("session_id", f"the event creates {event.session_id!r}, not {sid!r}")])
     return [(sid, event)]
+
+
+def whole_document_hint(data: bytes) -> str | None:
+    """What to do when a file meant as JSON Lines is one JSON document over several lines (pretty-printed
+    JSON, or an array of records), or None when it is not. Each of its lines would otherwise be reported
+    as malformed JSON, which says nothing about the cause."""
+    lines = [line for line in data.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return None
+    try:
+        orjson.loads(lines[0])
+        return None  # the first line stands alone: a JSONL file, whatever its other lines hold
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        whole = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    shape = "an array" if isinstance(whole, list) else "one JSON document"
+    convert = "jq -c '.[]'" if isinstance(whole, list) else "jq -c ."
+    return (
+        f"the file is {shape} spread over {len(lines)} lines, but import reads JSON Lines: one event "
+        f"envelope or session document per line. Convert it first, e.g. {convert} FILE > FILE.jsonl"
+    )
 
 
 def plan_import(store: SessionStore, lines: Sequence[bytes]) -> ImportPlan:
@@ -395,8 +487,8 @@ def plan_import(store: SessionStore, lines: Sequence[bytes]) -> ImportPlan:
         if raw.strip():
             try:
                 parsed += [(number, sid, event) for sid, event in line_events(raw)]
-            except InvalidEvent as exc:
-                plan.problems.append(Problem(number, exc.field, exc.rule))
+            except BadLine as exc:
+                plan.problems += [Problem(number, where, rule) for where, rule in exc.problems]
     owners = stored_owners(store, [event.event_id for _, _, event in parsed])
     views: dict[str, Session | None] = {}
     for number, sid, event in parsed:

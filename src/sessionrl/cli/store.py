@@ -34,7 +34,7 @@ def check(
     Exits with status 1 when something disagrees and was not repaired (a broken log or a stale archive
     copy cannot be repaired from the store).
     """
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         report = store.consistency_check(repair=repair, archive=Archive(archive) if archive else None)
     if report.drift:
         table = Table("session", "where", "what", title=f"{len(report.drift)} disagreement(s)")
@@ -61,6 +61,6 @@ def archive(
 ) -> None:
     """Write finished and rejected sessions to the Parquet archive and mark them archived."""
     cutoff = None if before is None else before if before.tzinfo else before.replace(tzinfo=UTC)
-    with reporting(), open_store(db) as store:
+    with reporting(), open_store(db, create=False) as store:
         moved = archive_finished(store, Archive(url), before=cutoff)
     out.print(f"archived {moved} session(s) to {escape(url)}")
