@@ -18,7 +18,7 @@ All helpers return new values and never change their inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -88,33 +88,37 @@ def json_problem(value: Any, root: str = "output") -> str | None:
     return f"{field_path(path[::-1], root)}: {reason}"
 
 
+_SCALARS = frozenset({str, bool, type(None)})
+"""Types that are JSON as they are (checked by identity first: the common case, and the quick one)."""
+
+
 def _json_problem(value: Any) -> tuple[list[str | int], str] | None:
     """(path reversed, reason) of the first non-JSON part of `value`, or None."""
-    if value is None or isinstance(value, str | bool):
+    if type(value) in _SCALARS:
         return None
-    if isinstance(value, int):
+    if isinstance(value, int):  # bools were taken above
         low, high = _INT_RANGE
         return None if low <= value <= high else ([], f"{value} does not fit in 64 bits")
     if isinstance(value, float):
         return None if math.isfinite(value) else ([], f"{value} is not a finite number")
-    if isinstance(value, list):
-        return _first_problem(enumerate(value))
     if isinstance(value, dict):
-        for key in value:
+        for key, item in value.items():
             if not isinstance(key, str):
                 return [], f"key {key!r} is not a string"
-        return _first_problem(value.items())
+            if type(item) not in _SCALARS and (found := _json_problem(item)) is not None:
+                found[0].append(key)
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if type(item) not in _SCALARS and (found := _json_problem(item)) is not None:
+                found[0].append(index)
+                return found
+        return None
+    if isinstance(value, str | bool):
+        return None
     kind = type(value).__name__
     return [], f"a {kind} is not a JSON value (use a list, a mapping, a string, a number, a bool or None)"
-
-
-def _first_problem(items: Iterable[tuple[str | int, Any]]) -> tuple[list[str | int], str] | None:
-    for key, item in items:
-        found = _json_problem(item)
-        if found is not None:
-            found[0].append(key)
-            return found
-    return None
 
 
 def field_path(path: Sequence[str | int], root: str) -> str:
