@@ -7,16 +7,24 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
-from service_support import AUTH, READER, make_app, serving
+from fastapi import APIRouter, FastAPI, Query, Response
+from service_support import AUTH, PLAN, READER, make_app, serving
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sessionrl.orchestrator.policy import PolicyReply
+from sessionrl.service.deps import Writer, json_response
+from sessionrl.service.routers import ROUTERS
 from sessionrl.service.shortcut import Shortcut
+from sessionrl.wire import Health
 
 STEP = {"kind": "tool", "payload": {"tool": "find", "params": {"q": 1}}}
 FRAMEWORK = {"Content-Type": "application/json; charset=utf-8"}
 """A content type the route accepts but the shortcut leaves to the framework."""
+
+
+def shortcut_over(inner: ASGIApp) -> Shortcut:
+    """A shortcut over the service's routes, passing what it does not serve to `inner`."""
+    return Shortcut(inner, [route for router in ROUTERS for route in router.routes])
 
 
 class Inner:
@@ -72,7 +80,7 @@ async def test_well_formed_writes_are_served_without_the_framework() -> None:
     app = make_app()
     async with serving(app):
         inner = Inner()
-        shortcut = Shortcut(inner)
+        shortcut = shortcut_over(inner)
         store = app.state.engine.store
         create = json.dumps({"user_query": "q", "session_id": "s1"}).encode()
         assert await call(app, shortcut, "/v1/sessions", create, json_headers(create)) == 201
@@ -104,7 +112,7 @@ async def test_well_formed_writes_are_served_without_the_framework() -> None:
         ("/v1/sessions/S/steps", json.dumps(STEP).encode(), FRAMEWORK),
         ("/v1/sessions/S/finish", json.dumps({"text": 3}).encode(), {}),
         ("/v1/sessions", json.dumps({"user_query": "q"}).encode(), FRAMEWORK),
-        ("/v1/sessions/S/feedback", json.dumps({"type": "human_rating", "score": 5}).encode(), {}),
+        ("/v1/sessions/S/feedback", json.dumps({"type": "human_rating", "score": 5}).encode(), FRAMEWORK),
         ("/v1/sessions/S/steps/", json.dumps(STEP).encode(), {}),
         ("/v1/sessions/S/steps", b'{"kind": "tool", "payload": {"tool": "find", "params": {"q": NaN}}}', {}),
         ("/v1/sessions/S/steps", b"\xef\xbb\xbf" + json.dumps(STEP).encode(), {}),
@@ -116,7 +124,7 @@ async def test_anything_else_goes_to_the_framework_with_its_body(
     app = make_app()
     async with serving(app):
         inner = Inner()
-        status = await call(app, Shortcut(inner), path, body, json_headers(body, **extra))
+        status = await call(app, shortcut_over(inner), path, body, json_headers(body, **extra))
         assert (status, inner.bodies) == (599, [body])
 
 
@@ -124,7 +132,7 @@ async def test_integers_past_64_bits_are_read_exactly() -> None:
     app = make_app()
     async with serving(app):
         inner = Inner()
-        shortcut = Shortcut(inner)
+        shortcut = shortcut_over(inner)
         create = json.dumps({"user_query": "q", "session_id": "s1"}).encode()
         assert await call(app, shortcut, "/v1/sessions", create, json_headers(create)) == 201
         big = 2**70 + 1  # a float would round it to 2**70
@@ -265,3 +273,199 @@ async def test_an_unexpected_failure_is_answered_500_counted_and_raised_on() -> 
         sid = (await client.post("/v1/sessions", json={"user_query": "q"})).json()["session_id"]
         with pytest.raises(RuntimeError, match="secret internals"):
             await client.post(f"/v1/sessions/{sid}/steps", json={"kind": "llm"})
+
+
+# the contract: every route the shortcut serves, and every way a request can fail, answered alike by the
+# shortcut and by the framework alone
+
+VOLATILE = frozenset(
+    {"trace_id", "created_at", "updated_at", "started_at", "finished_at", "occurred_at", "received_at", "at"}
+    | {"latency_ms", "call_id", "policy_call_id", "feedback_id"}
+)
+"""Fields that differ between two sessions given the same requests (times, and ids made per request)."""
+BASE = "http://service"
+COMPARED_HEADERS = ("content-type", "location", "etag", "www-authenticate", "retry-after", "allow")
+
+
+def framework_only(app: FastAPI) -> ASGIApp:
+    """The app with its shortcut stepped over: every request is routed, resolved and answered by the
+    framework's own layers, over the same state."""
+    if app.middleware_stack is None:
+        app.middleware_stack = app.build_middleware_stack()
+    stack = app.middleware_stack
+    assert isinstance(stack, Shortcut)
+
+    async def framework(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = app
+        await stack.app(scope, receive, send)
+
+    return framework
+
+
+def normalised(value: Any, sid: str) -> Any:
+    """`value` without the volatile fields, with the session id written as SID."""
+    if isinstance(value, dict):
+        return {k: normalised(v, sid) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [normalised(v, sid) for v in value]
+    return value.replace(sid, "SID") if isinstance(value, str) else value
+
+
+def answer(response: httpx.Response, sid: str) -> tuple[int, dict[str, str], Any]:
+    """What the contract compares: status, the headers a route or an error sets, and the body."""
+    headers = {h: response.headers[h].replace(sid, "SID") for h in COMPARED_HEADERS if h in response.headers}
+    try:
+        body = normalised(response.json(), sid)
+    except ValueError:
+        body = response.text
+    return response.status_code, headers, body
+
+
+Sent = tuple[str, str, bytes | dict[str, Any], dict[str, str]]
+"""A request of a script: the route ("create" opens the session, else the path after the session's),
+a label, its body (bytes are sent as they are), and extra headers (SID stands for the session id)."""
+
+SCRIPTS: dict[str, list[Sent]] = {
+    "a session's life on every served route": [
+        ("create", "open", {"user_query": "q", "tags": ["a"]}, {}),
+        ("steps", "plan", {"kind": "plan", "payload": {"plan": PLAN}}, {"If-Match": '"1"'}),
+        ("steps", "tool", {"kind": "tool", "payload": {"tool": "find", "subgoal_id": "a"}}, {}),
+        ("steps", "unknown tool", {"kind": "tool", "payload": {"tool": "missing"}}, {}),
+        ("feedback", "rating", {"type": "human_rating", "score": 4, "anchor": {"subgoal_id": "a"}}, {}),
+        ("finish", "stale precondition", {"text": "done"}, {"If-Match": '"1"'}),
+        ("finish", "finish", {"text": "done"}, {}),
+        ("finish", "finish again", {"text": "again"}, {}),
+        ("steps", "step after finish", STEP, {}),
+        ("feedback", "late feedback", {"type": "human_rating", "score": 2}, {}),
+    ],
+    "a retried key is answered from the log": [
+        ("create", "open", {"user_query": "q"}, {"Idempotency-Key": "open-SID"}),
+        ("create", "open again", {"user_query": "q"}, {"Idempotency-Key": "open-SID"}),
+        ("steps", "step", STEP, {"Idempotency-Key": "step-1"}),
+        ("steps", "step again", STEP, {"Idempotency-Key": "step-1"}),
+        ("feedback", "rating", {"type": "human_rating", "score": 4}, {"Idempotency-Key": "fb-1"}),
+        ("feedback", "rating again", {"type": "human_rating", "score": 4}, {"Idempotency-Key": "fb-1"}),
+        ("finish", "finish", {"text": "done"}, {"Idempotency-Key": "end-1"}),
+        ("finish", "finish again", {"text": "done"}, {"Idempotency-Key": "end-1"}),
+    ],
+    "a session that does not exist": [
+        ("steps", "step", STEP, {}),
+        ("feedback", "rating", {"type": "human_rating", "score": 4}, {}),
+        ("finish", "finish", {"text": "done"}, {"If-Match": '"3"'}),
+    ],
+    "requests the routes refuse": [
+        ("create", "open", {"user_query": "q"}, {}),
+        ("steps", "no token", STEP, {"Authorization": ""}),
+        ("steps", "unknown token", STEP, {"Authorization": "Bearer nobody"}),
+        ("steps", "a reader's token", STEP, {"Authorization": f"Bearer {READER}"}),
+        ("steps", "not JSON", b"{not json", {}),
+        ("steps", "JSON too deep", b"[" * 100_000, {}),
+        ("steps", "unknown kind", {"kind": "dance"}, {}),
+        ("steps", "bad key", STEP, {"Idempotency-Key": "a b"}),
+        ("steps", "bad If-Match", STEP, {"If-Match": "seven"}),
+        ("feedback", "bad score", {"type": "human_rating", "score": "high"}, {}),
+        ("finish", "bad output", {"text": 3}, {}),
+        ("steps", "too large", b'{"kind": "llm", "pad": "' + b"x" * 1_100_000 + b'"}', {}),
+        ("create", "duplicate session id", {"user_query": "q"}, {}),
+    ],
+}
+
+
+async def play(client: httpx.AsyncClient, sid: str, script: list[Sent]) -> list[Any]:
+    """Send a script for session `sid`; return what the contract compares of each answer."""
+    answers = []
+    for route, label, body, extra in script:
+        path = "/v1/sessions" if route == "create" else f"/v1/sessions/{sid}/{route}"
+        if route == "create" and isinstance(body, dict):
+            body = {**body, "session_id": sid}
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **{k: v.replace("SID", sid) for k, v in extra.items()}}
+        response = await client.post(path, content=content, headers=headers)
+        answers.append((label, answer(response, sid)))
+    return answers
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+async def test_the_shortcut_and_the_framework_answer_alike(name: str) -> None:
+    app = make_app()
+    routed: list[str] = []
+
+    class Tap:
+        """Records the paths of the requests that reach the framework's layers."""
+
+        def __init__(self, inner: ASGIApp) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                routed.append(scope["path"])
+            await self.inner(scope, receive, send)
+
+    app.add_middleware(Tap)
+    async with serving(app) as direct:
+        transport = httpx.ASGITransport(app=framework_only(app))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://service", headers=AUTH
+        ) as framework:
+            framework_answers = await play(framework, "s-framework", SCRIPTS[name])
+            routed.clear()
+            direct_answers = await play(direct, "s-direct", SCRIPTS[name])
+    for (label, ours), (_, theirs) in zip(direct_answers, framework_answers, strict=True):
+        assert ours == theirs, label
+    if name == "a session's life on every served route":
+        assert routed == []  # every well-formed request of the life was served by the shortcut
+
+
+def test_the_shortcut_serves_every_write_route_and_the_life_script_covers_them() -> None:
+    shortcut = shortcut_over(Inner())
+    served = {route.path for route in shortcut.served}
+    assert served == {
+        "/v1/sessions",
+        "/v1/sessions/{session_id}/steps",
+        "/v1/sessions/{session_id}/finish",
+        "/v1/sessions/{session_id}/feedback",
+    }
+    scripted = {
+        "/v1/sessions" if r == "create" else f"/v1/sessions/{{session_id}}/{r}"
+        for r, *_ in SCRIPTS["a session's life on every served route"]
+    }
+    assert scripted == served
+
+
+async def test_a_spent_rate_is_answered_alike_on_both_paths() -> None:
+    # a bucket of 3 refilled at one request per 100 s: the third request is the last one let through
+    app = make_app(rate_per_s=0.01, rate_burst=3)
+    async with serving(app) as direct:
+        transport = httpx.ASGITransport(app=framework_only(app))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://service", headers=AUTH
+        ) as framework:
+            opened = await direct.post("/v1/sessions", json={"user_query": "q", "session_id": "s1"})
+            assert (await direct.post("/v1/sessions/s1/steps", json=STEP)).status_code == 200
+            assert (await framework.post("/v1/sessions/s1/steps", json=STEP)).status_code == 200
+            limited = [await c.post("/v1/sessions/s1/steps", json=STEP) for c in (direct, framework)]
+    assert opened.status_code == 201
+    ours, theirs = (answer(r, "s1") for r in limited)
+    assert ours[0] == 429
+    ours[1].pop("retry-after")  # the seconds left differ by the clock
+    theirs[1].pop("retry-after")
+    assert ours == theirs
+
+
+def test_a_route_that_declares_more_than_the_shortcut_reads_is_left_to_the_framework() -> None:
+    router = APIRouter()
+
+    @router.post("/with-query")
+    async def with_query(body: Health, principal: Writer, limit: int = Query(1)) -> Response:
+        return json_response(body)
+
+    @router.post("/with-model")
+    async def with_model(body: Health, principal: Writer) -> Health:
+        return body
+
+    @router.post("/plain")
+    async def plain(body: Health, principal: Writer) -> Response:
+        return json_response(body)
+
+    shortcut = Shortcut(Inner(), router.routes)
+    assert [route.path for route in shortcut.served] == ["/plain"]

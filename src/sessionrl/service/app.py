@@ -25,8 +25,7 @@ from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
-from sessionrl.service.routers import feedback, ops, sessions, steps
-from sessionrl.service.routers import skills as skills_router
+from sessionrl.service.routers import ROUTERS
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
@@ -87,8 +86,8 @@ def create_app(
     app.state.engine = None
     metrics.watch(lambda: app.state.engine)
     problems.install(app)
-    for module in (sessions, steps, feedback, skills_router, ops):
-        app.include_router(module.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     _document_problems(app)
@@ -97,10 +96,11 @@ def create_app(
 
 class _Service(FastAPI):
     """The app, with `Shortcut` around the framework's whole middleware stack (its error layer included),
-    so the requests the shortcut serves pass none of it."""
+    so the requests the shortcut serves pass none of it. The shortcut reads the routes of `ROUTERS`, which
+    the app includes first and as they are (no prefix), so it tries them in the framework's order."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Shortcut(super().build_middleware_stack())
+        return Shortcut(super().build_middleware_stack(), [r for router in ROUTERS for r in router.routes])
 
 
 class _Measured:
