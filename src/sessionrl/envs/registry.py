@@ -107,6 +107,15 @@ def validate_options(name: str, factory: EnvFactory, options: Mapping[str, Any])
     return {key: getattr(checked, key) for key in options}
 
 
+def _default(field: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default as a signature shows it (`inspect.Parameter.empty` when it has none)."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return inspect.Parameter.empty
+
+
 def config_factory(make: Callable[[C], E], config: type[C]) -> Callable[..., E]:
     """A factory whose options are the fields of the dataclass `config`: `make(config(**options))`.
 
@@ -127,7 +136,7 @@ def config_factory(make: Callable[[C], E], config: type[C]) -> Callable[..., E]:
     factory.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
             inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name]
+                f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=hints[f.name]
             )
             for f in dataclasses.fields(config)
             if f.init

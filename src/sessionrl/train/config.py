@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.envs.faults import Faults, FaultSchedule
-from sessionrl.envs.registry import REGISTRY
+from sessionrl.envs.registry import REGISTRY, EnvBuildError
 from sessionrl.episodes.config import RolloutConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
@@ -69,7 +69,10 @@ class EnvSection(Section):
 
     @model_validator(mode="after")
     def _options_known(self) -> EnvSection:
-        REGISTRY.validate(self.name, self.options)
+        try:
+            REGISTRY.validate(self.name, self.options)
+        except EnvBuildError as error:  # an unknown name is a LookupError; pydantic reports ValueErrors
+            raise ValueError(str(error)) from error
         return self
 
     def build(self) -> DecisionEnv:

@@ -35,6 +35,7 @@ from sessionrl.envs.taubench.expert import gold_expert
 from sessionrl.envs.taubench.gold import gold_plan
 from sessionrl.envs.taubench.tools import Json, Tool, apply_actions, toolbox
 from sessionrl.skills import RiskLevel, Skill, SkillContract, callable_skill
+from sessionrl.skills.skill import JsonValue
 
 Examples = Mapping[str, Sequence[Json]]
 """Valid calls per tool name, for the contracts' `examples`."""
@@ -224,10 +225,10 @@ class TauEpisode(Episode):
         bound = [callable_skill(contract, self._bind(contract.name)) for contract in env.contracts()]
         self._skills = with_faults(bound, faults, seed)
 
-    def _bind(self, name: str) -> Callable[[Json], Json]:
+    def _bind(self, name: str) -> Callable[[Json], JsonValue]:
         tool = self._env.toolbox[name]
 
-        def run(params: Json) -> Json:
+        def run(params: Json) -> JsonValue:
             output = tool(self._db, **params)
             if tool.ends_episode:
                 self._terminated = True

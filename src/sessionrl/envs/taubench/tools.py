@@ -6,10 +6,11 @@ def cancel_order(db: TauDb, order_id: str) -> Json:
     ...
 ```
 
-A tool is called with the episode's database and the call's parameters as keywords, and returns a JSON
-object. A failure raises `SkillError` with one of the tool's declared `errors` codes (final: asking again
-gives the same answer) and changes nothing. The function's name is the tool's name in `tools.json`;
-`writes` marks tools that change the database (high risk), `ends_episode` those that end it (a hand-off).
+A tool is called with the episode's database and the call's parameters as keywords, and returns any JSON
+value (an object, an array, a string, as τ-bench's own tools do). A failure raises `SkillError` with one of
+the tool's declared `errors` codes (final: asking again gives the same answer) and changes nothing. The
+function's name is the tool's name in `tools.json`; `writes` marks tools that change the database (high
+risk), `ends_episode` those that end it (a hand-off).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec
 
 from sessionrl.envs.taubench.data import TauDb
+from sessionrl.skills import SkillError
+from sessionrl.skills.skill import JsonValue
 
 Json = dict[str, Any]
+"""A JSON object (what most tools return)."""
 P = ParamSpec("P")
 
 
@@ -28,7 +32,7 @@ P = ParamSpec("P")
 class Tool(Generic[P]):
     """A domain function with the facts its contract needs. Calling it calls the function."""
 
-    fn: Callable[Concatenate[TauDb, P], Json]
+    fn: Callable[Concatenate[TauDb, P], JsonValue]
     errors: tuple[str, ...] = ()
     """The domain error codes the tool may raise (each needs a meaning in the environment's `errors`)."""
     writes: bool = False
@@ -41,16 +45,16 @@ class Tool(Generic[P]):
         """The tool's name: its function's name."""
         return self.fn.__name__
 
-    def __call__(self, db: TauDb, /, *args: P.args, **kwargs: P.kwargs) -> Json:
+    def __call__(self, db: TauDb, /, *args: P.args, **kwargs: P.kwargs) -> JsonValue:
         return self.fn(db, *args, **kwargs)
 
 
 def tool(
     *, errors: Sequence[str] = (), writes: bool = False, ends_episode: bool = False
-) -> Callable[[Callable[Concatenate[TauDb, P], Json]], Tool[P]]:
+) -> Callable[[Callable[Concatenate[TauDb, P], JsonValue]], Tool[P]]:
     """Mark a function as a domain tool (see `Tool`)."""
 
-    def mark(fn: Callable[Concatenate[TauDb, P], Json]) -> Tool[P]:
+    def mark(fn: Callable[Concatenate[TauDb, P], JsonValue]) -> Tool[P]:
         return Tool(fn, tuple(errors), writes, ends_episode)
 
     return mark
@@ -71,8 +75,6 @@ def apply_actions(db: TauDb, tools: Mapping[str, Tool[...]], actions: Sequence[M
 
     A failed action (`SkillError`) changes nothing and the next one still runs.
     """
-    from sessionrl.skills import SkillError
-
     failed = 0
     for action in actions:
         try:
