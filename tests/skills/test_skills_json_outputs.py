@@ -17,6 +17,7 @@ from sessionrl.skills import (
     ContractError,
     ErrorCode,
     ExecutorConfig,
+    ManualClock,
     SkillCheckError,
     SkillContract,
     SkillExecutor,
@@ -24,6 +25,7 @@ from sessionrl.skills import (
     check_skill,
     http_skill,
     parse_contract,
+    simulated_skill,
 )
 
 ONCE = ExecutorConfig(max_attempts=1)
@@ -140,3 +142,17 @@ async def test_an_http_skill_may_answer_with_an_array(make_contract: ContractFac
         ErrorCode.INVALID_OUTPUT,
         f"{list_url}/text answered with no JSON",
     )
+
+
+async def test_a_simulated_stand_in_answers_with_a_fresh_sample_of_any_root_type(
+    make_contract: ContractFactory,
+):
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["id"]}}
+    contract = make_contract(simulation={"mean_ms": 0.0}).model_copy(update={"output_schema": schema})
+    skill = simulated_skill(contract)
+    first = await skill.invoke({"amount": 1}, ManualClock())
+    assert first == [{"id": None}]
+    first[0]["id"] = "changed"  # a caller's edit does not leak into the next answer
+    assert await skill.invoke({"amount": 1}, ManualClock()) == [{"id": None}]
+    anything = make_contract(simulation={"mean_ms": 0.0}).model_copy(update={"output_schema": {}})
+    assert await simulated_skill(anything).invoke({"amount": 1}, ManualClock()) is None
