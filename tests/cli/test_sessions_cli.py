@@ -13,7 +13,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
-from sessionrl.session import CallStatus, Session, fold
+from sessionrl.session import CallStatus, LLMCall, LLMCallRecorded, Session, SessionCreate, StateChanged, fold
 from sessionrl.store import SessionStore
 from sessionrl.store.synthetic import generate, ingest
 
@@ -200,6 +200,58 @@ def test_bad_lines_are_reported_and_nothing_is_written(tmp_path: Path, sessions:
     assert "needs an existing session" in result.output
     with SessionStore.open(target) as store:
         assert store.session_ids() == []
+
+
+def test_pretty_printed_json_gets_one_message_saying_jsonl_is_expected(tmp_path: Path) -> None:
+    events = next(iter(generate(1, seed=SEED)))
+    records = [{"session_id": "s-1", "event": e.model_dump(mode="json")} for e in events[:3]]
+    for name, data in (("array.json", records), ("one.json", records[0])):
+        path = tmp_path / name
+        path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        assert len(path.read_bytes().splitlines()) > 10
+        result = run("sessions", "import", str(path), "--db", url_of(tmp_path / "s.db"))
+        assert result.exit_code == 1
+        (line,) = result.output.strip().splitlines()
+        assert "import reads JSON Lines: one event envelope or session document per line" in line
+        assert ("jq -c '.[]'" if name == "array.json" else "jq -c .") in line
+
+
+def test_every_problem_of_a_line_is_reported_at_once(tmp_path: Path, sessions: list[Session]) -> None:
+    call = next(iter(generate(1, seed=SEED)))[6].model_dump(mode="json")
+    broken = {**call["call"], "status": "maybe", "latency_ms": "slow"}
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(orjson.dumps({"session_id": sessions[0].session_id, "event": {**call, "call": broken}}))
+    result = runner.invoke(app, ["sessions", "import", str(path), "--db", url_of(tmp_path / "s.db")],
+                           terminal_width=200)  # fmt: skip
+    assert result.exit_code == 1
+    assert "1 bad line(s), 2 problem(s); nothing imported" in result.output
+    assert "event.tool_call.call.status" in result.output
+    assert "event.tool_call.call.latency_ms" in result.output
+
+
+def test_ids_are_never_cut_in_an_80_column_table(tmp_path: Path) -> None:
+    url = url_of(tmp_path / "ids.db")
+    long_id = "session-" + "x" * 40
+    with SessionStore.open(url) as store:
+        store.create(SessionCreate(user_query="a question long enough to be cut " * 3, session_id=long_id))
+    for command in (["list"], ["query"], ["query", "--sql", "SELECT session_id, user_query FROM sessions"]):
+        result = runner.invoke(app, ["sessions", *command, "--db", url], terminal_width=80)
+        assert result.exit_code == 0, result.output
+        assert long_id in result.stdout, command
+
+
+def test_show_names_a_missing_policy_version_in_words(tmp_path: Path) -> None:
+    url = url_of(tmp_path / "llm.db")
+    with SessionStore.open(url) as store:
+        store.create(SessionCreate(user_query="q", session_id="s-1"))
+        store.append("s-1", StateChanged(state="executing"))
+        store.append("s-1", LLMCallRecorded(call=LLMCall(call_id="m1", purpose="plan", response="r")))
+        store.append("s-1", LLMCallRecorded(
+            call=LLMCall(call_id="m2", purpose="plan", response="r", policy_version=3)))  # fmt: skip
+    shown = runner.invoke(app, ["sessions", "show", "s-1", "--db", url], terminal_width=200).stdout
+    assert "vNone" not in shown
+    assert "m1 plan · 0 tokens · policy version not recorded" in shown
+    assert "m2 plan · 0 tokens · policy v3" in shown
 
 
 def test_store_check_finds_and_repairs_drift(tmp_path: Path) -> None:

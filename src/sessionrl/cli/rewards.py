@@ -208,14 +208,14 @@ def _layers_table(vector: RewardVector) -> Table:
             f"{layer.raw:+.3f}",
             f"{layer.mean:+.3f}" if started and layer.mean is not None else "-",
             f"{layer.scale:.3f}" if started else "-",
-            f"{layer.normalised:+.3f}{' (clipped)' if _clipped(layer) else ''}",
+            f"{layer.normalised:+.3f}{' (clipped)' if is_clipped(layer) else ''}",
             f"{layer.weight:g}",
             f"{layer.contribution:+.3f}",
         )
     return layers
 
 
-def _clipped(layer: LayerValue) -> bool:
+def is_clipped(layer: LayerValue) -> bool:
     """Whether the clip bounded a layer's normalised value (it differs from (raw − mean) / scale)."""
     if layer.mean is None or (layer.seen or 0) < 2:
         return False
