@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sessionrl.skills.errors import STANDARD_RETRYABLE, ContractError
 from sessionrl.skills.schema import object_schema_problems, schema_problems
 
+# a contract's risk is on the wire too (the service lists skills with it), so it is defined there
+from sessionrl.wire import RiskLevel as RiskLevel
+
 Json = dict[str, Any]
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 CODE_PATTERN = r"^[A-Z][A-Z0-9_]*$"
@@ -26,14 +28,6 @@ CODE_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RiskLevel(StrEnum):
-    """How much harm a wrong call can do; guards and rewards weigh high-risk skills more."""
-
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
 
 
 class ErrorSpec(_Frozen):
