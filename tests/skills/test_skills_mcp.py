@@ -38,3 +38,15 @@ async def test_a_missing_tool_and_a_missing_server_are_errors():
     async with SkillExecutor([no_server]) as executor:
         result = await executor.call("crp_test_request", {"patient_id": "p-1"})
     assert (result.error_code, result.attempts) == (ErrorCode.UNAVAILABLE, 3)
+
+
+async def test_text_content_is_parsed_as_json_or_kept_as_text():
+    anything = CRP.model_copy(update={"output_schema": {}})
+    server = [sys.executable, str(SERVER)]
+    text = mcp_skill(anything, server, tool="lab_status")
+    listed = mcp_skill(anything.model_copy(update={"name": "open_orders"}), server, tool="open_orders")
+    async with SkillExecutor([text, listed]) as executor:
+        said = await executor.call("crp_test_request", {"patient_id": "p-1"})
+        orders = await executor.call("open_orders", {"patient_id": "p-1"})
+    assert said.output == "no pending orders for p-1"
+    assert orders.output == ["o-p-1", "o-p-1-b"]
