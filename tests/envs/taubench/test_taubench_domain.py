@@ -94,6 +94,14 @@ def test_tools_and_their_schemas_must_agree(tmp_path: Path) -> None:
     ):
         Unexplained(DATA)
 
+    folder = tmp_path / "library"
+    shutil.copytree(DATA, folder)
+    tasks = orjson.loads((folder / "tasks_dev.json").read_bytes())
+    tasks[0]["actions"][0]["name"] = "burn_book"
+    (folder / "tasks_dev.json").write_bytes(orjson.dumps(tasks))
+    with pytest.raises(EnvBuildError, match=r"library-dev-0's gold actions call \['burn_book'\]"):
+        LibraryEnv(folder)
+
     class Nameless(TauEnv):
         tables = ("members",)
 

@@ -154,6 +154,9 @@ class TauEnv:
         task_id = f"{self.name}-{split.value}-{index}"
         if "actions" not in payload:
             raise EnvBuildError(f"{task_id} has no gold actions; each task of tasks_{split}.json needs some")
+        unknown = sorted({action["name"] for action in payload["actions"]} - set(self.toolbox))
+        if unknown:
+            raise EnvBuildError(f"{task_id}'s gold actions call {unknown}, which are not among the tools")
         return Task(task_id=task_id, split=split, instruction=raw["instruction"], payload=payload)
 
     def system_prompt(self) -> str:
