@@ -1,4 +1,5 @@
-"""Run configs: the shipped examples validate, mistakes name their field, the retail data path resolves."""
+"""Run configs: the shipped examples validate, mistakes name their field, each trainer gets the sections it
+reads, the retail data path resolves."""
 
 from __future__ import annotations
 
@@ -10,18 +11,55 @@ from pydantic import ValidationError
 from sessionrl.envs.base import Split
 from sessionrl.envs.retail import DATA_ENV_VAR
 from sessionrl.envs.taubench import DataMissing
-from sessionrl.train.config import EnvSection, RunConfig
+from sessionrl.train.config import EnvSection, RunConfig, Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name", ["orders.yaml", "retail.yaml"])
-def test_shipped_examples_validate_and_round_trip(name: str, tmp_path: Path) -> None:
-    config = RunConfig.load(EXAMPLES / name)
-    assert config.env.name == name.removesuffix(".yaml")
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_examples_validate_and_round_trip(path: Path, tmp_path: Path) -> None:
+    config = RunConfig.load(path)
+    assert path.stem.startswith(config.env.name)
+    assert path.stem.removeprefix(f"{config.env.name}-") in (config.trainer, config.env.name)
     copy = tmp_path / "again.yaml"
     copy.write_text(config.dump())
     assert RunConfig.load(copy) == config
+
+
+def test_every_trainer_has_an_example() -> None:
+    trainers = {RunConfig.load(path).trainer for path in EXAMPLES.glob("*.yaml")}
+    assert trainers == set(Trainer)
+
+
+def test_the_default_trainer_is_grpo_so_older_configs_run_as_before() -> None:
+    assert RunConfig().trainer is Trainer.GRPO
+    assert RunConfig.model_validate({"sft": {"demos": 3}, "rl": {"iterations": 1}}).trainer is Trainer.GRPO
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"trainer": "ppo"}, r"trainer ppo needs a `ppo:` section"),
+        ({"trainer": "dpo"}, r"trainer dpo needs a `dpo:` section"),
+        ({"trainer": "aaac", "ppo": {}}, r"trainer aaac needs a `aaac:` section"),
+        ({"trainer": "ppo", "ppo": {}, "rl": {}}, r"trainer ppo does not read `rl:`"),
+        ({"trainer": "sft", "rl": {"iterations": 3}}, r"trainer sft does not read `rl:`"),
+        ({"ppo": {}}, r"trainer grpo does not read `ppo:`"),
+        ({"trainer": "ppo", "seed": 1, "ppo": {"trainer": {"run": {"seed": 2}}}}, "top-level `seed:`"),
+        ({"trainer": "ppo", "ppo": {"trainer": {"update": {"lr": 0}}}}, "lr > 0"),
+        ({"trainer": "ppo", "ppo": {"trainer": {"gae_lamda": 0.9}}}, "gae_lamda"),
+        ({"trainer": "rlhf"}, "trainer"),
+    ],
+)
+def test_a_trainer_gets_the_sections_it_reads_and_no_other(data: dict[str, object], problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        RunConfig.model_validate(data)
+
+
+def test_the_dump_keeps_only_the_trainer_sections_read() -> None:
+    dumped = RunConfig.model_validate({"trainer": "ppo", "ppo": {}}).dump()
+    assert "ppo:" in dumped
+    assert not {"sft:", "rl:", "dpo:", "aaac:"} & set(dumped.split())
 
 
 def test_mistakes_name_the_field(tmp_path: Path) -> None:

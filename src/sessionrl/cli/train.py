@@ -6,7 +6,7 @@ other commands stay quick."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
@@ -14,36 +14,65 @@ from rich.console import Console
 
 from sessionrl.envs.base import Split
 
+if TYPE_CHECKING:
+    from sessionrl.train.llm.loop import TrainResult
+    from sessionrl.train.structured.run import StructuredResult
+
 
 def train_command(
-    config: Annotated[Path, typer.Argument(help="Run config (YAML); see examples/orders.yaml.")],
+    config: Annotated[
+        Path, typer.Argument(help="Run config (YAML); see examples/orders-<trainer>.yaml for each trainer.")
+    ],
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")
+        bool, typer.Option("--resume", help="Continue from the run's last checkpoint (sft and grpo runs).")
     ] = False,
 ) -> None:
-    """Imitation, a gate, then GRPO, as the config says, and the exported policies evaluated side by side;
-    everything goes under its run_dir."""
+    """Train what the config's `trainer:` names (sft, grpo, dpo, ppo, aaac), then evaluate the exported
+    policies side by side; everything goes under its run_dir."""
     from sessionrl.cli.sessions import reporting
-    from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.llm.loop import train
-    from sessionrl.train.llm.view import curve_table
+    from sessionrl.train.dispatch import run_trainer
+    from sessionrl.train.structured.run import StructuredResult
 
     console = Console()
     run_config = RunConfig.load(config)
     with reporting():  # a named error (too few demonstrations, say) is one line and exit status 1
-        result = train(run_config, resume=resume, console=console)
+        result = run_trainer(run_config, resume=resume, console=console)
+    evaluation = run_config.evaluation
+    title = f"{run_config.env.name} · {evaluation.split} · {evaluation.tasks} tasks"
+    if isinstance(result, StructuredResult):
+        _print_structured(console, result, title)
+    else:
+        _print_llm(console, result, title)
+    console.print(f"trainer: {run_config.trainer}; run folder: {run_config.run_dir}")
+
+
+def _print_llm(console: Console, result: TrainResult, title: str) -> None:
+    """The gate, the GRPO curve (where there are), the report's metrics and the stage reached."""
+    from sessionrl.eval.report import metrics_table
+    from sessionrl.train.llm.view import curve_table
+
     if result.gate is not None:
         console.print(
             f"gate: success {result.gate.metrics.success:.3f} on {result.gate.metrics.n_tasks} tasks"
         )
     if result.curve:
         console.print(curve_table(result.curve))
-    evaluation = run_config.evaluation
-    columns = {label: e.metrics for label, e in result.report.items()}
-    title = f"{run_config.env.name} · {evaluation.split} · {evaluation.tasks} tasks"
-    console.print(metrics_table(columns, title=title))
-    console.print(f"stage: {result.stage}; run folder: {run_config.run_dir}")
+    console.print(metrics_table({label: e.metrics for label, e in result.report.items()}, title=title))
+    console.print(f"stage: {result.stage}")
+
+
+def _print_structured(console: Console, result: StructuredResult, title: str) -> None:
+    """The last round's training completion and the report's summaries."""
+    from sessionrl.train.structured.run import summary_table
+
+    if result.history:
+        last = result.history[-1]
+        console.print(
+            f"{result.trainer}: {len(result.history)} rounds, {last.env_steps} steps, training completion"
+            f" {last.train.completion:.3f} in the last round"
+        )
+    console.print(summary_table(result.report, title))
 
 
 def eval_command(
@@ -51,7 +80,7 @@ def eval_command(
     split: Annotated[Split | None, typer.Option(help="Split to evaluate on; default: the config's.")] = None,
     tasks: Annotated[int | None, typer.Option(help="How many tasks; default: the config's.")] = None,
 ) -> None:
-    """Evaluate a run's exported policies (imitation and RL, where present) side by side."""
+    """Evaluate an LLM run's exported policies (imitation, GRPO and DPO, where present) side by side."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import evaluate_exported
@@ -65,6 +94,8 @@ def eval_command(
         report = evaluate_exported(opened, chosen_split, n_tasks, prefix=f"cli-{chosen_split}-")
     columns = {label: evaluation.metrics for label, evaluation in report.items()}
     if not columns:
-        raise typer.BadParameter(f"{run} holds no exported policy (sft_policy/ or rl_policy/)")
+        raise typer.BadParameter(
+            f"{run} holds no exported LLM policy (sft_policy/, rl_policy/ or dpo_policy/)"
+        )
     console.print(metrics_table(columns, title=f"{config.env.name} · {chosen_split} · {n_tasks} tasks"))
     console.print(orjson.dumps({k: m.as_dict() for k, m in columns.items()}).decode())

@@ -2,6 +2,7 @@
 
 ```yaml
 run_dir: runs/orders
+trainer: grpo
 env: {name: orders, test: 100}
 model: {tiny: {hidden_size: 128}}
 sft: {demos: 64, trainer: {steps: 60}}
@@ -9,12 +10,19 @@ rl: {iterations: 20, tasks_per_iteration: 8, trainer: {group_size: 4}}
 evaluation: {tasks: 60}
 ```
 
+`trainer` names what trains, and so which sections the run reads (`TRAINER_SECTIONS`): `sft` imitation
+alone; `grpo` imitation, a gate, then GRPO; `dpo` imitation, then DPO on preference pairs; `ppo` and
+`aaac` the structured policy on the environment's Gymnasium view. The `dpo`, `ppo` and `aaac` sections
+have no defaults of their own to fall back on (`ppo: {}` takes every default), and a trainer section the
+trainer does not read is refused, so a config says what it runs.
+
 Every section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
 mistake. The run writes everything under `run_dir`.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +37,12 @@ from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
+from sessionrl.train.llm.dpo import DPOConfig
 from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.sft import SFTConfig
+from sessionrl.train.structured.aaac import AAACConfig
+from sessionrl.train.structured.imitation import ImitationConfig
+from sessionrl.train.structured.ppo import PPOConfig
 
 
 class Section(BaseModel):
@@ -148,11 +160,66 @@ class EvalSection(Section):
     )
 
 
+class DPOSection(Section):
+    """DPO after imitation, on preference pairs from sampled episodes (`sessionrl.train.llm.preferences`)."""
+
+    tasks: int = Field(default=32, ge=1, description="Demonstrated training tasks sampled for pairs.")
+    episodes_per_task: int = Field(default=4, ge=1, description="Imitation-policy episodes per task.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How those episodes sample.")
+    trainer: DPOConfig = Field(default_factory=DPOConfig, description="DPO trainer settings.")
+
+
+class StructuredSection(Section):
+    """A structured trainer: imitation of the expert's plans, then the trainer's rounds."""
+
+    imitation: ImitationConfig | None = Field(
+        default_factory=ImitationConfig, description="Behaviour cloning first; null: start from scratch."
+    )
+
+
+class PPOSection(StructuredSection):
+    """PPO on the environment's Gymnasium view."""
+
+    trainer: PPOConfig = Field(default_factory=PPOConfig, description="Run shape, update, GAE λ.")
+
+
+class AAACSection(StructuredSection):
+    """AAAC on the environment's Gymnasium view."""
+
+    trainer: AAACConfig = Field(default_factory=AAACConfig, description="Run shape, update, λ and KL.")
+
+
+class Trainer(StrEnum):
+    """What a run trains (see the module doc)."""
+
+    SFT = "sft"
+    GRPO = "grpo"
+    DPO = "dpo"
+    PPO = "ppo"
+    AAAC = "aaac"
+
+
+TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
+    Trainer.SFT: frozenset({"sft"}),
+    Trainer.GRPO: frozenset({"sft", "rl"}),
+    Trainer.DPO: frozenset({"sft", "dpo"}),
+    Trainer.PPO: frozenset({"ppo"}),
+    Trainer.AAAC: frozenset({"aaac"}),
+}
+"""The trainer sections each trainer reads; the others must be left out."""
+
+OWN_SECTIONS = frozenset({"dpo", "ppo", "aaac"})
+"""Trainer sections without a default: the trainer they belong to needs them written."""
+
+
 class RunConfig(Section):
     """A whole run: environment, model, episodes, stages, evaluation."""
 
     run_dir: Path = Field(default=Path("runs/train"), description="Where everything is written.")
     seed: int = Field(default=0, description="Seeds task draws, sampling and initialisation.")
+    trainer: Trainer = Field(
+        default=Trainer.GRPO, description="What trains: sft, grpo, dpo (LLM policy), ppo, aaac (structured)."
+    )
     env: EnvSection = Field(default_factory=EnvSection)
     model: ModelSection = Field(default_factory=ModelSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How episodes run.")
@@ -169,6 +236,29 @@ class RunConfig(Section):
         default_factory=RewardConfig,
         description="How episodes are rewarded (rule file, judge); layer stats default to the run folder.",
     )
+    dpo: DPOSection | None = Field(default=None, description="DPO settings (trainer: dpo).")
+    ppo: PPOSection | None = Field(default=None, description="PPO settings (trainer: ppo).")
+    aaac: AAACSection | None = Field(default=None, description="AAAC settings (trainer: aaac).")
+
+    @model_validator(mode="after")
+    def _sections_fit_the_trainer(self) -> RunConfig:
+        reads = TRAINER_SECTIONS[self.trainer]
+        for name in sorted(OWN_SECTIONS & reads):
+            if getattr(self, name) is None:
+                raise ValueError(
+                    f"trainer {self.trainer} needs a `{name}:` section (`{name}: {{}}` for defaults)"
+                )
+        written = {name for name in self.model_fields_set if getattr(self, name) is not None}
+        unread = sorted((written & set().union(*TRAINER_SECTIONS.values())) - reads)
+        if unread:
+            raise ValueError(
+                f"trainer {self.trainer} does not read {', '.join(f'`{n}:`' for n in unread)} (it reads"
+                f" {', '.join(f'`{n}:`' for n in sorted(reads))}): remove those sections or change `trainer`"
+            )
+        structured = self.ppo or self.aaac
+        if structured is not None and structured.trainer.run.seed not in (0, self.seed):
+            raise ValueError("a structured run is seeded by the top-level `seed:`, not by trainer.run.seed")
+        return self
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
@@ -180,15 +270,22 @@ class RunConfig(Section):
 
     def dump(self) -> str:
         """The config as YAML (what the run folder keeps next to its results)."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        unread = set().union(*TRAINER_SECTIONS.values()) - TRAINER_SECTIONS[self.trainer]
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=unread), sort_keys=False)
 
 
 __all__ = [
+    "TRAINER_SECTIONS",
+    "AAACSection",
+    "DPOSection",
     "EnvSection",
     "EvalSection",
     "FaultSection",
     "ModelSection",
+    "PPOSection",
     "RLSection",
     "RunConfig",
     "SFTSection",
+    "StructuredSection",
+    "Trainer",
 ]

@@ -105,7 +105,7 @@ def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update
         start_rl(run, resume=True)
         specs = [dataclasses.replace(s, session_id=s.session_id + "-again") for s in rl_specs(run, 0)]
         asyncio.run(run_episodes(run.env, specs, PolicyAgent(run.policy, 0), run.store, config.rollout))
-        run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
+        run.shaper.follow(run.state.reward_cursor)
 
     outcomes = []
     for _ in range(2):

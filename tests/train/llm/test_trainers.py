@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from tiny_orders import SHORT_PROMPTS, OrdersWorld
 
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.session.model import Message
-from sessionrl.train.llm.checkpoint import LoopState, load_checkpoint, read_state, save_checkpoint
+from sessionrl.train.llm.checkpoint import LoopState, Stage, load_checkpoint, read_state, save_checkpoint
 from sessionrl.train.llm.data import TokenSequence, Turn, collate, demonstration_turns, merge_turns
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
 from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
@@ -111,7 +112,7 @@ def test_a_checkpoint_resumes_to_the_same_weights_batches_and_random_draws(
     trainer = SFTTrainer(policy.model, config, policy.tokenizer.pad_token_id)
     for n in range(2):
         step(trainer, n)
-    state = LoopState(stage="sft", step=2, cursor=17, counters={"stale": 1})
+    state = LoopState(stage=Stage.SFT, step=2, cursor=17, reward_cursor=21, stale=1)
     save_checkpoint(tmp_path / "ckpt", policy.model, trainer.optimizer, state, {"sampling": policy.generator})
     rows = step(trainer, 2)
     expected, expected_draw = weights(policy.model), torch.rand(3)
@@ -137,3 +138,23 @@ def test_saving_again_replaces_the_checkpoint_whole(orders_world: OrdersWorld, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
     with pytest.raises(FileNotFoundError, match=r"state\.json"):
         load_checkpoint(tmp_path / "missing", policy.model, None)
+
+
+def test_a_checkpoint_with_running_totals_in_counters_still_reads(tmp_path: Path) -> None:
+    """Checkpoints written before the totals became fields kept them in a `counters` mapping."""
+    loop = {"stage": "rl", "step": 3, "policy_version": 3, "cursor": 40, "curve": [{"iteration": 0}]}
+    loop["counters"] = {"reward_cursor": 44, "updates": 3, "stale": 2, "trained_sessions": 24}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "state.json").write_text(json.dumps({"loop": loop, "python_random": []}))
+    state = read_state(tmp_path / "c")
+    assert state == LoopState(
+        stage=Stage.RL,
+        step=3,
+        policy_version=3,
+        cursor=40,
+        reward_cursor=44,
+        updates=3,
+        stale=2,
+        trained_sessions=24,
+        curve=({"iteration": 0},),
+    )

@@ -5,8 +5,8 @@ A checkpoint is a folder::
     model.safetensors      every weight of the model (tied weights stored once)
     optimizer.pt           the optimiser's state (moments, step counts)
     rng.safetensors        torch's global generator and the sampling generator
-    state.json             the loop's own state (stage, iteration, policy version, feed cursor, curve,
-                           counters) and Python's `random` state
+    state.json             the loop's own state (`LoopState`: stage, step, policy version, feed cursors,
+                           running totals, curve) and Python's `random` state
 
 It is written to a temporary folder and renamed into place, so a crash leaves the previous checkpoint
 whole. Loading puts everything back; the next batch read from the feed and the next random draws are
@@ -19,7 +19,8 @@ import json
 import random
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +28,49 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 
+class Stage(StrEnum):
+    """Where a run of an LLM trainer stands."""
+
+    SFT = "sft"
+    """Imitation (the whole of an `sft` run)."""
+    RL = "rl"
+    """Reinforcement learning, after the imitation policy cleared the gate."""
+    STOPPED = "stopped"
+    """The imitation policy did not clear the gate; RL did not start."""
+    DPO = "dpo"
+    """DPO on preference pairs, after imitation."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoopState:
     """Where a training run stands."""
 
-    stage: str = "sft"
-    """`sft`, `rl`, or `stopped` (the imitation policy did not clear the gate)."""
+    stage: Stage = Stage.SFT
+    """The stage the run is in (or ended in)."""
     step: int = 0
     """Steps done in the current stage (SFT optimiser steps, or RL iterations)."""
     policy_version: int = 0
     """Version stamped on the policy's replies; raised by every RL update."""
     cursor: int = 0
-    """Change-feed cursor of the trainer: every change up to it has been read."""
+    """Change-feed cursor of the trainer: every scored change up to it has been read."""
+    reward_cursor: int = 0
+    """Change-feed cursor of the reward shaper: every change up to it has been scored."""
+    updates: int = 0
+    """Optimiser steps the RL trainer has taken (its KL coefficient decays with them)."""
+    stale: int = 0
+    """Scored sessions left out so far for being more than `max_lag` policy versions old."""
+    trained_sessions: int = 0
+    """Scored sessions trained on so far."""
     curve: tuple[Mapping[str, Any], ...] = ()
     """One record per RL iteration (success, reward, loss, ...), for the learning curve."""
-    counters: Mapping[str, int] = field(default_factory=dict)
-    """Running totals (sessions trained on, stale sessions left out, ...)."""
+
+    @classmethod
+    def from_json(cls, loop: Mapping[str, Any]) -> LoopState:
+        """The state as `save_checkpoint` wrote it; the running totals of older checkpoints (a `counters`
+        mapping) are read into their fields."""
+        fields = dict(loop)
+        fields.update(fields.pop("counters", None) or {})
+        return cls(**(fields | {"stage": Stage(fields["stage"]), "curve": tuple(fields["curve"])}))
 
 
 def save_checkpoint(
@@ -103,7 +131,7 @@ def read_state(folder: str | Path) -> LoopState | None:
     if not path.is_file():
         return None
     loop = json.loads(path.read_text())["loop"]
-    return LoopState(**(loop | {"curve": tuple(loop["curve"])}))
+    return LoopState.from_json(loop)
 
 
 def has_checkpoint(folder: str | Path) -> bool:
@@ -121,4 +149,4 @@ def _python_tuple(saved: list[Any]) -> tuple[Any, ...]:
     return (version, tuple(internal), gauss)
 
 
-__all__ = ["LoopState", "has_checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]
+__all__ = ["LoopState", "Stage", "has_checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]

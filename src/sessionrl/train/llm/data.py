@@ -138,24 +138,40 @@ def call_message(call: ToolCall, max_chars: int) -> Message:
     )
 
 
-def demonstration_turns(
-    session: Session, system: str, encoder: ChatEncoder, max_tool_chars: int
-) -> list[Turn]:
-    """An expert session as the turns a policy should produce: one JSON action per tool call, then the
-    final answer, each prompted with the conversation so far (`system` is the rollouts' system prompt).
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One reply in a conversation: the messages it answers and its text."""
+
+    messages: tuple[Message, ...]
+    text: str
+
+
+def demonstration_replies(session: Session, system: str, max_tool_chars: int) -> list[Reply]:
+    """An expert session as the replies a policy should write: one JSON action per tool call, then the
+    final answer, each answering the conversation so far (`system` is the rollouts' system prompt).
 
     Values the conversation already holds are written as references (`sessionrl.policy.references`).
     """
     messages = [Message(role="system", content=system), Message(role="user", content=session.user_query)]
-    turns: list[Turn] = []
+    replies: list[Reply] = []
     for call in session.tool_calls:
         action = tool_action(call.tool, abstract(call.params, Context.from_messages(messages)))
-        turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(action))))
+        replies.append(Reply(tuple(messages), action))
         messages += [Message(role="assistant", content=action), call_message(call, max_tool_chars)]
     if session.final_output is not None:
         answer = final_action(abstract(session.final_output.text, Context.from_messages(messages)))
-        turns.append(Turn(tuple(encoder.encode_prompt(messages)), tuple(encoder.encode_reply(answer))))
-    return turns
+        replies.append(Reply(tuple(messages), answer))
+    return replies
+
+
+def demonstration_turns(
+    session: Session, system: str, encoder: ChatEncoder, max_tool_chars: int
+) -> list[Turn]:
+    """An expert session as the turns a policy should produce (`demonstration_replies`, tokenised)."""
+    return [
+        Turn(tuple(encoder.encode_prompt(r.messages)), tuple(encoder.encode_reply(r.text)))
+        for r in demonstration_replies(session, system, max_tool_chars)
+    ]
 
 
 # advantages
@@ -325,11 +341,13 @@ __all__ = [
     "ChatEncoder",
     "MicroBatch",
     "PackedBatch",
+    "Reply",
     "TokenSequence",
     "Turn",
     "call_advantages",
     "call_message",
     "collate",
+    "demonstration_replies",
     "demonstration_turns",
     "fixed_batches",
     "lag",

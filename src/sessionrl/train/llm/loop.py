@@ -1,4 +1,5 @@
-"""The training loop: imitation, a gate, then GRPO; rollouts, rewards and updates meet in the store.
+"""The LLM training loop: imitation, a gate, then GRPO (`train`), or imitation alone (`train_sft`);
+rollouts, rewards and updates meet in the store.
 
     sft   expert episodes on training tasks ──▶ store ──▶ demonstrations ──▶ SFT steps ──▶ sft_policy/
     gate  evaluation episodes on the gate split; RL starts only if their success reaches the bar
@@ -31,7 +32,13 @@ from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.session.model import Session
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.checkpoint import has_checkpoint, load_checkpoint, read_state, save_checkpoint
+from sessionrl.train.llm.checkpoint import (
+    Stage,
+    has_checkpoint,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
 from sessionrl.train.llm.data import (
     TokenSequence,
     call_advantages,
@@ -113,11 +120,16 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     return Evaluation(label, metrics, sessions)
 
 
+EXPORTED = ("sft", "rl", "dpo")
+"""Labels of the policies a run exports, each to `<label>_policy/` in the run folder: after imitation, after
+GRPO, after DPO."""
+
+
 def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
-    """The run's exported policies (`sft_policy/`, then `rl_policy/`, where present) evaluated on the same
-    tasks under labels `<prefix>sft` and `<prefix>rl`; keyed by `sft` and `rl`."""
+    """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
+    evaluated on the same tasks under labels `<prefix><label>`; keyed by label."""
     cfg, report = run.config, {}
-    for label in ("sft", "rl"):
+    for label in EXPORTED:
         folder = run.folder / f"{label}_policy"
         if folder.is_dir():
             policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
@@ -196,8 +208,9 @@ def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list
     ]
 
 
-def imitation(run: Run, console: Console, resume: bool) -> None:
-    """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export."""
+def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
+    """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export;
+    returns the demonstrations."""
     cfg = run.config
     demos = record_demonstrations(run, console)
     texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
@@ -227,6 +240,7 @@ def imitation(run: Run, console: Console, resume: bool) -> None:
                     run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
                 )
     export_policy(policy, run.folder / "sft_policy")
+    return demos
 
 
 def gate(run: Run) -> Evaluation:
@@ -234,7 +248,7 @@ def gate(run: Run) -> Evaluation:
     bar = run.config.evaluation
     evaluation = evaluate(run, run.need_policy(), bar.gate_split, bar.gate_tasks, "gate")
     passed = evaluation.metrics.success >= bar.gate_min_success
-    next_stage = "rl" if passed else "stopped"
+    next_stage = Stage.RL if passed else Stage.STOPPED
     run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
     save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, _generators(run))
     return evaluation
@@ -278,10 +292,12 @@ def learn(run: Run, trainer: GRPOTrainer) -> Learned:
     if cfg.trainer.kl_coef == 0:  # without a KL term, all-zero advantages carry no gradient: skip them
         sequences = [seq for seq in sequences if any(a != 0 for a in seq.advantages)]
     stats = trainer.step(sequences) if sequences else None
-    counters = dict(run.state.counters)
-    counters["stale"] = counters.get("stale", 0) + read.stale
-    counters["trained_sessions"] = counters.get("trained_sessions", 0) + len(scored)
-    run.state = dataclasses.replace(run.state, cursor=read.cursor, counters=counters)
+    run.state = dataclasses.replace(
+        run.state,
+        cursor=read.cursor,
+        stale=run.state.stale + read.stale,
+        trained_sessions=run.state.trained_sessions + len(scored),
+    )
     return Learned(read, tuple(rewards), stats)
 
 
@@ -296,7 +312,7 @@ def start_rl(run: Run, resume: bool) -> GRPOTrainer:
         run.state = load_checkpoint(
             run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
         )
-        trainer.updates = int(run.state.counters.get("updates", 0))
+        trainer.updates = run.state.updates
     policy.version = run.state.policy_version
     return trainer
 
@@ -319,10 +335,8 @@ def reinforce(
             batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
             ran = asyncio.run(batch)
             # rewards
-            reward_cursor, _ = run.shaper.follow(int(run.state.counters.get("reward_cursor", 0)))
-            run.state = dataclasses.replace(
-                run.state, counters={**run.state.counters, "reward_cursor": reward_cursor}
-            )
+            reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
+            run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)
             # learn: feed, advantages, update
             learned = learn(run, trainer)
             policy.version += 1
@@ -330,10 +344,12 @@ def reinforce(
             record = _iteration_record(iteration, ran, learned, time.monotonic() - tick, policy.version)
             run.log.write("rl", iteration, record)
             on_iteration(record)
-            counters = {**run.state.counters, "updates": trainer.updates}
-            curve = (*run.state.curve, record)
             run.state = dataclasses.replace(
-                run.state, step=iteration + 1, policy_version=policy.version, curve=curve, counters=counters
+                run.state,
+                step=iteration + 1,
+                policy_version=policy.version,
+                updates=trainer.updates,
+                curve=(*run.state.curve, record),
             )
             save_checkpoint(
                 run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
@@ -381,10 +397,27 @@ class TrainResult:
     """What a run produced: its stage at the end, the gate's evaluation, the learning curve, and the final
     report (each exported policy evaluated on the report split, by label)."""
 
-    stage: str
+    stage: Stage
     gate: Evaluation | None
     curve: tuple[dict[str, Any], ...]
     report: dict[str, Evaluation]
+
+
+def start_run(config: RunConfig, resume: bool) -> Run:
+    """The run's parts (`open_run`); a new run (not `resume`) refuses a folder that already holds one."""
+    if not resume and (config.run_dir / "sessions.db").exists():
+        raise FileExistsError(f"{config.run_dir} already holds a run; resume it or choose another run_dir")
+    return open_run(config)
+
+
+def train_sft(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> TrainResult:
+    """`trainer: sft`: the imitation stage alone (continued with `resume`), then `sft_policy/` evaluated on
+    the report split."""
+    console = console or Console()
+    with start_run(config, resume) as run:
+        imitation(run, console, resume=resume)
+        report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
+        return TrainResult(run.state.stage, None, (), report)
 
 
 def train(
@@ -394,21 +427,20 @@ def train(
     console: Console | None = None,
     on_iteration: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> TrainResult:
-    """Run (or, with `resume`, continue) the stages of `config` and return where they ended."""
+    """`trainer: grpo`: imitation, the gate, then GRPO (or, with `resume`, the rest of them); returns where
+    the stages ended and the exported policies' report."""
     console = console or Console()
-    if not resume and (config.run_dir / "sessions.db").exists():
-        raise FileExistsError(f"{config.run_dir} already holds a run; resume it or choose another run_dir")
-    with open_run(config) as run:
+    with start_run(config, resume) as run:
         saved = read_state(run.folder / "checkpoint") if resume else None
         gated: Evaluation | None = None
-        if saved is None or saved.stage == "sft":
+        if saved is None or saved.stage is Stage.SFT:
             imitation(run, console, resume=saved is not None)
             gated = gate(run)
         else:
             run.policy = resumed_policy(run)
             run.state = saved
-        if run.state.stage == "rl" and config.rl.iterations > 0:
-            reinforce(run, console, saved is not None and saved.stage == "rl", on_iteration)
+        if run.state.stage is Stage.RL and config.rl.iterations > 0:
+            reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
         report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
         return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve), report)
 
