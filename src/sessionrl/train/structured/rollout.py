@@ -137,8 +137,8 @@ class Summary:
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block with `count` torch CPU threads, then restore the caller's setting.
 
-    Networks this small spend more time synchronising threads than computing: one thread trains several
-    times faster than two on a laptop.
+    Networks this small spend more time synchronising threads than computing, so one thread trains them
+    faster than several.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(count)
