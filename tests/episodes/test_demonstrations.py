@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from sessionrl.cli import app
 from sessionrl.envs.base import Split
 from sessionrl.episodes import MissingDemonstrations
 from sessionrl.eval.metrics import task_success
@@ -74,3 +76,20 @@ def test_a_run_stops_when_its_guards_refuse_too_many_demonstrations(tmp_path: Pa
     assert record["missing"] == refused + 4
     assert record["missing/plan_rejected:forbidden_tool"] == refused
     assert tally.describe() in console.export_text()
+
+
+def test_the_train_command_exits_with_the_count_of_missing_demonstrations(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"run_dir: {tmp_path / 'run'}\n"
+        "env: {name: orders, train: 20, dev: 2, test: 2}\n"
+        "orchestrator: {forbidden_tools: [order_update_address]}\n"
+        "sft: {demos: 20}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 1
+    assert "error:" in result.stderr
+    assert "demonstrations usable" in result.stderr
+    assert "plan_rejected:forbidden_tool" in result.stderr
+    assert not (tmp_path / "run" / "sft_policy").exists()  # stopped before any training

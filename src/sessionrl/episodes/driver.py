@@ -145,19 +145,19 @@ async def run_episode(
 def settle(store: SessionStore, spec: EpisodeSpec) -> tuple[EpisodeSpec, Session | None]:
     """Make re-running an episode safe: its recorded session when it already ran to its verdict, else the
     spec with a session id still free (`<id>.1`, `<id>.2`, ... after an interrupted attempt)."""
-    if spec.session_id is None:
+    first = spec.session_id
+    if first is None:
         return spec, None
-    candidate = spec
-    for attempt in range(1, 1000):
-        assert candidate.session_id is not None
+    for attempt in range(1000):
+        session_id = f"{first}.{attempt}" if attempt else first
+        candidate = dataclasses.replace(spec, session_id=session_id)
         try:
-            session = store.get(candidate.session_id)
+            session = store.get(session_id)
         except NotFound:
             return candidate, None
         if task_success(session) is not None:
             return candidate, session
-        candidate = dataclasses.replace(spec, session_id=f"{spec.session_id}.{attempt}")
-    raise RuntimeError(f"episode {spec.session_id!r} was interrupted too often")
+    raise RuntimeError(f"episode {first!r} was interrupted too often")
 
 
 async def run_episodes(
