@@ -173,6 +173,11 @@ def test_a_structured_trainer_runs_from_the_cli(trainer: str, tmp_path: Path) ->
     assert set(report) == {"imitation", trainer}
     assert all(r["episodes"] == 3 for r in report.values())
     assert f"trainer: {trainer}" in output
+    # the eval command reads the exported policies back: the same greedy report on the same tasks
+    again = CliRunner().invoke(app, ["eval", str(run_dir)])
+    assert again.exit_code == 0, again.output
+    evaluated = json.loads(again.output.strip().splitlines()[-1])
+    assert evaluated == {label: {k: r[k] for k in evaluated[label]} for label, r in report.items()}
 
 
 def test_only_checkpointed_trainers_resume(tmp_path: Path) -> None:

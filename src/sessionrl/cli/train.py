@@ -5,6 +5,7 @@ other commands stay quick."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 
 if TYPE_CHECKING:
+    from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import TrainResult
     from sessionrl.train.structured.run import StructuredResult
 
@@ -80,22 +82,39 @@ def eval_command(
     split: Annotated[Split | None, typer.Option(help="Split to evaluate on; default: the config's.")] = None,
     tasks: Annotated[int | None, typer.Option(help="How many tasks; default: the config's.")] = None,
 ) -> None:
-    """Evaluate an LLM run's exported policies (imitation, GRPO and DPO, where present) side by side."""
+    """Evaluate a run's exported policies side by side: imitation, GRPO and DPO for an LLM run, imitation
+    and the trainer's for a structured (ppo, aaac) one."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import evaluate_exported
     from sessionrl.train.llm.run import open_run
+    from sessionrl.train.structured.run import STRUCTURED
 
     console = Console()
     config = RunConfig.load(run / "config.yaml").model_copy(update={"run_dir": run})
     chosen_split = split or config.evaluation.split
     n_tasks = tasks or config.evaluation.tasks
+    title = f"{config.env.name} · {chosen_split} · {n_tasks} tasks"
+    if config.trainer in STRUCTURED:
+        _eval_structured(console, config, chosen_split, n_tasks, title)
+        return
     with open_run(config) as opened:
         report = evaluate_exported(opened, chosen_split, n_tasks, prefix=f"cli-{chosen_split}-")
     columns = {label: evaluation.metrics for label, evaluation in report.items()}
     if not columns:
+        raise typer.BadParameter(f"{run} holds no exported policy (sft_policy/, rl_policy/ or dpo_policy/)")
+    console.print(metrics_table(columns, title=title))
+    typer.echo(orjson.dumps({k: m.as_dict() for k, m in columns.items()}).decode())
+
+
+def _eval_structured(console: Console, config: RunConfig, split: Split, n_tasks: int, title: str) -> None:
+    """A structured run's exported policies, evaluated greedily: a table, then one JSON line."""
+    from sessionrl.train.structured.run import evaluate_exported, summary_table
+
+    report = evaluate_exported(config, split, n_tasks)
+    if not report:
         raise typer.BadParameter(
-            f"{run} holds no exported LLM policy (sft_policy/, rl_policy/ or dpo_policy/)"
+            f"{config.run_dir} holds no exported policy (imitation_policy/ or {config.trainer}_policy/)"
         )
-    console.print(metrics_table(columns, title=f"{config.env.name} · {chosen_split} · {n_tasks} tasks"))
-    console.print(orjson.dumps({k: m.as_dict() for k, m in columns.items()}).decode())
+    console.print(summary_table(report, title))
+    typer.echo(orjson.dumps({k: dataclasses.asdict(s) for k, s in report.items()}).decode())

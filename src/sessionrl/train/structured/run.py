@@ -30,9 +30,9 @@ from sessionrl.policy.encoder import TextEncoder, build_encoder
 from sessionrl.policy.structured import StructuredPolicy, build_policy
 from sessionrl.train.config import AAACSection, PPOSection, RunConfig, Trainer
 from sessionrl.train.llm.run import MetricsLog
-from sessionrl.train.structured.aaac import train_aaac
+from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import imitate
-from sessionrl.train.structured.ppo import train_ppo
+from sessionrl.train.structured.ppo import PPOConfig, train_ppo
 from sessionrl.train.structured.rollout import (
     IterationLog,
     StructuredRun,
@@ -41,6 +41,9 @@ from sessionrl.train.structured.rollout import (
     evaluate,
     torch_threads,
 )
+
+STRUCTURED = frozenset({Trainer.PPO, Trainer.AAAC})
+"""The trainers a structured run serves."""
 
 WEIGHTS = "model.safetensors"
 """File of an exported policy's weights, in its folder."""
@@ -82,15 +85,26 @@ def round_record(log: IterationLog) -> dict[str, Any]:
 
 
 Trains = Callable[..., StructuredRun]
+Settings = PPOConfig | AAACConfig
 
 
-def _trainer(config: RunConfig) -> tuple[PPOSection | AAACSection, Trains]:
-    """The section and the training function of a structured `config`."""
+def _trainer(config: RunConfig) -> tuple[PPOSection | AAACSection, Settings, Trains]:
+    """The section of a structured `config`, its trainer settings (seeded by the run's `seed`) and the
+    training function."""
+    section: PPOSection | AAACSection
+    trains: Trains
     if config.trainer is Trainer.PPO and config.ppo is not None:
-        return config.ppo, train_ppo
-    if config.trainer is Trainer.AAAC and config.aaac is not None:
-        return config.aaac, train_aaac
-    raise ValueError(f"trainer {config.trainer} is no structured trainer with its section set")
+        section, trains = config.ppo, train_ppo
+    elif config.trainer is Trainer.AAAC and config.aaac is not None:
+        section, trains = config.aaac, train_aaac
+    else:
+        raise ValueError(f"trainer {config.trainer} is no structured trainer with its section set")
+    settings = section.trainer
+    return (
+        section,
+        dataclasses.replace(settings, run=dataclasses.replace(settings.run, seed=config.seed)),
+        trains,
+    )
 
 
 def _structured_env(config: RunConfig) -> StructuredEnv:
@@ -107,10 +121,8 @@ def train_structured(config: RunConfig, *, console: Console | None = None) -> St
     """`trainer: ppo` / `trainer: aaac`: imitation (when configured), the trainer's rounds, the exported
     policies and the report (see the module doc)."""
     console = console or Console()
-    section, trains = _trainer(config)
-    settings = section.trainer
-    run = dataclasses.replace(settings.run, seed=config.seed)
-    settings = dataclasses.replace(settings, run=run)
+    section, settings, trains = _trainer(config)
+    run = settings.run
     env = _structured_env(config)
     folder = config.run_dir
     if (folder / "metrics.jsonl").exists():
@@ -119,13 +131,12 @@ def train_structured(config: RunConfig, *, console: Console | None = None) -> St
     (folder / "config.yaml").write_text(config.dump(), encoding="utf-8")
     log = MetricsLog(folder)
     try:
-        exported: dict[str, Path] = {}
+        # imitation
         start = None
         if section.imitation is not None:
-            # imitation
             with console.status("imitation"):
                 start = imitate(env, run, section.imitation).policy
-            exported["imitation"] = export_policy(start, folder / "imitation_policy")
+            export_policy(start, folder / "imitation_policy")
         # rounds
         name = str(config.trainer)
         with console.status(name) as status:
@@ -135,26 +146,32 @@ def train_structured(config: RunConfig, *, console: Console | None = None) -> St
                 status.update(f"{name}: round {round_log.iteration + 1}/{run.iterations}")
 
             trained = trains(env, settings, policy=start, on_log=on_log)
-        exported[name] = export_policy(trained.policy, folder / f"{name}_policy")
+        export_policy(trained.policy, folder / f"{name}_policy")
         # evaluation
-        report = {label: _evaluated(config, env, run, path, log, label) for label, path in exported.items()}
+        report = evaluate_exported(config, config.evaluation.split, config.evaluation.tasks, env)
+        for label, summary in report.items():
+            log.write("eval", 0, {"label": label, **dataclasses.asdict(summary)})
     finally:
         log.close()
     return StructuredResult(config.trainer, trained.history, report)
 
 
-def _evaluated(
-    config: RunConfig, env: StructuredEnv, run: StructuredRunConfig, folder: Path, log: MetricsLog, label: str
-) -> Summary:
-    """The exported policy in `folder`, evaluated greedily on the report's tasks and logged."""
-    policy, encoder = load_policy(env, run, folder)
-    split, tasks = config.evaluation.split, config.evaluation.tasks
-    with torch_threads(run.threads):
-        summary = Summary.of(
-            evaluate(policy, encoder, env, split, gym=run.gym, seed=config.seed, limit=tasks)
-        )
-    log.write("eval", 0, {"label": label, **dataclasses.asdict(summary)})
-    return summary
+def evaluate_exported(
+    config: RunConfig, split: Split, n_tasks: int, env: StructuredEnv | None = None
+) -> dict[str, Summary]:
+    """The run's exported policies (`imitation_policy/`, then `<trainer>_policy/`, where present), each
+    evaluated greedily on the first `n_tasks` tasks of `split`; keyed by label."""
+    run = _trainer(config)[1].run
+    env = env or _structured_env(config)
+    report = {}
+    for label in ("imitation", str(config.trainer)):
+        folder = config.run_dir / f"{label}_policy"
+        if (folder / WEIGHTS).is_file():
+            policy, encoder = load_policy(env, run, folder)
+            with torch_threads(run.threads):
+                episodes = evaluate(policy, encoder, env, split, gym=run.gym, seed=config.seed, limit=n_tasks)
+            report[label] = Summary.of(episodes)
+    return report
 
 
 def summary_table(report: Mapping[str, Summary], title: str) -> Table:
@@ -174,8 +191,10 @@ def summary_table(report: Mapping[str, Summary], title: str) -> Table:
 
 
 __all__ = [
+    "STRUCTURED",
     "WEIGHTS",
     "StructuredResult",
+    "evaluate_exported",
     "export_policy",
     "load_policy",
     "round_record",
