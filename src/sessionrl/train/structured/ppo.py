@@ -168,19 +168,12 @@ def train_clipped(
                     torch.nn.utils.clip_grad_norm_(policy.parameters(), update.max_grad_norm)
                     optimizer.step()
                     updates += 1
-                    steps.append(
-                        StepStats(
-                            policy_loss=pg.loss.item(),
-                            value_loss=critics.item(),
-                            entropy=entropy.item(),
-                            approx_kl=pg.approx_kl,
-                            clip_fraction=pg.clip_fraction,
-                        )
-                    )
+                    stats = (pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction)
+                    steps.append(StepStats(*stats))
 
             # log
-            stats = StepStats.mean(steps)
-            log = round_log(iteration, collector, seen, stats, mean_lambda=target.mean_lambda, kl_beta=beta)
+            mean = StepStats.mean(steps)
+            log = round_log(iteration, collector, seen, mean, mean_lambda=target.mean_lambda, kl_beta=beta)
             history.append(log)
             if on_log is not None:
                 on_log(log)
