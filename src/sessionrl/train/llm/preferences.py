@@ -3,8 +3,9 @@
 Pairs from outcomes
 -------------------
 After imitation, the imitation policy plays `dpo.episodes_per_task` episodes of each of the first
-`dpo.tasks` demonstrated training tasks, sampling as `dpo.sampling` says. The episodes of a task share
-their environment seed, so they meet the same faults and only the policy tells them apart.
+`dpo.tasks` demonstrated training tasks, sampling as `dpo.sampling` says, with the tool-fault rate the
+`faults.schedule` starts at. The episodes of a task share their environment seed, so they meet the same
+faults and only the policy tells them apart.
 
 Within a task, an episode the environment judged solved is preferred to one it did not solve: the solved
 sampled episodes and the expert's demonstration of the task are the winners, the unsolved sampled
