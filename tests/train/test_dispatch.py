@@ -167,6 +167,7 @@ def test_a_structured_trainer_runs_from_the_cli(trainer: str, tmp_path: Path) ->
     output = train_cli(tiny_config(trainer, tmp_path))
     run_dir = tmp_path / "run"
     assert moved(run_dir / "imitation_policy", run_dir / f"{trainer}_policy")
+    assert [r["step"] for r in records(run_dir) if r["stage"] == "imitation"] == [0, 1]
     rounds = [r for r in records(run_dir) if r["stage"] == trainer]
     assert [r["env_steps"] for r in rounds] == [32, 64]
     report = {r["label"]: r for r in records(run_dir) if r["stage"] == "eval"}

@@ -16,7 +16,7 @@ The plan ends with *finish*. `clone` then fits a policy to those actions by maxi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,15 +155,25 @@ def clone(
     return losses
 
 
-def imitate(env: StructuredEnv, run: StructuredRunConfig, config: ImitationConfig) -> StructuredRun:
+def imitate(
+    env: StructuredEnv,
+    run: StructuredRunConfig,
+    config: ImitationConfig,
+    *,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> StructuredRun:
     """A fresh policy (built as the RL trainers build theirs) cloned on the first `config.demos` training
-    tasks; its `history` is empty. Pass `result.policy` to `train_ppo` / `train_aaac` with the same `run`."""
+    tasks; its `history` is empty. Pass `result.policy` to `train_ppo` / `train_aaac` with the same `run`.
+    `on_epoch` sees each epoch's number and mean loss."""
     policy, encoder, collector = build_run(env, run)
     collector.close()
     tasks = list(env.tasks(Split.TRAIN))[: config.demos]
     demos = demonstrations(env, tasks, policy.layout, encoder, run)
     with torch_threads(run.threads):
-        clone(policy, demos, config, seed=run.seed)
+        losses = clone(policy, demos, config, seed=run.seed)
+    for epoch, loss in enumerate(losses):
+        if on_epoch is not None:
+            on_epoch(epoch, loss)
     return StructuredRun(policy, encoder, ())
 
 

@@ -4,7 +4,8 @@ the trainer's rounds on the environment's Gymnasium view, the exported policies 
 Everything goes under the run folder::
 
     config.yaml              the validated config
-    metrics.jsonl, tb/       one record per round (stage `ppo` or `aaac`) and one per evaluation (`eval`)
+    metrics.jsonl, tb/       the imitation loss per epoch (stage `imitation`), one record per round (stage
+                             `ppo` or `aaac`) and one per evaluation (`eval`)
     imitation_policy/        the cloned policy's weights (model.safetensors), when imitation is configured
     <trainer>_policy/        the trained policy's weights; `load_policy` rebuilds either
 
@@ -135,7 +136,12 @@ def train_structured(config: RunConfig, *, console: Console | None = None) -> St
         start = None
         if section.imitation is not None:
             with console.status("imitation"):
-                start = imitate(env, run, section.imitation).policy
+                start = imitate(
+                    env,
+                    run,
+                    section.imitation,
+                    on_epoch=lambda epoch, loss: log.write("imitation", epoch, {"loss": loss}),
+                ).policy
             export_policy(start, folder / "imitation_policy")
         # rounds
         name = str(config.trainer)
