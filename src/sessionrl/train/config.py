@@ -13,10 +13,10 @@ evaluation: {tasks: 60}
 `trainer` names what trains, and so which sections the run reads (`TRAINER_SECTIONS`): `sft` imitation
 alone; `grpo` imitation, a gate, then GRPO; `dpo` imitation, then DPO on preference pairs; `ppo` and
 `aaac` the structured policy on the environment's Gymnasium view. The `dpo`, `ppo` and `aaac` sections
-have no defaults of their own to fall back on (`ppo: {}` takes every default), and a trainer section the
+must be written when their trainer runs (`ppo: {}` takes PPO's defaults), and a trainer section the
 trainer does not read is refused, so a config says what it runs.
 
-Every section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
+Every other section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
 mistake. The run writes everything under `run_dir`.
 """
 
@@ -208,6 +208,9 @@ TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
 }
 """The trainer sections each trainer reads; the others must be left out."""
 
+ALL_TRAINER_SECTIONS = frozenset().union(*TRAINER_SECTIONS.values())
+"""Every trainer section."""
+
 OWN_SECTIONS = frozenset({"dpo", "ppo", "aaac"})
 """Trainer sections without a default: the trainer they belong to needs them written."""
 
@@ -249,7 +252,7 @@ class RunConfig(Section):
                     f"trainer {self.trainer} needs a `{name}:` section (`{name}: {{}}` for defaults)"
                 )
         written = {name for name in self.model_fields_set if getattr(self, name) is not None}
-        unread = sorted((written & set().union(*TRAINER_SECTIONS.values())) - reads)
+        unread = sorted((written & ALL_TRAINER_SECTIONS) - reads)
         if unread:
             raise ValueError(
                 f"trainer {self.trainer} does not read {', '.join(f'`{n}:`' for n in unread)} (it reads"
@@ -270,8 +273,8 @@ class RunConfig(Section):
 
     def dump(self) -> str:
         """The config as YAML (what the run folder keeps next to its results)."""
-        unread = set().union(*TRAINER_SECTIONS.values()) - TRAINER_SECTIONS[self.trainer]
-        return yaml.safe_dump(self.model_dump(mode="json", exclude=unread), sort_keys=False)
+        unread = ALL_TRAINER_SECTIONS - TRAINER_SECTIONS[self.trainer]
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=set(unread)), sort_keys=False)
 
 
 __all__ = [
