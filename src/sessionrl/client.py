@@ -11,6 +11,9 @@ with Client("http://127.0.0.1:8321", token="tok1") as client:
     client.step(sid, "tool", {"tool": "find_order", "params": {"order_id": "#W1"}})
     client.finish(sid, "It ships tomorrow.")
 ```
+
+An agent that runs its own model and tools records them instead (`record_llm`, `record_tool`): nothing
+runs on the service; the calls are checked and stored as they happened.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -27,18 +30,22 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from sessionrl.errors import SessionRLError
-from sessionrl.session.model import FinalOutput, Session, SessionCreate
+from sessionrl.session.model import FinalOutput, Message, Session, SessionCreate
 from sessionrl.wire import (
     FeedbackIn,
     FeedbackResult,
     FinishResult,
     Health,
+    LLMPayload,
     Problem,
+    RecordedReply,
+    RecordedResult,
     SessionPage,
     SkillInfo,
     StepKind,
     StepPayload,
     StepResult,
+    ToolPayload,
 )
 
 T = TypeVar("T")
@@ -98,6 +105,35 @@ def step_call(
     """POST /v1/sessions/{id}/steps."""
     body = {"kind": StepKind(kind).value, "payload": _body(payload)}
     return _post(f"/v1/sessions/{session_id}/steps", StepResult.model_validate_json, body, key, if_match)
+
+
+def record_llm_call(
+    session_id: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    reply: RecordedReply | Mapping[str, Any],
+    call_id: str | None,
+    key: str | None,
+) -> Call[StepResult]:
+    """POST /v1/sessions/{id}/steps with an `llm` step in record mode."""
+    payload = LLMPayload.model_validate(
+        {"messages": [_body(m) for m in messages], "reply": _body(reply), "call_id": call_id}
+    )
+    return step_call(session_id, StepKind.LLM, payload, key, None)
+
+
+def record_tool_call(
+    session_id: str,
+    tool: str,
+    params: Mapping[str, Any],
+    result: RecordedResult | Mapping[str, Any],
+    call_id: str | None,
+    key: str | None,
+) -> Call[StepResult]:
+    """POST /v1/sessions/{id}/steps with a `tool` step in record mode."""
+    payload = ToolPayload.model_validate(
+        {"tool": tool, "params": dict(params), "result": _body(result), "call_id": call_id}
+    )
+    return step_call(session_id, StepKind.TOOL, payload, key, None)
 
 
 def feedback_call(session_id: str, feedback: FeedbackIn, key: str | None) -> Call[FeedbackResult]:
@@ -248,6 +284,31 @@ class Client:
         """Run one plan, tool or LLM step."""
         return self.send(step_call(session_id, kind, payload, idempotency_key, if_match))
 
+    def record_llm(
+        self,
+        session_id: str,
+        messages: Sequence[Message | Mapping[str, Any]],
+        reply: RecordedReply | Mapping[str, Any],
+        *,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> StepResult:
+        """Record a call the agent made to its own model (text, tool calls, usage, tokens)."""
+        return self.send(record_llm_call(session_id, messages, reply, call_id, idempotency_key))
+
+    def record_tool(
+        self,
+        session_id: str,
+        tool: str,
+        params: Mapping[str, Any],
+        result: RecordedResult | Mapping[str, Any],
+        *,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> StepResult:
+        """Record a call the agent made to its own tool (output or error, status, latency)."""
+        return self.send(record_tool_call(session_id, tool, params, result, call_id, idempotency_key))
+
     def feedback(
         self, session_id: str, feedback: FeedbackIn, *, idempotency_key: str | None = None
     ) -> FeedbackResult:
@@ -347,6 +408,31 @@ class AsyncClient:
     ) -> StepResult:
         """Run one plan, tool or LLM step."""
         return await self.send(step_call(session_id, kind, payload, idempotency_key, if_match))
+
+    async def record_llm(
+        self,
+        session_id: str,
+        messages: Sequence[Message | Mapping[str, Any]],
+        reply: RecordedReply | Mapping[str, Any],
+        *,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> StepResult:
+        """Record a call the agent made to its own model (text, tool calls, usage, tokens)."""
+        return await self.send(record_llm_call(session_id, messages, reply, call_id, idempotency_key))
+
+    async def record_tool(
+        self,
+        session_id: str,
+        tool: str,
+        params: Mapping[str, Any],
+        result: RecordedResult | Mapping[str, Any],
+        *,
+        call_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> StepResult:
+        """Record a call the agent made to its own tool (output or error, status, latency)."""
+        return await self.send(record_tool_call(session_id, tool, params, result, call_id, idempotency_key))
 
     async def feedback(
         self, session_id: str, feedback: FeedbackIn, *, idempotency_key: str | None = None

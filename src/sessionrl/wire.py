@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sessionrl.session.model import (
     Anchor,
@@ -25,6 +25,7 @@ from sessionrl.session.model import (
     Message,
     Plan,
     SessionState,
+    ToolRequest,
     utcnow,
 )
 
@@ -83,8 +84,21 @@ class PlanPayload(Input):
     )
 
 
+class RecordedResult(Input):
+    """What a tool the agent ran itself answered: record mode of a `tool` step."""
+
+    status: Literal[CallStatus.SUCCESS, CallStatus.ERROR, CallStatus.TIMEOUT] = CallStatus.SUCCESS
+    output: Any = Field(default=None, description="The tool's answer (any JSON value).")
+    error_code: str | None = Field(default=None, max_length=200)
+    error_message: str | None = Field(default=None, max_length=20_000)
+    latency_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+
+
 class ToolPayload(Input):
-    """A tool step: name the skill, or leave `tool` out to let the policy choose (it answers in JSON)."""
+    """A tool step: name the skill, or leave `tool` out to let the policy choose (it answers in JSON).
+
+    With `result`, nothing runs: the call the agent made with its own tool is recorded as it happened.
+    """
 
     tool: str | None = Field(default=None, max_length=200, description="Skill to call; none: ask the policy.")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters for the skill.")
@@ -92,13 +106,58 @@ class ToolPayload(Input):
     messages: tuple[Message, ...] = Field(
         default=(), description="Conversation for the policy when it chooses the tool."
     )
+    result: RecordedResult | None = Field(
+        default=None,
+        description="Record mode: what the agent's own call of `tool` answered; none: run it here.",
+    )
+    call_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="The call's id (such as the model's tool_call_id); default: one derived here.",
+    )
+
+    @model_validator(mode="after")
+    def _recorded_names_its_tool(self) -> ToolPayload:
+        if self.result is not None and self.tool is None:
+            raise ValueError("a recorded tool call (result given) must name its tool")
+        return self
+
+
+class RecordedReply(Input):
+    """What a model the agent called itself answered: record mode of an `llm` step. Token ids and
+    log-probabilities, when the agent has them, are what training uses instead of re-tokenising."""
+
+    text: str = Field(default="", max_length=1_000_000)
+    tool_calls: tuple[ToolRequest, ...] = ()
+    model: str | None = Field(default=None, max_length=200)
+    usage: dict[str, int] = Field(default_factory=dict, description="Token counts, as OpenAI's `usage`.")
+    latency_ms: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    prompt_token_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+    error: str | None = Field(default=None, max_length=20_000, description="The call failed, and why.")
+
+    @model_validator(mode="after")
+    def _logprobs_match_tokens(self) -> RecordedReply:
+        lp, ids = self.logprobs, self.token_ids
+        if lp is not None and (ids is None or len(lp) != len(ids)):
+            raise ValueError("logprobs needs token_ids of the same length")
+        return self
 
 
 class LLMPayload(Input):
-    """An LLM step: the policy answers the conversation."""
+    """An LLM step: the policy answers the conversation, or (`reply`) the agent's own call is recorded."""
 
     messages: tuple[Message, ...] = Field(default=(), description="Conversation; empty: the user's query.")
     purpose: str = Field(default="step", min_length=1, max_length=64, description="Why the model is called.")
+    reply: RecordedReply | None = Field(
+        default=None, description="Record mode: what the agent's own model answered; none: ask the policy."
+    )
+    call_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="The call's id (such as the completion's id); default: one derived here.",
+    )
 
 
 StepPayload = PlanPayload | ToolPayload | LLMPayload
@@ -209,7 +268,9 @@ class FeedbackIn(Input):
     """Feedback as a client sends it; the service gives it an id and the time it arrived."""
 
     type: FeedbackType
-    score: float | None = Field(default=None, allow_inf_nan=False)
+    score: float | None = Field(
+        default=None, allow_inf_nan=False, description="A human_rating's score is from 1 to 5."
+    )
     comment: str | None = Field(default=None, max_length=20_000)
     annotator: str | None = Field(default=None, max_length=200)
     anchor: Anchor = Field(
@@ -219,6 +280,12 @@ class FeedbackIn(Input):
     )
     occurred_at: Timestamp | None = Field(default=None, description="When it happened; default: now.")
     data: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _rating_in_range(self) -> FeedbackIn:
+        if self.type is FeedbackType.HUMAN_RATING and self.score is not None and not 1 <= self.score <= 5:
+            raise ValueError(f"a human_rating's score is from 1 to 5, got {self.score}")
+        return self
 
     def to_feedback(self) -> Feedback:
         """The stored form, received now."""

@@ -139,11 +139,16 @@ async def test_bad_step_payloads_are_422_naming_the_field(
     assert all(e["field"].startswith("body") for e in problem["errors"])
 
 
-async def test_malformed_json_is_422(client: httpx.AsyncClient) -> None:
+async def test_malformed_json_is_400_saying_where_parsing_stopped(client: httpx.AsyncClient) -> None:
     response = await client.post(
-        "/v1/sessions", content=b"{not json", headers={"Content-Type": "application/json"}
+        "/v1/sessions",
+        content=b'{"user_query": "q",\n "tags": nope}',
+        headers={"Content-Type": "application/json"},
     )
-    assert_problem(response, 422, "invalid")
+    problem = assert_problem(response, 400, "malformed")
+    assert "line 2, column 10" in problem["detail"]
+    assert "body." not in problem["detail"]
+    assert (await client.get("/v1/sessions")).json()["items"] == []
 
 
 async def test_if_match_guards_a_step_with_412(client: httpx.AsyncClient) -> None:

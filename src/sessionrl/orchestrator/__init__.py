@@ -11,13 +11,14 @@ async with Orchestrator(store, executor, [backend]) as engine:
 """
 
 from sessionrl.orchestrator.config import LaneConfig, OrchestratorConfig
-from sessionrl.orchestrator.engine import Executor, KeyReused, Orchestrator
+from sessionrl.orchestrator.engine import Executor, Orchestrator
 from sessionrl.orchestrator.guards import PlanProblem, PlanRejection, Refusal, StepRefusal
 from sessionrl.orchestrator.lanes import Overloaded
 from sessionrl.orchestrator.policy import PolicyBackend, PolicyError, PolicyReply, ScriptedBackend
 from sessionrl.orchestrator.results import (
     FeedbackResult,
     FinishResult,
+    KeyReused,
     LLMPayload,
     PlanPayload,
     StepError,

@@ -28,6 +28,11 @@ class OrchestratorConfig(BaseModel):
     repeated_tools: bool = Field(
         default=False, description="Accept a plan naming one tool in several sub-goals (reading two orders)."
     )
+    free_form_tools: bool = Field(
+        default=False,
+        description="Record tool calls the agent made with tools no skill describes, in every session "
+        "(a session allows them for itself with metadata free_form_tools: true).",
+    )
     hallucination_penalty: float = Field(
         default=-2.0, description="Score of the feedback given at finish to a sub-goal no tool call executed."
     )

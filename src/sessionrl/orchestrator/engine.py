@@ -41,11 +41,18 @@ from sessionrl.orchestrator.policy import (
     parse_tool_call,
     plan_messages,
 )
+from sessionrl.orchestrator.recording import (
+    ContractCheck,
+    recorded_llm_call,
+    recorded_tool_call,
+    same_request,
+)
 from sessionrl.orchestrator.results import (
     PAYLOADS,
     FeedbackResult,
     FinishResult,
     IdSource,
+    KeyReused,
     LLMPayload,
     PlanPayload,
     StepError,
@@ -98,14 +105,6 @@ Build = Callable[[Session], list[Event]]
 """Builds a step's unit of events on the session as it stands (called again after a lost race)."""
 
 
-class KeyReused(SessionRLError):
-    """An idempotency key already served a different request (here: a create naming another session)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__("this Idempotency-Key was already used for a different request")
-        self.key = key
-
-
 class Executor(Protocol):
     """What the engine needs of a skill executor (`sessionrl.skills.SkillExecutor` is one)."""
 
@@ -144,6 +143,7 @@ class Orchestrator:
         self._chained: dict[str, list[asyncio.Future[None]]] = {}
         """Sessions with a unit of several events being committed, and the steps waiting for it to end."""
         self._ids = IdSource()
+        self._contract_check = ContractCheck()
 
     async def __aenter__(self) -> Self:
         return self
@@ -172,7 +172,7 @@ class Orchestrator:
         event = created(create, event_id=ids.event())
         (result,) = await self.committer.commit([(event.session_id, event, None)])
         if isinstance(result, InvalidEvent) and result.field == "event_id" and key is not None:
-            raise KeyReused(key) from result
+            raise KeyReused(key, "a create naming another session") from result
         session = _raise_first([result])
         self._remember(session)
         return session.session_id
@@ -269,10 +269,12 @@ class Orchestrator:
         expected_version: int | None,
     ) -> StepResult:
         session = await self.session(session_id)
-        if key is not None and _may_be_replay(session, kind, ids):
+        if key is not None and _may_be_replay(session, kind, ids, payload):
             replayed = await self._replayed(session_id, ids)
             if replayed is not None:
-                return _result(kind, replayed, ids, self._masked())
+                if not same_request(kind, payload, replayed, *_call_ids(payload, ids)):
+                    raise KeyReused(key, "a different request (another kind or body)")
+                return _result(kind, replayed, ids, self._masked(), payload)
         _check_version(session, expected_version)
         if session.state not in ACTIVE:
             raise InvalidTransition(session_id, session.state, f"{kind.value} step")
@@ -333,6 +335,8 @@ class Orchestrator:
         ]
 
     async def _tool(self, session: Session, payload: ToolPayload, ids: StepIds) -> StepResult:
+        if payload.result is not None:
+            return await self._record_tool(session, payload, ids)
         before: list[Event] = []
         tool, params, subgoal_id = payload.tool, payload.params, payload.subgoal_id
         if tool is None:
@@ -349,12 +353,13 @@ class Orchestrator:
                     await self._commit(session.session_id, lambda _: before, ids), ids, self._masked()
                 )
             tool, params, subgoal_id = choice.tool, choice.params, choice.subgoal_id or subgoal_id
+        call_id = payload.call_id or ids.call
         refusal = check_tool_step(session, tool=tool, subgoal_id=subgoal_id, masked=self.executor.masked())
         if refusal is None:
-            call = await self._run_tool(ids.call, tool, params, subgoal_id)
+            call = await self._run_tool(call_id, tool, params, subgoal_id)
         else:
             call = ToolCall(
-                call_id=ids.call,
+                call_id=call_id,
                 subgoal_id=subgoal_id,
                 tool=tool,
                 params=params,
@@ -367,7 +372,7 @@ class Orchestrator:
         def unit(s: Session) -> list[Event]:
             return [*_enter(s, SessionState.EXECUTING, ids), *before, record]
 
-        return tool_result(await self._commit(session.session_id, unit, ids), ids, self._masked())
+        return tool_result(await self._commit(session.session_id, unit, ids), ids, self._masked(), call_id)
 
     async def _run_tool(
         self, call_id: str, tool: str, params: dict[str, Any], subgoal_id: str | None
@@ -396,16 +401,48 @@ class Orchestrator:
             finished_at=finished,
         )
 
+    async def _record_tool(self, session: Session, payload: ToolPayload, ids: StepIds) -> StepResult:
+        """Record a call the agent made with its own tool, after the guards a server-run call passes (all
+        but the breaker's mask, which is about the skills run here)."""
+        call_id = payload.call_id or ids.call
+        call = recorded_tool_call(
+            session,
+            payload,
+            call_id,
+            contracts=self.executor.contracts,
+            check=self._contract_check,
+            free_form=self.config.free_form_tools,
+        )
+        assert payload.tool is not None
+        refusal = check_tool_step(session, tool=payload.tool, subgoal_id=payload.subgoal_id, masked=())
+        if refusal is not None:
+            update = {"status": CallStatus.REFUSED, "output": None, "error_code": refusal.reason.value}
+            call = call.model_copy(update={**update, "error_message": refusal.detail})
+        record = ToolCallRecorded(call=call, event_id=ids.event("call"))
+
+        def unit(s: Session) -> list[Event]:
+            return [*_enter(s, SessionState.EXECUTING, ids), record]
+
+        committed = await self._commit(session.session_id, unit, ids)
+        return tool_result(committed, ids, self._masked(), call_id)
+
     async def _llm(self, session: Session, payload: LLMPayload, ids: StepIds) -> StepResult:
+        call_id = payload.call_id or ids.llm
+        if payload.reply is not None:
+            recorded = LLMCallRecorded(
+                call=recorded_llm_call(session, payload, call_id), event_id=ids.event("llm")
+            )
+            committed = await self._commit(session.session_id, lambda _: [recorded], ids)
+            return llm_result(committed, ids, self._masked(), call_id)
         messages = payload.messages or (Message(role="user", content=session.user_query),)
         reply = await self._ask(session, messages, StepKind.LLM, payload.purpose)
         if isinstance(reply, StepResult):
             return reply
         record = LLMCallRecorded(
-            call=_llm_record(ids.llm, payload.purpose, messages, reply), event_id=ids.event("llm")
+            call=_llm_record(call_id, payload.purpose, messages, reply), event_id=ids.event("llm")
         )
         return llm_result(
-            await self._commit(session.session_id, lambda _: [record], ids), ids, self._masked()
+            await self._commit(session.session_id, lambda _: [record], ids), ids, self._masked(), call_id
         )
 
     async def _ask(
@@ -605,17 +642,29 @@ def _llm_record(call_id: str, purpose: str, messages: Sequence[Message], reply: 
     )
 
 
-def _may_be_replay(session: Session, kind: StepKind, ids: StepIds) -> bool:
+def _may_be_replay(session: Session, kind: StepKind, ids: StepIds, payload: StepPayload) -> bool:
     """Whether the session shows a trace of the request of `ids` (then the log is checked to be sure)."""
     if kind is StepKind.PLAN and session.plan is not None:
         return True
-    calls = {c.call_id for c in session.tool_calls} | {c.call_id for c in session.llm_calls}
-    return ids.call in calls or ids.llm in calls
+    calls = session.call_ids()
+    named = getattr(payload, "call_id", None)
+    return ids.call in calls or ids.llm in calls or named in calls
 
 
-def _result(kind: StepKind, session: Session, ids: StepIds, masked: tuple[str, ...]) -> StepResult:
+def _call_ids(payload: StepPayload, ids: StepIds) -> tuple[str, str]:
+    """The ids a step's tool call and LLM call have: the ones the request named, or those of its key."""
+    named = getattr(payload, "call_id", None)
+    tool_id = named if isinstance(payload, ToolPayload) and named else ids.call
+    llm_id = named if isinstance(payload, LLMPayload) and named else ids.llm
+    return tool_id, llm_id
+
+
+def _result(
+    kind: StepKind, session: Session, ids: StepIds, masked: tuple[str, ...], payload: StepPayload
+) -> StepResult:
     if kind is StepKind.PLAN:
         return plan_result(session, ids, masked)
+    tool_id, llm_id = _call_ids(payload, ids)
     if kind is StepKind.TOOL:
-        return tool_result(session, ids, masked)
-    return llm_result(session, ids, masked)
+        return tool_result(session, ids, masked, tool_id)
+    return llm_result(session, ids, masked, llm_id)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sessionrl.errors import SessionRLError
 from sessionrl.orchestrator.guards import missing_citations, unverified_subgoals
 from sessionrl.orchestrator.policy import parse_plan
 from sessionrl.session.model import CallStatus, LLMCall, Session, ToolCall
@@ -39,6 +40,16 @@ PAYLOADS: dict[StepKind, type[PlanPayload] | type[ToolPayload] | type[LLMPayload
     StepKind.TOOL: ToolPayload,
     StepKind.LLM: LLMPayload,
 }
+
+
+class KeyReused(SessionRLError):
+    """An idempotency key already served a different request (another body, kind or session)."""
+
+    def __init__(self, key: str | None, detail: str = "a different request") -> None:
+        super().__init__(
+            f"this Idempotency-Key was already used for {detail}; use a new key for a new request"
+        )
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +133,17 @@ def _base(session: Session, kind: StepKind, masked: tuple[str, ...]) -> dict[str
     }
 
 
-def tool_result(session: Session, ids: StepIds, masked: tuple[str, ...]) -> StepResult:
-    """The result of a committed tool step (its call, and the policy call that chose it, if any)."""
+def tool_result(
+    session: Session, ids: StepIds, masked: tuple[str, ...], call_id: str | None = None
+) -> StepResult:
+    """The result of a committed tool step (its call, and the policy call that chose it, if any); the call
+    is `call_id` when the request named it. Neither call in the session: the store already held the
+    request's events, written by another request with the same key (`KeyReused`)."""
     base = _base(session, StepKind.TOOL, masked)
     chooser = _llm_call(session, ids.llm)
-    call = _by_id(session.tool_calls, ids.call)
+    call = _by_id(session.tool_calls, call_id or ids.call)
+    if call is None and chooser is None:
+        raise KeyReused(None, "a request of another kind")
     if call is None:
         text = chooser.response if chooser is not None else None
         return StepResult(
@@ -157,13 +174,23 @@ def tool_result(session: Session, ids: StepIds, masked: tuple[str, ...]) -> Step
     )
 
 
-def llm_result(session: Session, ids: StepIds, masked: tuple[str, ...]) -> StepResult:
-    """The result of a committed LLM step."""
-    call = _llm_call(session, ids.llm)
+def llm_result(
+    session: Session, ids: StepIds, masked: tuple[str, ...], call_id: str | None = None
+) -> StepResult:
+    """The result of a committed LLM step (a recorded failed call is `ok: false`). No such call in the
+    session: the store already held the request's events, from another request with the same key."""
+    call = _llm_call(session, call_id or ids.llm)
     if call is None:
-        raise LookupError(f"session {session.session_id!r} has no LLM call {ids.llm!r}")
+        raise KeyReused(None, "a request of another kind")
+    failed = call.status is not CallStatus.SUCCESS
     return StepResult(
-        ok=True, **_base(session, StepKind.LLM, masked), call_id=call.call_id, text=call.response
+        ok=not failed,
+        **_base(session, StepKind.LLM, masked),
+        call_id=call.call_id,
+        text=call.response,
+        error_code=StepError.POLICY_ERROR if failed else None,
+        error_message=call.error_message,
+        latency_ms=call.latency_ms,
     )
 
 

@@ -25,8 +25,8 @@ from sessionrl.errors import (
     SessionRLError,
     StaleState,
 )
-from sessionrl.orchestrator.engine import KeyReused
 from sessionrl.orchestrator.lanes import Overloaded
+from sessionrl.orchestrator.results import KeyReused
 from sessionrl.wire import FieldProblem, Problem
 
 MEDIA_TYPE = "application/problem+json"
@@ -35,7 +35,7 @@ log = logging.getLogger("sessionrl.service")
 STATUS: tuple[tuple[type[SessionRLError], int, str], ...] = (
     (NotFound, 404, "not_found"),
     (StaleState, 409, "stale_state"),
-    (KeyReused, 409, "idempotency_key_reused"),
+    (KeyReused, 422, "idempotency_key_reused"),
     (InvalidTransition, 409, "invalid_transition"),
     (EventTooLarge, 413, "too_large"),
     (InvalidEvent, 422, "invalid"),
@@ -126,6 +126,21 @@ def _validation_errors(exc: RequestValidationError) -> tuple[FieldProblem, ...]:
     return tuple(problems)
 
 
+def malformed_json(exc: RequestValidationError) -> str | None:
+    """Where a body that is not JSON stopped parsing (line, column and the parser's reason), or None when
+    the body parsed and something else is wrong with it."""
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            loc = error.get("loc", ())
+            pos = loc[-1] if loc and isinstance(loc[-1], int) else 0
+            doc = exc.body if isinstance(exc.body, str) else ""
+            line = doc.count("\n", 0, pos) + 1
+            column = pos - (doc.rfind("\n", 0, pos) + 1) + 1
+            reason = error.get("ctx", {}).get("error", "JSON decode error")
+            return f"malformed JSON body at line {line}, column {column} (character {pos}): {reason}"
+    return None
+
+
 def install(app: FastAPI) -> None:
     """Answer every error of `app` with a problem document."""
 
@@ -139,6 +154,9 @@ def install(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        unreadable = malformed_json(exc)
+        if unreadable is not None:
+            return problem_response(400, "malformed", unreadable, instance=request.url.path)
         errors = _validation_errors(exc)
         detail = "; ".join(f"{e.field}: {e.rule}" for e in errors[:5])
         return problem_response(422, "invalid", detail, instance=request.url.path, errors=errors)

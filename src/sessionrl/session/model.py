@@ -117,13 +117,27 @@ class ToolCall(Record):
     warnings: tuple[str, ...] = ()
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime = Field(default_factory=utcnow)
+    recorded: bool = Field(default=False, description="Reported by the agent that ran it, not run here.")
+    free_form: bool = Field(default=False, description="A tool no skill contract describes.")
+
+
+class ToolRequest(Record):
+    """A tool call a model asked for, as OpenAI-style chat APIs spell it: an id, the function's name and
+    its arguments as the JSON text the model wrote (kept as text: it may not parse)."""
+
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    arguments: str = "{}"
 
 
 class Message(Record):
-    """One chat message given to or produced by a model."""
+    """One chat message given to or produced by a model. An assistant message may ask for tool calls; a
+    `tool` message answers one of them by its `tool_call_id`."""
 
     role: str = Field(pattern=r"^(system|user|assistant|tool)$")
     content: str
+    tool_calls: tuple[ToolRequest, ...] = ()
+    tool_call_id: str | None = None
 
 
 class LLMCall(Record):
@@ -140,6 +154,15 @@ class LLMCall(Record):
     tokens_used: int = Field(default=0, ge=0)
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime = Field(default_factory=utcnow)
+    model: str | None = Field(default=None, description="The model's name, as its server reported it.")
+    tool_calls: tuple[ToolRequest, ...] = Field(default=(), description="Tool calls the response asked for.")
+    usage: dict[str, int] = Field(
+        default_factory=dict, description="Token counts the model's server reported."
+    )
+    latency_ms: float = Field(default=0.0, ge=0.0)
+    status: CallStatus = Field(default=CallStatus.SUCCESS, description="error: the call failed (see error).")
+    error_message: str | None = None
+    recorded: bool = Field(default=False, description="Reported by the agent that made it, not made here.")
 
     @model_validator(mode="after")
     def _logprobs_match_tokens(self) -> LLMCall:

@@ -1,0 +1,155 @@
+"""Record mode: steps the agent ran itself (its own model, its own tools), recorded as they happened.
+
+Nothing runs here. A recorded tool call is checked against its skill's contract when a skill of that
+name exists (what breaks it becomes the call's warnings: the call did happen, and a record that drops it
+would lie); a tool no contract describes is accepted only where free-form tools are allowed, and marked.
+`same_request` tells a retry of a request from a different request that reuses its idempotency key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sessionrl.errors import InvalidEvent
+from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, utcnow
+from sessionrl.skills.contract import SkillContract
+from sessionrl.skills.schema import SchemaValidator, validation_errors, validator_for
+from sessionrl.wire import LLMPayload, PlanPayload, StepKind, StepPayload, ToolPayload
+
+FREE_FORM_KEY = "free_form_tools"
+"""The session metadata key that allows free-form tools in one session."""
+
+
+class ContractCheck:
+    """Validators of every known skill's parameters and output, built once per skill when first used."""
+
+    def __init__(self) -> None:
+        self._validators: dict[str, tuple[SchemaValidator, SchemaValidator | None]] = {}
+
+    def warnings(self, contract: SkillContract, params: Mapping[str, Any], result: Any) -> tuple[str, ...]:
+        """How a recorded call breaks `contract`: its parameters, and a success's output when an output
+        schema is declared. Each line reads `contract: field: rule`."""
+        validators = self._validators.get(contract.name)
+        if validators is None:
+            out = validator_for(contract.output_schema) if contract.output_schema else None
+            validators = self._validators[contract.name] = (validator_for(contract.input_schema), out)
+        problems = validation_errors(validators[0], dict(params), root="params")
+        if result is not _NO_OUTPUT and validators[1] is not None:
+            problems += validation_errors(validators[1], result, root="output")
+        return tuple(f"contract: {p}" for p in problems)
+
+
+_NO_OUTPUT = object()
+
+
+def allows_free_form(session: Session, server_allows: bool) -> bool:
+    """Whether `session` may record tools no contract describes (the server's setting, or its own)."""
+    return server_allows or session.metadata.get(FREE_FORM_KEY) is True
+
+
+def recorded_tool_call(
+    session: Session,
+    payload: ToolPayload,
+    call_id: str,
+    *,
+    contracts: Mapping[str, SkillContract],
+    check: ContractCheck,
+    free_form: bool,
+) -> ToolCall:
+    """The tool call `payload` reports, checked against its contract; `InvalidEvent` for a tool no contract
+    describes where free-form tools are not allowed."""
+    result, tool = payload.result, payload.tool
+    assert result is not None  # the payload's validator sees to both
+    assert tool is not None
+    contract = contracts.get(tool)
+    if contract is None and not allows_free_form(session, free_form):
+        raise InvalidEvent(
+            "payload.tool",
+            f"no skill is named {tool!r}; to record the agent's own tools, open the session with metadata "
+            f'{{"{FREE_FORM_KEY}": true}} or start the service with free-form tools allowed',
+        )
+    output = result.output if result.status is CallStatus.SUCCESS else _NO_OUTPUT
+    warnings = () if contract is None else check.warnings(contract, payload.params, output)
+    finished = utcnow()
+    return ToolCall(
+        call_id=call_id,
+        subgoal_id=payload.subgoal_id,
+        tool=tool,
+        params=payload.params,
+        output=result.output if result.status is CallStatus.SUCCESS else None,
+        status=result.status,
+        error_code=result.error_code,
+        error_message=result.error_message,
+        latency_ms=result.latency_ms,
+        warnings=warnings,
+        started_at=_before(finished, result.latency_ms),
+        finished_at=finished,
+        recorded=True,
+        free_form=contract is None,
+    )
+
+
+def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LLMCall:
+    """The model call `payload` reports (its messages default to the user's query, as a policy step's)."""
+    reply = payload.reply
+    assert reply is not None
+    finished = utcnow()
+    return LLMCall(
+        call_id=call_id,
+        purpose=payload.purpose,
+        messages=payload.messages or (Message(role="user", content=session.user_query),),
+        response=reply.text,
+        prompt_token_ids=reply.prompt_token_ids,
+        token_ids=reply.token_ids,
+        logprobs=reply.logprobs,
+        tokens_used=reply.usage.get("total_tokens", 0),
+        started_at=_before(finished, reply.latency_ms),
+        finished_at=finished,
+        model=reply.model,
+        tool_calls=reply.tool_calls,
+        usage=reply.usage,
+        latency_ms=reply.latency_ms,
+        status=CallStatus.ERROR if reply.error is not None else CallStatus.SUCCESS,
+        error_message=reply.error,
+        recorded=True,
+    )
+
+
+def _before(finished: datetime, latency_ms: float) -> datetime:
+    """When a call that ended at `finished` and took `latency_ms` began."""
+    return finished - timedelta(milliseconds=latency_ms)
+
+
+def same_request(kind: StepKind, payload: StepPayload, session: Session, call_id: str, llm_id: str) -> bool:
+    """Whether `session` (right after a keyed request was first committed) shows the request `payload`
+    makes now: the same kind, tool, parameters, messages and recorded answer. A retry passes; a different
+    request reusing the key does not."""
+    if isinstance(payload, ToolPayload) and kind is StepKind.TOOL:
+        call = session.tool_call(call_id)
+        if payload.tool is None:
+            return call is not None or _llm(session, llm_id) is not None
+        return (
+            call is not None
+            and call.params == payload.params
+            and call.subgoal_id == payload.subgoal_id
+            and (payload.result is None) != call.recorded
+            and (payload.result is None or call.output == payload.result.output)
+        )
+    if isinstance(payload, LLMPayload) and kind is StepKind.LLM:
+        llm = _llm(session, llm_id)
+        if llm is None or (payload.reply is None) == llm.recorded:
+            return False
+        asked = payload.messages or (Message(role="user", content=session.user_query),)
+        reply = payload.reply
+        return llm.messages == asked and (
+            reply is None or (llm.response, llm.tool_calls) == (reply.text, reply.tool_calls)
+        )
+    if isinstance(payload, PlanPayload) and kind is StepKind.PLAN:
+        return session.plan is not None and (payload.plan is None or payload.plan == session.plan)
+    return False
+
+
+def _llm(session: Session, call_id: str) -> LLMCall | None:
+    return next((c for c in reversed(session.llm_calls) if c.call_id == call_id), None)
