@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from sessionrl import __version__
+from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import problems
@@ -25,7 +26,7 @@ from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
-from sessionrl.service.routers import ROUTERS
+from sessionrl.service.routers import ROUTERS, gateway
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
@@ -44,9 +45,11 @@ def create_app(
     *,
     skills: Sequence[Skill] | None = None,
     backends: Sequence[PolicyBackend] = (),
+    chat: ChatBackend | None = None,
 ) -> FastAPI:
     """A service over the store at `config.db_url`, serving `skills` (default: the simulated contracts of
-    `config.skills_dir`) and asking `backends` when a step needs the policy."""
+    `config.skills_dir`) and asking `backends` when a step needs the policy. The OpenAI-compatible
+    gateway answers with `chat`; by default, with `config.upstream_url` when set, else with `backends`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,6 +68,8 @@ def create_app(
                     yield
         finally:
             app.state.engine = None
+            if isinstance(app.state.chat, UpstreamChat):
+                await app.state.chat.aclose()
             await engine.aclose()
             await executor.aclose()
             store.close()
@@ -84,14 +89,23 @@ def create_app(
     app.state.limiter = RateLimiter(config.rate_per_s, config.rate_burst)
     app.state.metrics = metrics
     app.state.engine = None
+    app.state.chat = chat if chat is not None else default_chat(config, backends)
     metrics.watch(lambda: app.state.engine)
     problems.install(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(gateway.router)  # after ROUTERS, which are the shortcut's (see `_Service`)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     _document_problems(app)
     return app
+
+
+def default_chat(config: ServiceConfig, backends: Sequence[PolicyBackend]) -> ChatBackend | None:
+    """The gateway's backend: the upstream server of the config, else the service's own policy, if any."""
+    if config.upstream_url is not None:
+        return UpstreamChat(config.upstream_url, api_key=config.upstream_api_key)
+    return PolicyChat(backends) if backends else None
 
 
 class _Service(FastAPI):

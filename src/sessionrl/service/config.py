@@ -68,6 +68,14 @@ class ServiceConfig(BaseModel):
         "one (see `sessionrl.service.collector`).",
     )
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    upstream_url: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible server (such as https://host/v1) the gateway proxies to; "
+        "none: the gateway answers with the service's own policy.",
+    )
+    upstream_api_key: str | None = Field(
+        default=None, repr=False, description="The key the gateway sends to the upstream server."
+    )
 
     @field_validator("tokens")
     @classmethod

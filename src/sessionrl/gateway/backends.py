@@ -1,0 +1,235 @@
+"""What answers a chat request behind the gateway: the service's own policy, an upstream server, a script.
+
+A `ChatBackend` answers one request for one session with a `ChatReply` (text or tool calls, the model's
+name, usage, and for our own policy the prompt and completion token ids with their log-probabilities),
+or raises `UpstreamError` carrying the status and message the agent should see.
+
+- `PolicyChat` serves requests with the service's policy backends (a Hugging Face causal LM or the tiny
+  model): the policy writes its action language, `{"tool": ..., "params": {...}}` or `{"final": ...}`,
+  which becomes a tool call or the answer's text. The tokens it sampled are recorded as they are.
+- `UpstreamChat` proxies to an OpenAI-compatible server and reports what its answer says.
+- `ScriptedChat` answers from a function of the request, for tests and demos; it emits real tool calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from sessionrl.gateway.chat import ChatRequest
+from sessionrl.orchestrator.lanes import route
+from sessionrl.orchestrator.policy import PolicyBackend, PolicyError, parse_tool_call
+from sessionrl.session.model import Message, ToolRequest
+
+
+class UpstreamError(Exception):
+    """The backend could not answer; `status` and `message` are what the agent is told."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One model answer: text or tool calls, and what is known of how it was made."""
+
+    text: str = ""
+    tool_calls: tuple[ToolRequest, ...] = ()
+    model: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+    prompt_token_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+
+
+class ChatBackend(Protocol):
+    """Answers chat requests."""
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        """The answer to `request`, made for `session_id`; `UpstreamError` when there is none."""
+        ...
+
+    async def models(self) -> list[str]:
+        """The model names this backend serves."""
+        ...
+
+
+class ScriptedChat:
+    """Answers with `script(request)`. `ScriptedChat.turns(replies)` answers a conversation's k-th
+    assistant turn with `replies[k]`, so a retried request gets the same answer."""
+
+    def __init__(self, script: Callable[[ChatRequest], ChatReply], *, model: str = "scripted") -> None:
+        self._script = script
+        self.model = model
+
+    @classmethod
+    def turns(cls, replies: Sequence[ChatReply], *, model: str = "scripted") -> ScriptedChat:
+        """A script answering the k-th assistant turn of any conversation with `replies[k]`."""
+
+        def script(request: ChatRequest) -> ChatReply:
+            turn = sum(m.role == "assistant" for m in request.messages)
+            if turn >= len(replies):
+                raise UpstreamError(500, f"the script has no reply for turn {turn}")
+            return replies[turn]
+
+        return cls(script, model=model)
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        reply = self._script(request)
+        return reply if reply.model else ChatReply(**{**reply.__dict__, "model": self.model})
+
+    async def models(self) -> list[str]:
+        return [self.model]
+
+
+class PolicyChat:
+    """The service's own policy behind the gateway; each session always meets the same backend."""
+
+    def __init__(self, backends: Sequence[PolicyBackend], *, model: str = "sessionrl-policy") -> None:
+        if not backends:
+            raise ValueError("PolicyChat needs at least one policy backend")
+        self._backends = tuple(backends)
+        self.model = model
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        backend = self._backends[route(session_id, len(self._backends))]
+        messages = [policy_view(m.to_message()) for m in request.messages]
+        try:
+            reply = await backend.generate(messages, purpose="chat")
+        except PolicyError as exc:
+            raise UpstreamError(503, str(exc)) from exc
+        text, calls = read_action(reply.text, request, seed=f"{session_id}:{len(messages)}")
+        prompt, completion = len(reply.prompt_token_ids or ()), len(reply.token_ids or ())
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return ChatReply(
+            text=text,
+            tool_calls=calls,
+            model=self.model,
+            usage=usage,
+            prompt_token_ids=reply.prompt_token_ids,
+            token_ids=reply.token_ids,
+            logprobs=reply.logprobs,
+        )
+
+    async def models(self) -> list[str]:
+        return [self.model]
+
+
+def policy_view(message: Message) -> Message:
+    """A message as the policy reads it: an assistant's tool calls written in its action language."""
+    if message.role != "assistant" or not message.tool_calls or message.content:
+        return message
+    call = message.tool_calls[0]
+    try:
+        params = orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        params = {}
+    return Message(role="assistant", content=orjson.dumps({"tool": call.name, "params": params}).decode())
+
+
+def read_action(text: str, request: ChatRequest, *, seed: str) -> tuple[str, tuple[ToolRequest, ...]]:
+    """The policy's text as an answer: a tool call when it names a tool the request offers, the message
+    of `{"final": ...}`, or the text as it is.
+
+    >>> req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"function": {"name": "f"}}])
+    >>> read_action('{"tool": "f", "params": {"a": 1}}', req, seed="s")[1][0].arguments
+    '{"a":1}'
+    >>> read_action('{"final": "done"}', req, seed="s")
+    ('done', ())
+    """
+    if request.allows_tools():
+        choice = parse_tool_call(text)
+        if choice is not None and choice.tool in request.tool_names():
+            call_id = "call_" + hashlib.blake2b(f"{seed}:{text}".encode(), digest_size=8).hexdigest()
+            arguments = orjson.dumps(choice.params).decode()
+            return "", (ToolRequest(id=call_id, name=choice.tool, arguments=arguments),)
+    final = _final(text)
+    return (final if final is not None else text), ()
+
+
+def _final(text: str) -> str | None:
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        data = orjson.loads(text[start : end + 1])
+    except orjson.JSONDecodeError:
+        return None
+    final = data.get("final") if isinstance(data, dict) else None
+    return final if isinstance(final, str) else None
+
+
+class UpstreamChat:
+    """Proxies to an OpenAI-compatible server at `base_url` (such as `https://host/v1`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        body = request.model_dump(mode="json", exclude_none=True) | {"stream": False}
+        body.pop("stream_options", None)
+        try:
+            response = await self._http.post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(502, f"the upstream server did not answer: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise UpstreamError(response.status_code, f"the upstream server answered: {_message(response)}")
+        try:
+            return parse_completion(response.json())
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(502, f"the upstream server's answer is not a chat completion: {exc}") from exc
+
+    async def models(self) -> list[str]:
+        try:
+            response = await self._http.get("/models")
+            response.raise_for_status()
+            return [str(m["id"]) for m in response.json()["data"]]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return []
+
+
+def _message(response: httpx.Response) -> str:
+    """The message of an error answer: its OpenAI error's message, or its start."""
+    try:
+        error = response.json()["error"]
+        return str(error["message"] if isinstance(error, dict) else error)
+    except (ValueError, KeyError, TypeError):
+        return f"{response.status_code} {response.text[:200]}"
+
+
+def parse_completion(answer: dict[str, Any]) -> ChatReply:
+    """What a `chat.completion` answer says: its first choice's text and tool calls, model and usage."""
+    message = answer["choices"][0]["message"]
+    calls = tuple(
+        ToolRequest(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments") or "{}")
+        for c in message.get("tool_calls") or ()
+    )
+    usage = {k: int(v) for k, v in (answer.get("usage") or {}).items() if isinstance(v, int)}
+    return ChatReply(
+        text=message.get("content") or "", tool_calls=calls, model=str(answer.get("model", "")), usage=usage
+    )

@@ -1,0 +1,130 @@
+"""How a chat request through the gateway becomes steps of its session.
+
+A request names its session; the session opens on first use (allowing the agent's own tools, which no
+contract here describes). The `tool` messages the agent sends back (matched by `tool_call_id` to the
+tool calls of an earlier answer) become recorded tool steps, once each, with the time from the answer to
+this request as their latency. Then the model call itself becomes a recorded LLM step, answered or
+failed, whose id is the completion's id: feedback can name it, or a tool call's id, later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from sessionrl.errors import InvalidTransition, NotFound
+from sessionrl.gateway.backends import ChatReply
+from sessionrl.gateway.chat import ChatMessage, ChatRequest
+from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.orchestrator.recording import FREE_FORM_KEY
+from sessionrl.session.model import Session, SessionCreate, ToolRequest, utcnow
+from sessionrl.wire import LLMPayload, RecordedReply, RecordedResult, StepKind, StepResult, ToolPayload
+
+ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+"""What a session or call id may be (the session model's pattern)."""
+MAX_QUERY = 100_000
+
+
+async def open_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> Session:
+    """The session `session_id`, opened on first use with the request's first user message as its query."""
+    try:
+        return await engine.session(session_id)
+    except NotFound:
+        pass
+    query = next((m.text for m in request.messages if m.role == "user"), "") or "(no user message)"
+    create = SessionCreate(
+        session_id=session_id,
+        user_query=query[:MAX_QUERY],
+        tags=("gateway",),
+        metadata={FREE_FORM_KEY: True, "captured_by": "gateway", "model": request.model},
+    )
+    with contextlib.suppress(InvalidTransition):  # a concurrent first request opened it
+        await engine.init_session(create, key=f"gateway-open {session_id}")
+    return await engine.session(session_id)
+
+
+def answered_calls(messages: Sequence[ChatMessage], session: Session) -> dict[str, ToolRequest]:
+    """Every tool call the conversation's assistant messages (or the session's answers) asked for, by id."""
+    calls = {c.id: c for llm in session.llm_calls for c in llm.tool_calls}
+    for message in messages:
+        for call in message.tool_calls or ():
+            calls[call.id] = ToolRequest(
+                id=call.id, name=call.function.name, arguments=call.function.arguments
+            )
+    return calls
+
+
+async def record_tool_results(engine: Orchestrator, session: Session, request: ChatRequest) -> int:
+    """Record each `tool` message of the request not yet in the session as a tool step; return how many."""
+    asked = answered_calls(request.messages, session)
+    asked_at = {c.id: llm.finished_at for llm in session.llm_calls for c in llm.tool_calls}
+    known = session.call_ids()
+    recorded = 0
+    for message in request.messages:
+        call_id = message.tool_call_id
+        if message.role != "tool" or call_id is None or call_id in known or call_id not in asked:
+            continue
+        call = asked[call_id]
+        since = asked_at.get(call_id)
+        latency = max((utcnow() - since).total_seconds() * 1000, 0.0) if since is not None else 0.0
+        payload = ToolPayload(
+            tool=call.name,
+            params=_params(call.arguments),
+            result=RecordedResult(output=_output(message.text), latency_ms=latency),
+            call_id=call_id if ID.match(call_id) else None,
+        )
+        await engine.execute_step(
+            session.session_id, StepKind.TOOL, payload, key=f"gateway-tool {session.session_id} {call_id}"
+        )
+        known.add(call_id)
+        recorded += 1
+    return recorded
+
+
+def _params(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as parameters (text that is not a JSON object is kept under `arguments`)."""
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _output(text: str) -> Any:
+    """A tool message's content: the JSON value it spells, or the text."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+async def record_llm(
+    engine: Orchestrator,
+    session_id: str,
+    request: ChatRequest,
+    call_id: str,
+    outcome: ChatReply | str,
+    latency_ms: float,
+) -> StepResult:
+    """Record the model call: its answer, or (a string) why it failed."""
+    if isinstance(outcome, str):
+        reply = RecordedReply(model=request.model or None, latency_ms=latency_ms, error=outcome)
+    else:
+        reply = RecordedReply(
+            text=outcome.text,
+            tool_calls=outcome.tool_calls,
+            model=outcome.model or request.model or None,
+            usage=outcome.usage,
+            latency_ms=latency_ms,
+            prompt_token_ids=outcome.prompt_token_ids,
+            token_ids=outcome.token_ids,
+            logprobs=outcome.logprobs,
+        )
+    payload = LLMPayload(
+        messages=tuple(m.to_message() for m in request.messages), purpose="chat", reply=reply, call_id=call_id
+    )
+    return await engine.execute_step(session_id, StepKind.LLM, payload)

@@ -1,0 +1,122 @@
+"""The OpenAI-compatible gateway: `POST .../v1/chat/completions` and `GET .../v1/models`.
+
+An agent names its session in its base URL (`/gateway/sessions/{session_id}/v1`) or, at `/v1`, in an
+`X-Session-Id` header; its API key is a sessionrl token. Each request is recorded in its session (see
+`sessionrl.gateway.capture`) and answered by the app's chat backend, as JSON or, with `stream: true`, as
+server-sent events. Errors are answered as OpenAI errors (`{"error": {...}}`), which OpenAI clients read.
+
+These routes are not among `ROUTERS`: the app includes them after the others, and the shortcut (which
+serves the session API's writes) leaves them to the framework.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import StreamingResponse
+
+from sessionrl.errors import SessionRLError
+from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
+from sessionrl.gateway.capture import ID, open_session, record_llm, record_tool_results
+from sessionrl.gateway.chat import ChatRequest, completion, error_body, models_page, stream_events
+from sessionrl.service import problems
+from sessionrl.service.deps import JSONAnswer, Reader, Writer, engine_of
+
+router = APIRouter(tags=["gateway"])
+
+SessionHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Session-Id",
+        pattern=ID.pattern,
+        description="The session to record in (opened on first use), when the base URL does not name one.",
+    ),
+]
+
+
+@router.post("/gateway/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
+async def chat_in_session(
+    session_id: str, body: ChatRequest, request: Request, principal: Writer
+) -> Response:
+    """An OpenAI chat completion, recorded in the session the base URL names."""
+    return await chat(request, session_id, body)
+
+
+@router.post("/v1/chat/completions", summary="Chat completion in the header's session")
+async def chat_by_header(
+    body: ChatRequest, request: Request, principal: Writer, session_id: SessionHeader = None
+) -> Response:
+    """An OpenAI chat completion, recorded in the session of the `X-Session-Id` header."""
+    if session_id is None:
+        message = "name the session: base URL /gateway/sessions/{session_id}/v1, or an X-Session-Id header"
+        return openai_error(400, message, "invalid_request_error", "session_required")
+    return await chat(request, session_id, body)
+
+
+@router.get("/gateway/sessions/{session_id}/v1/models", summary="Models, in a session's base URL")
+async def models_in_session(session_id: str, request: Request, principal: Reader) -> Response:
+    """The models the gateway serves."""
+    return await served_models(request)
+
+
+@router.get("/v1/models", summary="Models the gateway serves")
+async def models(request: Request, principal: Reader) -> Response:
+    """The models the gateway serves."""
+    return await served_models(request)
+
+
+async def served_models(request: Request) -> Response:
+    """The chat backend's models as a `GET /models` answer."""
+    backend: ChatBackend | None = request.app.state.chat
+    names = await backend.models() if backend is not None else []
+    return JSONAnswer(orjson.dumps(models_page(names)))
+
+
+async def chat(request: Request, session_id: str, body: ChatRequest) -> Response:
+    """Record the request's tool results, ask the backend, record the model call, answer the agent."""
+    if not ID.match(session_id):
+        return openai_error(400, f"not a session id: {session_id[:40]!r}", "invalid_request_error", "bad_id")
+    backend: ChatBackend | None = request.app.state.chat
+    if backend is None:
+        return openai_error(503, "this service has no chat backend", "server_error", "no_backend")
+    engine = engine_of(request)
+    call_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    try:
+        session = await open_session(engine, session_id, body)
+        await record_tool_results(engine, session, body)
+        started = time.perf_counter()
+        outcome: ChatReply | UpstreamError
+        try:
+            outcome = await backend.complete(body, session_id)
+        except UpstreamError as exc:
+            outcome = exc
+        latency_ms = (time.perf_counter() - started) * 1000
+        recorded = outcome.message if isinstance(outcome, UpstreamError) else outcome
+        await record_llm(engine, session_id, body, call_id, recorded, latency_ms)
+    except SessionRLError as exc:
+        return named_error(exc)
+    if isinstance(outcome, UpstreamError):
+        status = outcome.status if 400 <= outcome.status < 600 else 502
+        return openai_error(status, outcome.message, "upstream_error", "upstream_failed")
+    answer = completion(call_id, outcome.model or body.model, outcome.text, outcome.tool_calls, outcome.usage)
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(stream_events(answer, include_usage=usage), media_type="text/event-stream")
+    return JSONAnswer(orjson.dumps(answer))
+
+
+def openai_error(status: int, message: str, kind: str, code: str) -> Response:
+    """An OpenAI-style error answer."""
+    return JSONAnswer(orjson.dumps(error_body(message, kind, code)), status)
+
+
+def named_error(exc: SessionRLError) -> Response:
+    """A named sessionrl error as an OpenAI-style error, with the status the session API gives it."""
+    known = ((status, code) for kind, status, code in problems.STATUS if isinstance(exc, kind))
+    status, code = next(known, (500, "internal"))
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return openai_error(status, str(exc), kind, code)
