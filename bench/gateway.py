@@ -1,0 +1,168 @@
+"""Benchmark of the OpenAI-compatible gateway against the same chat backend called directly.
+
+Two servers run side by side on loopback, each in its own process, both answering chat completions with
+the same fast scripted backend (a fixed text answer): `sessionrl`'s gateway, which also records every
+request as a step of its session in a durable SQLite store, and a bare endpoint that only calls the
+backend. The same load (concurrent keep-alive connections, each agent sending `--turns` requests to one
+session before opening the next) goes to each in alternating rounds, so drift in the machine's speed
+reaches both alike. Printed: requests/s and latency percentiles of each; the last line is one JSON object
+with `gateway_rps`, `direct_rps`, `overhead_ms_p50` (the gateway's median latency minus the direct one's)
+and `ratio` (gateway_rps / direct_rps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+
+TOKEN = "bench-token"
+HOST = "127.0.0.1"
+
+
+def build_app(kind: str, db: str) -> Any:
+    """The server of `kind`: the gateway over a store at `db`, or the bare endpoint."""
+    from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
+    from sessionrl.gateway.chat import completion
+    from sessionrl.service import ServiceConfig, create_app, parse_tokens
+
+    backend = ScriptedChat(
+        lambda request: ChatReply(text="ok", usage={"prompt_tokens": 8, "completion_tokens": 1})
+    )
+    if kind == "gateway":
+        config = ServiceConfig(
+            db_url=f"sqlite:///{db}", tokens=parse_tokens(f"{TOKEN}:read,write"), rate_per_s=1e9
+        )
+        return create_app(config, skills=[], chat=backend)
+    app = FastAPI()
+
+    @app.post("/gateway/sessions/{session_id}/v1/chat/completions")
+    async def direct(session_id: str, request: Request) -> Response:
+        body = ChatRequest.model_validate_json(await request.body())
+        reply = await backend.complete(body, session_id)
+        answer = completion("chatcmpl-direct", reply.model, reply.text, reply.tool_calls, reply.usage)
+        return Response(json.dumps(answer), media_type="application/json")
+
+    return app
+
+
+def serve(kind: str, port: int, db: str) -> None:
+    import uvicorn
+
+    uvicorn.run(build_app(kind, db), host=HOST, port=port, log_level="warning", access_log=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def start(kind: str, db: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port), "--db", db])
+    url = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((HOST, port), timeout=0.2):
+                return process, url
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise SystemExit(f"the {kind} server did not start")
+
+
+async def load(
+    url: str, *, requests: int, concurrency: int, turns: int, tag: str
+) -> tuple[float, list[float]]:
+    """Send `requests` chat completions from `concurrency` agents; return requests/s and latencies (ms)."""
+    latencies: list[float] = []
+    per_agent = requests // concurrency
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as client:
+
+        async def agent(a: int) -> None:
+            messages: list[dict[str, Any]] = []
+            for i in range(per_agent):
+                if i % turns == 0:
+                    messages = [{"role": "user", "content": f"question {a}.{i}"}]
+                path = f"/gateway/sessions/{tag}-{a}-{i // turns}/v1/chat/completions"
+                started = time.perf_counter()
+                response = await client.post(path, json={"model": "m", "messages": messages})
+                latencies.append((time.perf_counter() - started) * 1000)
+                response.raise_for_status()
+                messages = [
+                    *messages,
+                    response.json()["choices"][0]["message"],
+                    {"role": "user", "content": "and?"},
+                ]
+
+        began = time.perf_counter()
+        await asyncio.gather(*(agent(a) for a in range(concurrency)))
+        return len(latencies) / (time.perf_counter() - began), latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000, help="Requests per round and server.")
+    parser.add_argument("--concurrency", type=int, default=32, help="Agents sending at once.")
+    parser.add_argument("--turns", type=int, default=8, help="Requests per session.")
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds per server.")
+    parser.add_argument("--serve", choices=["gateway", "direct"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port, args.db)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {kind: start(kind, str(Path(tmp) / f"{kind}.db")) for kind in ("gateway", "direct")}
+        rps: dict[str, list[float]] = {"gateway": [], "direct": []}
+        latency: dict[str, list[float]] = {"gateway": [], "direct": []}
+        try:
+            for r in range(args.rounds):
+                for kind, (_, url) in servers.items():
+                    got, lat = asyncio.run(
+                        load(
+                            url,
+                            requests=args.requests,
+                            concurrency=args.concurrency,
+                            turns=args.turns,
+                            tag=f"r{r}",
+                        )
+                    )
+                    rps[kind].append(got)
+                    latency[kind] += lat
+                    print(
+                        f"round {r} {kind:8s} {got:8.0f} req/s  p50 {statistics.median(lat):6.2f} ms",
+                        flush=True,
+                    )
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(timeout=30)
+    p50 = {k: statistics.median(v) for k, v in latency.items()}
+    result = {
+        "gateway_rps": round(statistics.median(rps["gateway"]), 1),
+        "direct_rps": round(statistics.median(rps["direct"]), 1),
+        "overhead_ms_p50": round(p50["gateway"] - p50["direct"], 3),
+    }
+    result["ratio"] = round(result["gateway_rps"] / result["direct_rps"], 3)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
