@@ -1,14 +1,24 @@
-"""Fixtures for the store tests: an in-memory store, a file store, and a session that is running."""
+"""Fixtures for the store tests, each on both backends: a store, a store at a URL, raw SQL on its
+database, and a session that is running.
+
+Every test that takes `store`, `db_url`, `file_store` (or a fixture built on them) runs once on SQLite and
+once on PostgreSQL (`store_backend`). The PostgreSQL server is started once per test session in a
+temporary folder (`LocalPostgres`), and each test gets a schema of its own in one database, dropped
+after it. Without PostgreSQL's programs or psycopg, the PostgreSQL runs are skipped, saying why. A test
+about one engine's internals pins `store_backend` with `@pytest.mark.parametrize("store_backend", [...])`.
+"""
 
 from __future__ import annotations
 
-import sqlite3
+import itertools
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from store_support import FreshURL, RawDB
 
 from sessionrl.session import (
     CallStatus,
@@ -22,12 +32,64 @@ from sessionrl.session import (
     ToolCallRecorded,
 )
 from sessionrl.store import SessionStore
+from sessionrl.store.postgres_server import LocalPostgres, find_bin_dir
+
+TEST_DATABASE = "store_tests"
+_schemas = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[LocalPostgres]:
+    """One PostgreSQL server for the whole run, with a database whose schemas the tests take."""
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed: no initdb on PATH or under /usr/lib/postgresql/*/bin")
+    psycopg = pytest.importorskip(
+        "psycopg", reason="psycopg is not installed (pip install 'psycopg[binary]')"
+    )
+    with LocalPostgres(bin_dir) as server:
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {TEST_DATABASE}")
+        with psycopg.connect(server.url(TEST_DATABASE), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_trgm SCHEMA public")
+        yield server
+
+
+@contextmanager
+def pg_schema(server: LocalPostgres) -> Iterator[str]:
+    """A URL naming a new, empty schema of the test database (dropped afterwards)."""
+    import psycopg
+
+    name = f"t{next(_schemas)}"
+    with psycopg.connect(server.url(TEST_DATABASE), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield server.url(TEST_DATABASE, f"-csearch_path={name},public")
+    finally:
+        with psycopg.connect(server.url(TEST_DATABASE), autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_backend(request: pytest.FixtureRequest) -> str:
+    """The backend the test's stores use."""
+    return str(request.param)
 
 
 @pytest.fixture
-def store() -> Iterator[SessionStore]:
-    with SessionStore.open("sqlite://") as s:
-        yield s
+def fresh_url(store_backend: str, request: pytest.FixtureRequest) -> FreshURL:
+    """`with fresh_url() as url:` a URL of an empty store on the test's backend, gone afterwards (for
+    tests, such as hypothesis ones, that need a new store per example)."""
+    if store_backend == "sqlite":
+
+        @contextmanager
+        def sqlite_url() -> Iterator[str]:
+            folder = request.getfixturevalue("tmp_path_factory").mktemp("store")
+            yield f"sqlite:///{folder / 'sessions.db'}"
+
+        return sqlite_url
+    server: LocalPostgres = request.getfixturevalue("pg_server")
+    return lambda: pg_schema(server)
 
 
 @pytest.fixture
@@ -36,14 +98,33 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def db_url(db_path: Path) -> str:
-    return f"sqlite:///{db_path}"
+def db_url(store_backend: str, db_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of an empty store on the test's backend (a file for SQLite, a schema for PostgreSQL)."""
+    if store_backend == "sqlite":
+        yield f"sqlite:///{db_path}"
+    else:
+        with pg_schema(request.getfixturevalue("pg_server")) as url:
+            yield url
+
+
+@pytest.fixture
+def store(store_backend: str, request: pytest.FixtureRequest) -> Iterator[SessionStore]:
+    """A store on the test's backend (in memory for SQLite)."""
+    url = "sqlite://" if store_backend == "sqlite" else request.getfixturevalue("db_url")
+    with SessionStore.open(url) as s:
+        yield s
 
 
 @pytest.fixture
 def file_store(db_url: str) -> Iterator[SessionStore]:
     with SessionStore.open(db_url) as s:
         yield s
+
+
+@pytest.fixture
+def raw(db_url: str) -> RawDB:
+    """Plain SQL on the database of `db_url` (and so of `file_store`)."""
+    return RawDB(db_url)
 
 
 def start_session(store: SessionStore, sid: str = "s1") -> None:
@@ -73,7 +154,7 @@ def file_running(file_store: SessionStore) -> SessionStore:
 V1_AT = "2024-05-01T10:00:00Z"
 
 
-def write_v1_session(path: Path, sid: str, root_goal: str, subgoals: list[str]) -> None:
+def write_v1_session(db: RawDB, sid: str, root_goal: str, subgoals: list[str]) -> None:
     """Write, with plain SQL, a session as a schema-v1 store held it: plan sub-goals as bare strings.
 
     The log has the session's creation and its v1 plan; the materialised document is v1 throughout.
@@ -101,7 +182,7 @@ def write_v1_session(path: Path, sid: str, root_goal: str, subgoals: list[str]) 
         "execution": {"tool_calls": [], "llm_calls": [], "final_output": None},
         "feedback": {"feedback": []},
     }
-    with sqlite3.connect(path) as conn:
+    with db.connect() as conn:
         for seq, event in ((1, created), (2, plan_set)):
             conn.execute(
                 "INSERT INTO events (session_id, seq, event_id, type, schema_version, at, payload)"
@@ -120,10 +201,9 @@ def write_v1_session(path: Path, sid: str, root_goal: str, subgoals: list[str]) 
             "INSERT INTO session_shard VALUES (?, ?, ?)",
             [(sid, name, orjson.dumps(doc).decode()) for name, doc in shards.items()],
         )
-    conn.close()
 
 
 @pytest.fixture
-def write_v1() -> Callable[[Path, str, str, list[str]], None]:
-    """`write_v1(db_path, session_id, root_goal, subgoals)` writes a schema-v1 session with plain SQL."""
+def write_v1() -> Callable[[RawDB, str, str, list[str]], None]:
+    """`write_v1(raw, session_id, root_goal, subgoals)` writes a schema-v1 session with plain SQL."""
     return write_v1_session

@@ -17,9 +17,9 @@ from sessionrl.store.dialect import STORE_SCHEMA, SQLiteBackend
 
 def test_an_unknown_scheme_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(InvalidStoreURL) as err:
-        SessionStore.open("postgresql://localhost/db")
-    assert err.value.url == "postgresql://localhost/db"
-    assert "known: sqlite://" in str(err.value)
+        SessionStore.open("mysql://localhost/db")
+    assert err.value.url == "mysql://localhost/db"
+    assert "known: postgres://, postgresql://, sqlite://" in str(err.value)
     assert isinstance(err.value, SessionRLError)
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
+from store_support import RawDB
 
 from sessionrl.session import SessionCreate, fold
 from sessionrl.session.codec import digest
@@ -32,10 +31,8 @@ def traffic(file_store: SessionStore) -> SessionStore:
     return file_store
 
 
-def tamper(path: Path, sql: str, *params: object) -> None:
-    with sqlite3.connect(path) as conn:
-        assert conn.execute(sql, params).rowcount > 0
-    conn.close()
+def tamper(raw: RawDB, sql: str, *params: object) -> None:
+    assert raw.run(sql, *params) > 0
 
 
 def drift_of(store: SessionStore, **kw: object) -> set[tuple[str, str]]:
@@ -50,12 +47,12 @@ def test_an_untouched_store_is_clean(traffic: SessionStore) -> None:
 
 
 def test_a_tampered_shard_is_found_and_repaired_from_the_log(
-    traffic: SessionStore, db_path: Path, db_url: str
+    traffic: SessionStore, raw: RawDB, db_url: str
 ) -> None:
     victim = traffic.session_ids()[3]
     logged = fold(e.event for e in traffic.events(victim))
     tamper(
-        db_path,
+        raw,
         'UPDATE session_shard SET doc = replace(doc, \'"status":"success"\', \'"status":"error"\')'
         " WHERE session_id = ? AND shard = 'execution'",
         victim,
@@ -70,11 +67,11 @@ def test_a_tampered_shard_is_found_and_repaired_from_the_log(
         assert fresh.get(victim) == logged
 
 
-def test_tampered_or_missing_query_rows_are_found_and_repaired(traffic: SessionStore, db_path: Path) -> None:
+def test_tampered_or_missing_query_rows_are_found_and_repaired(traffic: SessionStore, raw: RawDB) -> None:
     a, b, c = traffic.session_ids()[:3]
-    tamper(db_path, "UPDATE tool_calls SET status = 'timeout' WHERE session_id = ?", a)
-    tamper(db_path, "DELETE FROM feedback WHERE session_id = ?", b)
-    tamper(db_path, "INSERT INTO session_tags VALUES (?, 'bogus')", c)
+    tamper(raw, "UPDATE tool_calls SET status = 'timeout' WHERE session_id = ?", a)
+    tamper(raw, "DELETE FROM feedback WHERE session_id = ?", b)
+    tamper(raw, "INSERT INTO session_tags VALUES (?, 'bogus')", c)
     report = traffic.consistency_check(repair=True)
     assert {(d.session_id, d.kind) for d in report.drift} == {(a, "query"), (b, "query"), (c, "query")}
     assert "tool_calls" in next(d.detail for d in report.drift if d.session_id == a)
@@ -82,20 +79,20 @@ def test_tampered_or_missing_query_rows_are_found_and_repaired(traffic: SessionS
     assert traffic.consistency_check().clean
 
 
-def test_a_lost_materialised_session_is_rebuilt(traffic: SessionStore, db_path: Path, db_url: str) -> None:
+def test_a_lost_materialised_session_is_rebuilt(traffic: SessionStore, raw: RawDB, db_url: str) -> None:
     victim = traffic.session_ids()[0]
     expected = traffic.get(victim)
-    tamper(db_path, "DELETE FROM session_head WHERE session_id = ?", victim)
-    tamper(db_path, "DELETE FROM session_shard WHERE session_id = ?", victim)
+    tamper(raw, "DELETE FROM session_head WHERE session_id = ?", victim)
+    tamper(raw, "DELETE FROM session_shard WHERE session_id = ?", victim)
     assert drift_of(traffic) == {(victim, "materialised")}
     traffic.consistency_check(repair=True)
     with SessionStore.open(db_url) as fresh:
         assert fresh.get(victim) == expected
 
 
-def test_a_session_without_a_log_is_removed_by_repair(traffic: SessionStore, db_path: Path) -> None:
+def test_a_session_without_a_log_is_removed_by_repair(traffic: SessionStore, raw: RawDB) -> None:
     victim = traffic.session_ids()[0]
-    tamper(db_path, "DELETE FROM events WHERE session_id = ?", victim)
+    tamper(raw, "DELETE FROM events WHERE session_id = ?", victim)
     assert drift_of(traffic) == {(victim, "materialised"), (victim, "query")}
     traffic.consistency_check(repair=True)
     assert victim not in traffic.session_ids()
@@ -103,9 +100,9 @@ def test_a_session_without_a_log_is_removed_by_repair(traffic: SessionStore, db_
     assert traffic.consistency_check().clean
 
 
-def test_a_gap_in_the_log_is_reported_but_not_repaired(traffic: SessionStore, db_path: Path) -> None:
+def test_a_gap_in_the_log_is_reported_but_not_repaired(traffic: SessionStore, raw: RawDB) -> None:
     victim = traffic.session_ids()[0]
-    tamper(db_path, "DELETE FROM events WHERE session_id = ? AND seq = 2", victim)
+    tamper(raw, "DELETE FROM events WHERE session_id = ? AND seq = 2", victim)
     report = traffic.consistency_check(repair=True)
     assert [(d.session_id, d.kind) for d in report.drift] == [(victim, "log")]
     assert "sequence" in report.drift[0].detail
@@ -121,12 +118,10 @@ def test_an_archive_is_compared_by_digest(traffic: SessionStore) -> None:
 
 
 def test_sessions_waiting_for_projection_are_not_drift_and_a_check_writes_nothing(
-    file_store: SessionStore, db_path: Path
+    file_store: SessionStore, raw: RawDB
 ) -> None:
     file_store.create(SessionCreate(user_query="q", session_id="fresh"))
     report = file_store.consistency_check()
     assert report.clean
     assert report.sessions == 1
-    with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone() == (0,)
-    conn.close()
+    assert raw.rows("SELECT COUNT(*) FROM sessions") == [(0,)]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import RawDB
 
 from sessionrl.errors import EventTooLarge, InvalidEvent, InvalidTransition, NotFound, StaleState
 from sessionrl.session import (
@@ -37,12 +36,13 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 def counts(store: SessionStore) -> dict[str, Any]:
     """Rows in every table an append writes."""
-    return store.sql(
+    found = store.sql(
         "SELECT (SELECT COUNT(*) FROM events) AS events, (SELECT COUNT(*) FROM outbox) AS outbox,"
-        " (SELECT COUNT(*) FROM session_head) AS heads,"
-        " (SELECT group_concat(doc, '|') FROM session_shard) AS shards,"
-        " (SELECT group_concat(doc, '|') FROM session_head) AS head_docs"
+        " (SELECT COUNT(*) FROM session_head) AS heads"
     )[0]
+    for name, table in (("shards", "session_shard"), ("head_docs", "session_head")):
+        found[name] = [r["doc"] for r in store.sql(f"SELECT doc FROM {table} ORDER BY session_id")]
+    return found
 
 
 def tool_call(call_id: str, status: CallStatus = CallStatus.SUCCESS, **extra: Any) -> ToolCallRecorded:
@@ -81,14 +81,10 @@ def test_a_fresh_connection_reads_what_the_fold_of_the_log_gives(
     assert [e.type for e in log] == ["session_created", "plan_set", "state_changed", "tool_call", "feedback"]
 
 
-def test_an_event_rewrites_only_its_own_shard(file_running: SessionStore, db_path: Path) -> None:
-    with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE session_shard SET doc = replace(doc, 'triage', 'MARK') WHERE shard = 'plan'")
-    raw.close()
+def test_an_event_rewrites_only_its_own_shard(file_running: SessionStore, raw: RawDB) -> None:
+    raw.run("UPDATE session_shard SET doc = replace(doc, 'triage', 'MARK') WHERE shard = 'plan'")
     file_running.append("s1", tool_call("c2"))
-    with sqlite3.connect(db_path) as raw:
-        docs = dict(raw.execute("SELECT shard, doc FROM session_shard WHERE session_id = 's1'").fetchall())
-    raw.close()
+    docs = dict(raw.rows("SELECT shard, doc FROM session_shard WHERE session_id = 's1'"))
     assert "MARK" in docs["plan"]  # not rewritten by a tool call
     assert '"c2"' in docs["execution"]
 
@@ -362,9 +358,9 @@ def test_late_arriving_older_feedback_does_not_overwrite_newer(running: SessionS
 
 
 def test_a_v1_document_reads_back_as_v2(
-    file_store: SessionStore, db_path: Path, write_v1: Callable[[Path, str, str, list[str]], None]
+    file_store: SessionStore, raw: RawDB, write_v1: Callable[[RawDB, str, str, list[str]], None]
 ) -> None:
-    write_v1(db_path, "old", "triage", ["parse labs", "retrieve guideline"])
+    write_v1(raw, "old", "triage", ["parse labs", "retrieve guideline"])
     session = file_store.get("old")
     assert session.schema_version == 2
     assert session.plan is not None
@@ -380,18 +376,14 @@ def test_a_v1_document_reads_back_as_v2(
 
 
 def test_appending_to_a_v1_session_rewrites_it_as_v2(
-    file_store: SessionStore, db_path: Path, write_v1: Callable[[Path, str, str, list[str]], None]
+    file_store: SessionStore, raw: RawDB, write_v1: Callable[[RawDB, str, str, list[str]], None]
 ) -> None:
-    write_v1(db_path, "old", "triage", ["parse labs"])
+    write_v1(raw, "old", "triage", ["parse labs"])
     file_store.append("old", OutputSet(output=FinalOutput(text="done")))
-    with sqlite3.connect(db_path) as raw:
-        version = raw.execute("SELECT schema_version FROM session_head WHERE session_id = 'old'").fetchone()
-        plan = raw.execute(
-            "SELECT doc FROM session_shard WHERE session_id = 'old' AND shard = 'plan'"
-        ).fetchone()
-    raw.close()
+    [version] = raw.rows("SELECT schema_version FROM session_head WHERE session_id = 'old'")
+    [plan] = raw.rows("SELECT doc FROM session_shard WHERE session_id = 'old' AND shard = 'plan'")
     assert version == (2,)
     assert '"id":"g1"' in plan[0]
-    with SessionStore.open(f"sqlite:///{db_path}") as other:
+    with SessionStore.open(raw.url) as other:
         assert digest(other.get("old")) == digest(file_store.get("old"))
     assert file_store.consistency_check().clean

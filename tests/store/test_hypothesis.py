@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_support import FreshURL, RawDB
 
 from sessionrl.session import (
     TRANSITIONS,
@@ -140,12 +139,15 @@ def _dump(events: list[Any]) -> list[dict[str, Any]]:
     return [e.model_dump(mode="json") for e in events]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(events=sessions_events())
-def test_any_valid_sequence_reads_back_as_its_fold(events: list[Event]) -> None:
+def test_any_valid_sequence_reads_back_as_its_fold(fresh_url: FreshURL, events: list[Event]) -> None:
     expected = fold(events)
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{Path(tmp) / 's.db'}"
+    with fresh_url() as url:
         with SessionStore.open(url) as store:
             for event in events:
                 store.append("s", event)
@@ -160,17 +162,18 @@ def test_any_valid_sequence_reads_back_as_its_fold(events: list[Event]) -> None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(root=TEXT, subgoals=st.lists(TEXT, max_size=8))
 def test_v1_documents_keep_every_description_in_order_and_the_root_goal(
-    write_v1: Callable[[Path, str, str, list[str]], None], root: str, subgoals: list[str]
+    fresh_url: FreshURL,
+    write_v1: Callable[[RawDB, str, str, list[str]], None],
+    root: str,
+    subgoals: list[str],
 ) -> None:
-    """`write_v1` is a plain function (no state), so sharing it across examples is safe."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "s.db"
-        with SessionStore.open(f"sqlite:///{path}") as store:
-            write_v1(path, "old", root, subgoals)
-            plan = store.get("old").plan
-            assert plan is not None
-            assert plan.root_goal == root
-            assert [g.description for g in plan.subgoals] == subgoals
-            assert [g.id for g in plan.subgoals] == [f"g{i}" for i in range(1, len(subgoals) + 1)]
-            logged = fold(e.event for e in store.events("old")).plan
-            assert logged == plan
+    """`write_v1` and `fresh_url` are plain functions (no state), so sharing them across examples is safe."""
+    with fresh_url() as url, SessionStore.open(url) as store:
+        write_v1(RawDB(url), "old", root, subgoals)
+        plan = store.get("old").plan
+        assert plan is not None
+        assert plan.root_goal == root
+        assert [g.description for g in plan.subgoals] == subgoals
+        assert [g.id for g in plan.subgoals] == [f"g{i}" for i in range(1, len(subgoals) + 1)]
+        logged = fold(e.event for e in store.events("old")).plan
+        assert logged == plan

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import RawDB
 
 from sessionrl.session import (
     Anchor,
@@ -26,11 +25,8 @@ def tables(store: SessionStore) -> dict[str, list[dict[str, Any]]]:
     return {t: store.sql(f"SELECT * FROM {t} ORDER BY 1, 2") for t in projector.COLUMNS}
 
 
-def raw_count(path: Path, sql: str) -> int:
-    with sqlite3.connect(path) as conn:
-        value = int(conn.execute(sql).fetchone()[0])
-    conn.close()
-    return value
+def raw_count(raw: RawDB, sql: str) -> int:
+    return int(raw.rows(sql)[0][0])
 
 
 def test_projection_flattens_a_session_into_its_tables(running: SessionStore) -> None:
@@ -55,26 +51,20 @@ def test_projecting_twice_changes_nothing(running: SessionStore) -> None:
     assert tables(running) == first
 
 
-def test_redelivered_outbox_rows_are_skipped_not_duplicated(
-    file_running: SessionStore, db_path: Path
-) -> None:
+def test_redelivered_outbox_rows_are_skipped_not_duplicated(file_running: SessionStore, raw: RawDB) -> None:
     file_running.project()
     first = tables(file_running)
-    with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE cursors SET position = 0 WHERE name = 'projector'")
-    conn.close()
+    raw.run("UPDATE cursors SET position = 0 WHERE name = 'projector'")
     assert file_running.project() == 4  # consumed again, but every session is already at its seq
     assert tables(file_running) == first
 
 
-def test_a_crash_between_commit_and_projection_loses_and_duplicates_nothing(
-    db_url: str, db_path: Path
-) -> None:
+def test_a_crash_between_commit_and_projection_loses_and_duplicates_nothing(db_url: str, raw: RawDB) -> None:
     store = SessionStore.open(db_url)
     for i in range(3):
         store.create(SessionCreate(user_query=f"q{i}", session_id=f"s{i}"))
     store.close()  # acknowledged and committed; the process "dies" before any projection
-    assert raw_count(db_path, "SELECT COUNT(*) FROM sessions") == 0
+    assert raw_count(raw, "SELECT COUNT(*) FROM sessions") == 0
     with SessionStore.open(db_url) as reopened:
         assert reopened.project() == 3
         assert [r["session_id"] for r in reopened.sql("SELECT session_id FROM sessions ORDER BY 1")] == [
@@ -86,7 +76,7 @@ def test_a_crash_between_commit_and_projection_loses_and_duplicates_nothing(
 
 
 def test_a_projection_that_fails_midway_rolls_back_and_resumes(
-    file_running: SessionStore, db_path: Path, monkeypatch: pytest.MonkeyPatch
+    file_running: SessionStore, raw: RawDB, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     file_running.create(SessionCreate(user_query="q", session_id="s2"))
     real = projector.flatten
@@ -100,8 +90,8 @@ def test_a_projection_that_fails_midway_rolls_back_and_resumes(
     with pytest.raises(RuntimeError):
         file_running.project()
     # s1 was flattened before the failure, but the whole batch rolled back with the cursor
-    assert raw_count(db_path, "SELECT COUNT(*) FROM sessions") == 0
-    assert raw_count(db_path, "SELECT COUNT(*) FROM cursors") == 0
+    assert raw_count(raw, "SELECT COUNT(*) FROM sessions") == 0
+    assert raw_count(raw, "SELECT COUNT(*) FROM cursors") == 0
     monkeypatch.setattr(projector, "flatten", real)
     assert file_running.project() == 5
     assert [r["session_id"] for r in file_running.sql("SELECT session_id FROM sessions ORDER BY 1")] == [

@@ -180,7 +180,9 @@ def test_bad_queries_are_rejected(bad: dict[str, object]) -> None:
     ],
 )
 @pytest.mark.parametrize("fixture", ["running", "file_running"])
-def test_sql_refuses_anything_that_writes(fixture: str, sql: str, request: pytest.FixtureRequest) -> None:
+def test_sql_refuses_anything_that_writes(
+    fixture: str, sql: str, store_backend: str, request: pytest.FixtureRequest
+) -> None:
     store: SessionStore = request.getfixturevalue(fixture)
     before = store.sql("SELECT COUNT(*) AS n FROM sessions")
     with pytest.raises(InvalidQuery):

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_support import FreshURL
 
 from sessionrl.cli.store_demo import CHRONIC_NEEDLES, CHRONIC_TOOL, chronic_answer
 from sessionrl.errors import InvalidQuery
@@ -72,15 +73,15 @@ ALPHABET = 'aAbBéÉ%_\\" 慢性病'
 quote, a space, and the three characters of 慢性病."""
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     comments=st.lists(st.none() | st.text(ALPHABET, max_size=12), min_size=1, max_size=8),
     needles=st.lists(st.text(ALPHABET, min_size=1, max_size=4), min_size=1, max_size=4),
 )
 def test_comment_search_is_an_ascii_case_insensitive_substring_test(
-    comments: list[str | None], needles: list[str]
+    fresh_url: FreshURL, comments: list[str | None], needles: list[str]
 ) -> None:
-    with SessionStore.open("sqlite://") as store:
+    with fresh_url() as url, SessionStore.open(url) as store:
         add_comments(store, comments)
         for needle in needles:
             expected = {
@@ -91,6 +92,7 @@ def test_comment_search_is_an_ascii_case_insensitive_substring_test(
             assert found(store, needle) == expected, needle
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_non_ascii_case_is_not_folded_although_the_index_folds_it(store: SessionStore) -> None:
     add_comments(store, ["ÉTÉ chaud", "été chaud", "été CHAUD"])
     # the index alone finds every spelling: it folds case beyond ASCII
@@ -102,6 +104,7 @@ def test_non_ascii_case_is_not_folded_although_the_index_folds_it(store: Session
     assert found(store, "té") == {"s1", "s2"}  # two characters: scanned with LIKE
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_three_characters_use_the_index_and_shorter_needles_scan(
     file_store: SessionStore, db_path: Path
 ) -> None:
@@ -147,6 +150,7 @@ def test_the_chronic_question_agrees_typed_in_sql_and_in_the_sessions(
 # kept in step by the projector
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_the_index_follows_projection_reprojection_and_late_feedback(
     file_store: SessionStore, db_path: Path
 ) -> None:
@@ -166,6 +170,7 @@ def test_the_index_follows_projection_reprojection_and_late_feedback(
     assert index_check(db_path) is None
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_read_only_sql_can_search_first_thing_and_still_cannot_write(
     file_store: SessionStore, db_url: str
 ) -> None:
@@ -188,6 +193,7 @@ def test_read_only_sql_can_search_first_thing_and_still_cannot_write(
 # checked and repaired
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_a_tampered_index_is_found_and_rebuilt(file_store: SessionStore, db_path: Path) -> None:
     add_comments(file_store, ["chronic disease", "fine"])
     file_store.project()
@@ -202,6 +208,7 @@ def test_a_tampered_index_is_found_and_rebuilt(file_store: SessionStore, db_path
     assert found(file_store, "chronic disease") == {"s0"}
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_repairing_a_tampered_comment_repairs_its_index_entry(
     file_store: SessionStore, db_path: Path
 ) -> None:
@@ -250,6 +257,7 @@ def make_layout_1(path: Path) -> None:
     conn.close()
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"])  # FTS5 internals
 def test_a_layout_1_store_gets_its_text_index_on_open(db_url: str, db_path: Path) -> None:
     with SessionStore.open(db_url) as store:
         add_comments(store, ["chronic disease", None, "慢性病", "CHRONIC DISEASE again"])

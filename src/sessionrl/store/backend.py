@@ -2,22 +2,23 @@
 
 The store's modules speak one SQL: `?` parameters, `INSERT ... ON CONFLICT`, no engine-specific
 functions. They run it on a `Connection` that a `Backend` hands out inside a transaction (`atomic` for
-writes, `snapshot` for reads). What differs between engines (the DDL, connection settings, locking, the
-read-only guard for user SQL, how feedback text is searched and its index checked) is the backend's.
+writes, `snapshot` for reads). What differs between engines (the DDL, connection settings, locking across
+processes (`serialise`), the read-only guard for user SQL, how feedback text is searched and its index
+checked) is the backend's.
 
 A second engine is one more module with a class of this shape and one more row in `BACKENDS`; a driver
 that spells parameters otherwise (`%s`) translates them in its `Connection`. `SessionStore.open(url)`
 picks the backend by the URL's scheme:
 
 >>> sorted(BACKENDS)
-['sqlite']
+['postgres', 'postgresql', 'sqlite']
 >>> scheme("sqlite:///sessions.db"), scheme("sessions.db")
 ('sqlite', '')
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -70,6 +71,11 @@ class Backend(Protocol):
         """A read transaction: every statement inside sees the same committed state."""
         ...
 
+    def serialise(self, conn: Connection, keys: Sequence[str]) -> None:
+        """Inside `atomic`: make other processes' transactions naming any of these keys (`session:<id>`,
+        `projector`) wait until this one ends; a no-op where the engine runs one writer at a time."""
+        ...
+
     def read_only_sql(self, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[dict[str, Any]]:
         """Run one user statement that may only read (`InvalidQuery` otherwise); rows as dicts."""
         ...
@@ -94,8 +100,28 @@ class Backend(Protocol):
         ...
 
 
-BACKENDS: dict[str, Callable[[str], Backend]] = {"sqlite": SQLiteBackend.from_url}
+def _postgres(url: str) -> Backend:
+    """Open a PostgreSQL store; psycopg is imported only when one is opened."""
+    from sessionrl.store.postgres import PostgresBackend
+
+    return PostgresBackend.from_url(url)
+
+
+BACKENDS: dict[str, Callable[[str], Backend]] = {
+    "sqlite": SQLiteBackend.from_url,
+    "postgresql": _postgres,
+    "postgres": _postgres,
+}
 """Backends by URL scheme: each opens (creating if needed) the store at a URL of its scheme."""
+
+
+PROJECTOR_KEY = "projector"
+"""The `Backend.serialise` key of the projector, and of a repair that rewrites query rows."""
+
+
+def session_key(session_id: str) -> str:
+    """The `Backend.serialise` key of one session: its writers take it."""
+    return f"session:{session_id}"
 
 
 def scheme(url: str) -> str:

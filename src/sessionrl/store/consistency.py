@@ -23,7 +23,7 @@ from sessionrl.session.codec import digest
 from sessionrl.session.events import fold
 from sessionrl.session.model import Session
 from sessionrl.session.schema import load_session
-from sessionrl.store.backend import Backend, Connection
+from sessionrl.store.backend import PROJECTOR_KEY, Backend, Connection, session_key
 from sessionrl.store.documents import (
     SHARDS,
     Doc,
@@ -103,6 +103,7 @@ def check(db: Backend, *, repair: bool, archive: DigestSource | None, chunk: int
         todo = sorted({d.session_id for d in drift if d.kind in ("materialised", "query")} - broken)
         for part in chunks(todo, chunk):
             with db.atomic() as conn:
+                db.serialise(conn, [*map(session_key, part), PROJECTOR_KEY])
                 repaired += rebuild(conn, part)
         if problem is not None:
             db.rebuild_text_index()

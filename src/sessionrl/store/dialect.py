@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -409,6 +409,9 @@ class SQLiteBackend:
                 yield conn
             finally:
                 conn.execute("COMMIT")
+
+    def serialise(self, conn: Any, keys: Sequence[str]) -> None:
+        """Nothing to do: `atomic` holds SQLite's write lock (`BEGIN IMMEDIATE`), one writer at a time."""
 
     def read_only_sql(
         self, sql: str, params: tuple[object, ...] | dict[str, object]

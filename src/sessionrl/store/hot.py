@@ -30,7 +30,7 @@ from sessionrl.session.model import Session, SessionCreate, SessionState, utcnow
 from sessionrl.session.schema import load_session
 from sessionrl.store import consistency, projector
 from sessionrl.store import query as queries
-from sessionrl.store.backend import Backend, open_backend
+from sessionrl.store.backend import PROJECTOR_KEY, Backend, open_backend, session_key
 from sessionrl.store.cache import SessionCache
 from sessionrl.store.consistency import ConsistencyReport, DigestSource
 from sessionrl.store.documents import ShardEncoder, chunks, decode_event, iso, read_documents
@@ -47,8 +47,8 @@ class StoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(
-        description="sqlite:///relative.db, sqlite:////absolute.db, or sqlite:// (in memory); the scheme"
-        " picks the backend (`sessionrl.store.backend.BACKENDS`)."
+        description="sqlite:///relative.db, sqlite:////absolute.db, sqlite:// (in memory), or"
+        " postgresql://user@host/database; the scheme picks the backend (`sessionrl.store.backend.BACKENDS`)."
     )
     max_event_bytes: int = Field(default=MiB, ge=256, description="Largest encoded event accepted.")
     cache_sessions: int = Field(default=1024, ge=0, description="Current sessions kept in memory.")
@@ -119,9 +119,11 @@ class SessionStore:
             except SessionRLError as exc:
                 prepared.append(exc)
         results: list[Session | SessionRLError] = []
+        valid = [item for item in prepared if isinstance(item, Prepared)]
         with self._db.atomic() as conn:
+            self._db.serialise(conn, [session_key(item.session_id) for item in valid])
             writer = BatchWriter(conn, self._cache, self._encoder)
-            writer.load([item for item in prepared if isinstance(item, Prepared)])
+            writer.load(valid)
             for item in prepared:
                 results.append(item if isinstance(item, SessionRLError) else _attempt(writer, item))
             writer.flush()
@@ -137,6 +139,7 @@ class SessionStore:
             raise InvalidEvent("vector", f"must be JSON-serialisable: {exc}") from exc
         now = iso(utcnow())
         with self._db.atomic() as conn:
+            self._db.serialise(conn, [session_key(session_id)])
             row = conn.execute(
                 "SELECT state_version FROM session_head WHERE session_id = ?", (session_id,)
             ).fetchone()
@@ -209,6 +212,7 @@ class SessionStore:
         total = 0
         while True:
             with self._db.atomic() as conn:
+                self._db.serialise(conn, [PROJECTOR_KEY])
                 done = projector.project_batch(conn, self.config.projector_batch)
             if done == 0:
                 return total

@@ -66,7 +66,9 @@ class Rows:
 def flatten(doc: Doc) -> Rows:
     """The query rows of one session, from its current-schema JSON document.
 
-    Timestamps become fixed-width UTC text so that comparing them as text compares times.
+    Timestamps become fixed-width UTC text so that comparing them as text compares times. A NUL character
+    in text becomes U+FFFD, on every backend: PostgreSQL text cannot hold NUL (the log and the session's
+    documents, JSON-escaped, keep it).
     """
     sid = doc["session_id"]
     rows = Rows()
@@ -75,7 +77,14 @@ def flatten(doc: Doc) -> Rows:
     rows.tables["tool_calls"].extend(_tool_row(sid, c) for c in doc["tool_calls"])
     rows.tables["llm_calls"].extend(_llm_row(sid, c) for c in doc["llm_calls"])
     rows.tables["feedback"].extend(_feedback_row(sid, i, f) for i, f in enumerate(doc["feedback"]))
+    for table, table_rows in rows.tables.items():
+        if any("\x00" in v for row in table_rows for v in row if isinstance(v, str)):
+            rows.tables[table] = [tuple(map(_without_nul, row)) for row in table_rows]
     return rows
+
+
+def _without_nul(value: Any) -> Any:
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
 
 def _session_row(doc: Doc) -> Row:

@@ -1,0 +1,351 @@
+"""The PostgreSQL backend (`PostgresBackend`, psycopg 3): the DDL, transactions, cross-process locking,
+the change feed's commit order, the read-only guard for user SQL, and feedback text search.
+
+Open it with `SessionStore.open("postgresql://user@host/db")` (any libpq URL; `postgres://` too). Several
+processes may share one database; each holds one writer and one reader connection.
+
+Per-session serialisation across processes: every write transaction first takes a transaction-scoped
+advisory lock per session it touches (`serialise`; keys hashed to 64 bits and taken in ascending order,
+so two writers never wait on each other in a cycle). A second process appending to the same session
+waits for the first to commit and then reads the version it left, so `StaleState`, idempotent event
+ids and last-writer-wins behave as on a single writer; different sessions proceed in parallel. The
+projector takes a lock of its own, so one process at a time drains the outbox.
+
+The change feed never skips a commit: outbox cursors are not taken from the column default but by the
+trigger `outbox_commit_order`, which first takes a transaction-scoped advisory lock on the outbox (held
+until the transaction ends) and then draws the next value of `outbox_cursor_seq`. Locks are released
+only after a commit is visible, so a transaction that draws a larger cursor starts drawing after every
+smaller cursor's transaction is visible (or rolled back): a reader that sees cursor `c` sees every
+committed cursor below `c`, and may move past it safely. Only the last statements of a write
+transaction (its outbox rows to its commit) are serialised; the rest of it runs in parallel.
+
+Text search: `feedback.comment` carries a GIN trigram index (`pg_trgm`), which serves `ILIKE '%…%'`
+for needles of three characters or more, Chinese included (the index is built under the database's
+character classification; the `ILIKE` re-check makes the answer exact whatever it is). Text columns use
+the "C" collation, so `ORDER BY` sorts by code point as SQLite and Python do and `ILIKE` folds ASCII case
+alone, as SQLite's `LIKE` does. For SQL users:
+
+    SELECT session_id FROM feedback WHERE comment ILIKE '%慢性病%'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+
+from sessionrl.errors import InvalidQuery, InvalidStoreURL
+from sessionrl.store.backend import Connection
+from sessionrl.store.dialect import STORE_SCHEMA, check_read_only_text, contains_pattern
+
+T = 'TEXT COLLATE "C"'
+
+DDL = f"""
+CREATE EXTENSION IF NOT EXISTS pg_trgm;
+CREATE TABLE IF NOT EXISTS events (
+    session_id {T} NOT NULL, seq BIGINT NOT NULL, event_id {T} NOT NULL UNIQUE, type {T} NOT NULL,
+    schema_version INTEGER NOT NULL, at {T} NOT NULL, payload {T} NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS session_head (
+    session_id {T} PRIMARY KEY, schema_version INTEGER NOT NULL, state {T} NOT NULL,
+    state_version BIGINT NOT NULL, plan_version BIGINT NOT NULL, execution_version BIGINT NOT NULL,
+    feedback_version BIGINT NOT NULL, doc {T} NOT NULL
+);
+CREATE TABLE IF NOT EXISTS session_shard (
+    session_id {T} NOT NULL,
+    shard {T} NOT NULL CHECK (shard IN ('plan', 'execution', 'feedback')),
+    doc {T} NOT NULL,
+    PRIMARY KEY (session_id, shard)
+);
+CREATE SEQUENCE IF NOT EXISTS outbox_cursor_seq;
+CREATE TABLE IF NOT EXISTS outbox (
+    cursor BIGINT PRIMARY KEY, session_id {T} NOT NULL, seq BIGINT NOT NULL, type {T} NOT NULL,
+    at {T} NOT NULL
+);
+CREATE OR REPLACE FUNCTION outbox_commit_order() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(TG_RELID::int4, 0);
+    NEW.cursor := nextval(quote_ident(TG_TABLE_SCHEMA) || '.outbox_cursor_seq');
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS outbox_commit_order ON outbox;
+CREATE TRIGGER outbox_commit_order BEFORE INSERT ON outbox
+    FOR EACH ROW EXECUTE FUNCTION outbox_commit_order();
+CREATE TABLE IF NOT EXISTS cursors (name {T} PRIMARY KEY, position BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS rewards (
+    session_id {T} NOT NULL, version BIGINT NOT NULL, ruleset_version {T} NOT NULL,
+    session_version BIGINT NOT NULL, vector {T} NOT NULL, created_at {T} NOT NULL,
+    PRIMARY KEY (session_id, version)
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id {T} PRIMARY KEY, trace_id {T} NOT NULL, state {T} NOT NULL, scenario {T},
+    tags {T} NOT NULL, user_id {T}, user_query {T} NOT NULL, root_goal {T},
+    n_subgoals BIGINT NOT NULL, n_tool_calls BIGINT NOT NULL, n_llm_calls BIGINT NOT NULL,
+    n_feedback BIGINT NOT NULL, final_output {T}, state_version BIGINT NOT NULL,
+    created_at {T} NOT NULL, updated_at {T} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_state ON sessions (state);
+CREATE INDEX IF NOT EXISTS sessions_scenario ON sessions (scenario);
+CREATE INDEX IF NOT EXISTS sessions_user ON sessions (user_id);
+CREATE INDEX IF NOT EXISTS sessions_created ON sessions (created_at);
+CREATE TABLE IF NOT EXISTS session_tags (
+    session_id {T} NOT NULL, tag {T} NOT NULL, PRIMARY KEY (session_id, tag)
+);
+CREATE INDEX IF NOT EXISTS session_tags_tag ON session_tags (tag, session_id);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    session_id {T} NOT NULL, call_id {T} NOT NULL, subgoal_id {T}, tool {T} NOT NULL,
+    status {T} NOT NULL, error_code {T}, retryable INTEGER NOT NULL, latency_ms DOUBLE PRECISION NOT NULL,
+    attempt BIGINT NOT NULL, started_at {T} NOT NULL, finished_at {T} NOT NULL,
+    PRIMARY KEY (session_id, call_id)
+);
+CREATE INDEX IF NOT EXISTS tool_calls_tool ON tool_calls (tool, session_id, status);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    session_id {T} NOT NULL, call_id {T} NOT NULL, purpose {T} NOT NULL, policy_version BIGINT,
+    tokens_used BIGINT NOT NULL, n_tokens BIGINT, started_at {T} NOT NULL, finished_at {T} NOT NULL,
+    PRIMARY KEY (session_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY, session_id {T} NOT NULL,
+    position BIGINT NOT NULL, feedback_id {T} NOT NULL, type {T} NOT NULL, score DOUBLE PRECISION,
+    comment {T}, annotator {T}, anchor_call_id {T}, anchor_subgoal_id {T}, anchor_at {T},
+    occurred_at {T} NOT NULL, received_at {T} NOT NULL,
+    UNIQUE (session_id, position)
+);
+CREATE INDEX IF NOT EXISTS feedback_type ON feedback (type, session_id);
+"""
+"""The store's tables, as SQLite's (`sessionrl.store.dialect`) with PostgreSQL's types, plus the outbox's
+commit-order trigger (see the module doc); the layout version is a row of `store_meta`."""
+
+TEXT_INDEX = "feedback_comment_trgm"
+"""The trigram index over `feedback.comment`."""
+
+TEXT_INDEX_DDL = f"CREATE INDEX IF NOT EXISTS {TEXT_INDEX} ON feedback USING gin (comment gin_trgm_ops)"
+
+DDL_LOCK = 0x5E55_10_4C
+"""Advisory lock key held while the tables are created, so processes opening a new store at once do not
+race on the catalog."""
+
+_TOKENS = re.compile(
+    r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/|\?|%|(?<!:):([A-Za-z_]\w*)", re.S
+)
+
+
+@lru_cache(maxsize=512)
+def translate(sql: str, named: bool = False) -> str:
+    """The store's SQL (`?` parameters, or `:name` ones when `named`) spelled for psycopg (`%s`, `%(name)s`).
+
+    `%` becomes `%%` everywhere (psycopg reads it even inside literals); `?` and `:name` are replaced
+    only outside literals, quoted names and comments, and a `::` cast is left alone.
+
+    >>> translate("SELECT '?', x::text FROM t WHERE a = ? AND b LIKE '5%'")
+    "SELECT '?', x::text FROM t WHERE a = %s AND b LIKE '5%%'"
+    >>> translate("SELECT :a, ':b'", named=True)
+    "SELECT %(a)s, ':b'"
+    """
+
+    def swap(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token == "%":
+            return "%%"
+        if token == "?":
+            return "%s"
+        if match.group(1) is not None:
+            return f"%({match.group(1)})s" if named else token
+        return token.replace("%", "%%")
+
+    return _TOKENS.sub(swap, sql)
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit advisory lock key for a name.
+
+    >>> lock_key("session:s1") == lock_key("session:s1") != lock_key("session:s2")
+    True
+    """
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
+
+
+class PostgresConnection:
+    """A psycopg connection running the store's SQL (`?` parameters) inside the backend's transaction."""
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
+        """Run one statement with its parameters."""
+        return self.raw.execute(translate(sql), () if parameters is None else parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> psycopg.Cursor[Any]:
+        """Run one statement per parameter row, pipelined (one round-trip for the batch)."""
+        cursor = self.raw.cursor()
+        rows = list(parameters)
+        if rows:
+            cursor.executemany(translate(sql), rows)
+        return cursor
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages.
+
+    >>> redact("postgresql://bob:secret@db:5432/runs")
+    'postgresql://bob:***@db:5432/runs'
+    """
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(url, autocommit=True)
+    except psycopg.Error as exc:
+        raise InvalidStoreURL(redact(url), f"cannot connect: {str(exc).strip()}") from exc
+
+
+class PostgresBackend:
+    """The store on PostgreSQL: a writer and a reader connection, each behind its own lock (see the module
+    doc for how processes sharing the database stay consistent)."""
+
+    text_index = TEXT_INDEX
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.lock = threading.RLock()
+        self.reader_lock = threading.RLock()
+        self.writer = _connect(url)
+        try:
+            self._create_tables()
+            self.reader = _connect(url)
+        except BaseException:
+            self.writer.close()
+            raise
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresBackend:
+        """Open (creating the tables if needed) the store in the database at a `postgresql://` URL."""
+        return cls(url)
+
+    def _create_tables(self) -> None:
+        with self.atomic() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (DDL_LOCK,))
+            conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
+            row = conn.execute("SELECT value FROM store_meta WHERE key = 'layout'").fetchone()
+            if row is not None and row[0] > STORE_SCHEMA:
+                rule = f"its store layout {row[0]} is newer than this version's ({STORE_SCHEMA})"
+                raise InvalidStoreURL(redact(self.url), rule)
+            if row is None or row[0] < STORE_SCHEMA:
+                self.writer.execute(DDL)
+                conn.execute(TEXT_INDEX_DDL)
+                conn.execute(
+                    "INSERT INTO store_meta (key, value) VALUES ('layout', ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (STORE_SCHEMA,),
+                )
+
+    @contextmanager
+    def atomic(self) -> Iterator[PostgresConnection]:
+        """One write transaction (READ COMMITTED; `serialise` orders writers of the same sessions)."""
+        with self.lock:
+            conn = self.writer
+            conn.execute("BEGIN")
+            try:
+                yield PostgresConnection(conn)
+            except BaseException:
+                _rollback(conn)
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[PostgresConnection]:
+        """A read-only REPEATABLE READ transaction on the reader: one committed state throughout."""
+        with self.reader_lock:
+            conn = self.reader
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                yield PostgresConnection(conn)
+            finally:
+                _rollback(conn)
+
+    def serialise(self, conn: Connection, keys: Sequence[str]) -> None:
+        """Hold an advisory lock on each key until the transaction ends, taken in ascending key order."""
+        numbers = sorted({lock_key(k) for k in keys})
+        if numbers:
+            conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(?::bigint[]) AS t(k)", (numbers,))
+
+    def read_only_sql(
+        self, sql: str, params: tuple[object, ...] | dict[str, object]
+    ) -> list[dict[str, object]]:
+        """Run one user statement in a READ ONLY transaction, which PostgreSQL stops from writing.
+
+        Parameters are `?` (a tuple) or `:name` (a dict), as on SQLite. Give untrusted users a role that
+        may only SELECT: a read-only transaction still lets a statement call functions with effects
+        outside the database's tables (advisory locks, `pg_sleep`).
+        """
+        check_read_only_text(sql)
+        with self.reader_lock:
+            conn = self.reader
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                cursor = conn.execute(translate(sql, isinstance(params, dict)), params)
+                names = [d[0] for d in cursor.description or ()]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            except psycopg.Error as exc:
+                rule = "statement is not read-only" if "read-only" in str(exc) else str(exc).strip()
+                raise InvalidQuery(rule) from exc
+            finally:
+                _rollback(conn)
+
+    def feedback_conditions(
+        self, feedback_type: str | None, needle: str | None
+    ) -> tuple[list[str], list[Any]]:
+        """Conditions on `feedback` rows of this type whose comment contains `needle` (`ILIKE`, which the
+        trigram index serves), and their values."""
+        conds: list[str] = []
+        params: list[Any] = []
+        if feedback_type is not None:
+            conds.append("type = ?")
+            params.append(feedback_type)
+        if needle is not None:
+            conds.append("comment ILIKE ? ESCAPE '\\'")
+            params.append(contains_pattern(needle))
+        return conds, params
+
+    def text_index_problem(self) -> str | None:
+        """Why the trigram index cannot serve searches (missing, or left invalid), or None.
+
+        PostgreSQL maintains the index inside every statement that changes `feedback`, so its entries
+        cannot drift from the rows; what can go wrong is its absence or an interrupted build.
+        """
+        with self.snapshot() as conn:
+            row = conn.execute(
+                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE c.oid = to_regclass(?)",
+                (TEXT_INDEX,),
+            ).fetchone()
+        if row is None:
+            return f"index {TEXT_INDEX} is missing"
+        return None if row[0] else f"index {TEXT_INDEX} is invalid"
+
+    def rebuild_text_index(self) -> None:
+        """Create the trigram index if it is missing, and rebuild it from the feedback rows."""
+        with self.atomic() as conn:
+            conn.execute(TEXT_INDEX_DDL)
+            conn.execute(f"REINDEX INDEX {TEXT_INDEX}")
+
+    def close(self) -> None:
+        """Close both connections."""
+        with self.lock, self.reader_lock:
+            self.writer.close()
+            if hasattr(self, "reader"):
+                self.reader.close()
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End the open transaction without keeping it (a broken connection has none left to end)."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.execute("ROLLBACK")
