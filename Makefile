@@ -6,7 +6,7 @@ RUN    := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test check bench fmt clean
+.PHONY: demo test check bench wrk fmt clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,18 @@ check: $(DEV)
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-bench: $(BENCH)
+# bench/orchestrator.py loads the server with wrk: a load client in Python would share the cores with the
+# server and lower the ratio it measures. Installed from Debian when missing (sudo where not root).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+bench: $(BENCH) wrk
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+wrk:
+	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for bench/orchestrator.py"; \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q wrk; } || { \
+	  echo "could not install wrk: install it (Debian: sudo apt-get install wrk), or run"; \
+	  echo "$(PY) bench/orchestrator.py --without-wrk to measure with the asyncio client"; exit 1; }
 
 fmt: $(DEV)
 	$(VENV)/bin/ruff format src tests bench

@@ -13,9 +13,11 @@
    so their sum is the most a second process on the same store could add on this machine. Two bare
    endpoints loaded the same way, in alternating windows, are the ceiling of two processes.
 
-Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection) when it is
-installed (Debian: `apt-get install wrk`), else from a raw HTTP/1.1 client on asyncio, which costs the
-two cores more and is said so. Both servers get the same client, and the server process's CPU time per
+Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection); `make bench`
+installs it (Debian: `apt-get install wrk`). Without it the bench stops, unless `--without-wrk` lets a raw
+HTTP/1.1 client on asyncio take its place: that client shares the cores with the server, so the ratio to
+the ceiling reads lower. Which one ran is printed and is in the JSON line (`load_generator`). Both
+servers get the same client, and the server process's CPU time per
 request is printed next to requests/s: on a shared machine it is the steadier figure. So is the share of
 the time the server's event-loop thread was on a CPU: near 100% means the loop's own work is the limit,
 less means requests were waiting elsewhere (for a commit, or for the interpreter lock). The garbage
@@ -280,6 +282,11 @@ def wrk_load(
     }
 
 
+def load_generator() -> str:
+    """`wrk` when it is installed, else `asyncio` (the raw HTTP/1.1 client above)."""
+    return "wrk" if shutil.which("wrk") else "asyncio"
+
+
 def measured_window(
     folder: Path, port: int, pid: int, sessions: list[str] | None, seconds: float
 ) -> dict[str, float]:
@@ -287,7 +294,7 @@ def measured_window(
     for half a second first), with the server's CPU ms per request and the share of the window its event
     loop thread was on a CPU."""
     before, loop_before, started = server_cpu_s(pid), server_cpu_s(pid, main_thread=True), time.perf_counter()
-    if shutil.which("wrk") is None:
+    if load_generator() == "asyncio":
         warmup_s = 0.5
         figures = asyncio.run(step_load(port, sessions, warmup_s, seconds))
         share = seconds / (warmup_s + seconds)  # warm-up requests are not counted: charge CPU pro rata
@@ -534,6 +541,11 @@ def main() -> None:
         action="store_true",
         help="Also load two server processes on one store file, half the sessions each (needs wrk).",
     )
+    parser.add_argument(
+        "--without-wrk",
+        action="store_true",
+        help="Where wrk is missing, load with the asyncio client (it shares the cores with the server).",
+    )
     args = parser.parse_args()
     if args.bare:
         serve_bare(args.bare)
@@ -542,8 +554,14 @@ def main() -> None:
     rounds, window, slow_s, sync_s = (2, 1.0, 6.0, 5.0) if args.quick else (5, 3.0, 20.0, 20.0)
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} CPUs, load average {load:.2f} at the start (other work skews every figure)")
-    client = "wrk" if shutil.which("wrk") else "the asyncio client (wrk is not installed; it costs more CPU)"
-    print(f"step load from {client}")
+    generator = load_generator()
+    if generator == "asyncio" and not args.without_wrk:
+        sys.exit(
+            "wrk is not installed: `make bench` installs it (Debian: sudo apt-get install wrk). Or pass "
+            "--without-wrk to load with the asyncio client, which shares the cores with the server."
+        )
+    client = "wrk" if generator == "wrk" else "the asyncio client (wrk is not installed; it costs more CPU)"
+    print(f"load generator: {client}")
     with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
         folder = Path(tmp)
         steps = run_steps(folder, rounds, window)
@@ -559,7 +577,7 @@ def main() -> None:
             f"-{steps['ceiling_ratio_max']:.0%}; {steps['ceiling_cpu_ratio']:.0%} by CPU)",
             flush=True,
         )
-        pair = run_pair(folder, rounds, window) if args.pair and shutil.which("wrk") else {}
+        pair = run_pair(folder, rounds, window) if args.pair and generator == "wrk" else {}
         if args.pair and not pair:
             print("two processes: skipped, wrk is not installed", flush=True)
         if pair:
@@ -579,7 +597,8 @@ def main() -> None:
             f" {slow['sync_sessions_per_s']:.2f} sessions/s -> speed-up {slow['sync_speedup']:.0f}x",
             flush=True,
         )
-    print(json.dumps({k: round(v, 4) for k, v in {**steps, **pair, **slow, "load_average": load}.items()}))
+    figures = {k: round(v, 4) for k, v in {**steps, **pair, **slow, "load_average": load}.items()}
+    print(json.dumps({**figures, "load_generator": generator}))
 
 
 if __name__ == "__main__":
