@@ -202,18 +202,17 @@ def test_bad_lines_are_reported_and_nothing_is_written(tmp_path: Path, sessions:
         assert store.session_ids() == []
 
 
-def test_pretty_printed_json_gets_one_message_saying_jsonl_is_expected(tmp_path: Path) -> None:
+def test_pretty_printed_json_is_read_as_one_document(tmp_path: Path) -> None:
     events = next(iter(generate(1, seed=SEED)))
-    records = [{"session_id": "s-1", "event": e.model_dump(mode="json")} for e in events[:3]]
-    for name, data in (("array.json", records), ("one.json", records[0])):
+    sid = events[0].session_id
+    records = [{"session_id": sid, "event": e.model_dump(mode="json")} for e in events[:3]]
+    for name, data, count in (("array.json", records, 3), ("one.json", records[0], 1)):
         path = tmp_path / name
         path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
         assert len(path.read_bytes().splitlines()) > 10
-        result = run("sessions", "import", str(path), "--db", url_of(tmp_path / "s.db"))
-        assert result.exit_code == 1
-        (line,) = result.output.strip().splitlines()
-        assert "import reads JSON Lines: one event envelope or session document per line" in line
-        assert ("jq -c '.[]'" if name == "array.json" else "jq -c .") in line
+        result = run("sessions", "import", str(path), "--db", url_of(tmp_path / f"{name}.db"))
+        assert result.exit_code == 0, result.output
+        assert f"imported {count} event(s) for 1 session(s)" in result.output
 
 
 def test_every_problem_of_a_line_is_reported_at_once(tmp_path: Path, sessions: list[Session]) -> None:

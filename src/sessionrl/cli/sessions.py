@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from sessionrl.capture.importers import read_records
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
 from sessionrl.session import codec
 from sessionrl.session.events import (
@@ -296,22 +297,24 @@ def query(
 
 @app.command("import")
 def import_(
-    path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL file to import.")],
+    path: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="JSON Lines or JSON file to import.")
+    ],
     db: Db = DEFAULT_DB,
 ) -> None:
-    """Import a JSONL file of events or session documents, all of it or nothing.
+    """Import a file of events or sessions, all of it or nothing.
 
-    A line is either an event envelope `{"session_id": ..., "event": {...}}` (what `export` writes) or a
-    session document (what `export --documents` writes). Every line is checked against the store before
-    anything is written; bad lines are reported with their line number, field and rule.
+    The file is JSON Lines or one JSON document (an object or an array, pretty-printed or not). A record
+    is an event envelope `{"session_id": ..., "event": {...}}` (what `export` writes), a session document
+    (what `export --documents` writes), the design document's session shape, or an OpenAI chat
+    transcript (see `sessionrl.capture.importers`). Every record is checked against the store before
+    anything is written; bad records are reported with their line number, field and rule.
     """
-    data = path.read_bytes()
-    hint = whole_document_hint(data)
-    if hint is not None:
-        err.print(f"[red]error:[/red] {escape(str(path))}: {escape(hint)}; nothing imported", soft_wrap=True)
-        raise typer.Exit(1)
+    read = read_records(path.read_bytes())
     with reporting(), open_store(db) as store:
-        plan = plan_import(store, data.splitlines())
+        plan = plan_import(store, read.records)
+        plan.problems += [Problem(p.line, p.field, p.rule) for p in read.problems]
+        plan.problems.sort(key=lambda p: p.line)
         if plan.problems:
             bad = len({p.line for p in plan.problems})
             title = f"{bad} bad line(s), {len(plan.problems)} problem(s); nothing imported"
@@ -455,35 +458,11 @@ def line_events(raw: bytes) -> list[tuple[str, Event]]:
     return [(sid, event)]
 
 
-def whole_document_hint(data: bytes) -> str | None:
-    """What to do when a file meant as JSON Lines is one JSON document over several lines (pretty-printed
-    JSON, or an array of records), or None when it is not. Each of its lines would otherwise be reported
-    as malformed JSON, which says nothing about the cause."""
-    lines = [line for line in data.splitlines() if line.strip()]
-    if len(lines) < 2:
-        return None
-    try:
-        orjson.loads(lines[0])
-        return None  # the first line stands alone: a JSONL file, whatever its other lines hold
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        whole = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    shape = "an array" if isinstance(whole, list) else "one JSON document"
-    convert = "jq -c '.[]'" if isinstance(whole, list) else "jq -c ."
-    return (
-        f"the file is {shape} spread over {len(lines)} lines, but import reads JSON Lines: one event "
-        f"envelope or session document per line. Convert it first, e.g. {convert} FILE > FILE.jsonl"
-    )
-
-
-def plan_import(store: SessionStore, lines: Sequence[bytes]) -> ImportPlan:
-    """Check every line against the store, as if appended in order; nothing is written."""
+def plan_import(store: SessionStore, lines: Sequence[tuple[int, bytes]]) -> ImportPlan:
+    """Check every (line number, record) against the store, as if appended in order; nothing is written."""
     plan = ImportPlan()
     parsed: list[tuple[int, str, Event]] = []
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in lines:
         if raw.strip():
             try:
                 parsed += [(number, sid, event) for sid, event in line_events(raw)]

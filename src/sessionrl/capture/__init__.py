@@ -1,0 +1,1 @@
+"""Capturing sessions that sessionrl did not run: traces imported from files (`importers`)."""
