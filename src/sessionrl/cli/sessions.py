@@ -38,6 +38,7 @@ from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionCr
 from sessionrl.session.schema import load_session
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.store.dialect import parse_url
+from sessionrl.store.query import ToolShare
 from sessionrl.store.records import SessionRow
 
 DEFAULT_DB = "sqlite:///runs/sessions.db"
@@ -231,6 +232,16 @@ def session_tree(s: Session) -> Tree:
     return tree
 
 
+def _tool_share(text: str | None) -> ToolShare | None:
+    """The `--tool-share` bound, or a usage error saying what is expected."""
+    if text is None:
+        return None
+    try:
+        return ToolShare.parse(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tool-share") from None
+
+
 def _policy(version: int | None) -> str:
     """Which policy made an LLM call: its version, or that the call named none (a model outside training)."""
     return "policy version not recorded" if version is None else f"policy v{version}"
@@ -246,6 +257,13 @@ def query(
     tool: Annotated[str | None, typer.Option(help="Sessions that called this tool.")] = None,
     failed_tool: Annotated[
         str | None, typer.Option(help="Sessions where a call to this tool failed.")
+    ] = None,
+    tool_share: Annotated[
+        str | None,
+        typer.Option(
+            help="Sessions in which a tool's share of their own tool calls is bounded, such as "
+            "'crp_test_request<0.3' (or <=, >, >=).",
+        ),
     ] = None,
     feedback_type: Annotated[FeedbackType | None, typer.Option(help="Feedback of this type.")] = None,
     comment_contains: Annotated[str | None, typer.Option(help="Feedback comment contains this text.")] = None,
@@ -268,7 +286,8 @@ def query(
     """
     filters = {
         "state": state, "scenario": scenario, "tags": tuple(tag or ()), "user_id": user, "tool_called": tool,
-        "tool_failed": failed_tool, "feedback_type": feedback_type, "comment_contains": comment_contains,
+        "tool_failed": failed_tool, "tool_share": _tool_share(tool_share), "feedback_type": feedback_type,
+        "comment_contains": comment_contains,
         "min_score": min_score, "max_score": max_score,
         "created_after": _utc(created_after), "created_before": _utc(created_before),
     }  # fmt: skip

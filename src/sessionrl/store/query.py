@@ -15,13 +15,45 @@ from datetime import datetime
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.store.backend import Backend, Connection
 from sessionrl.store.documents import iso
 from sessionrl.store.projector import COLUMNS
 from sessionrl.store.records import SessionRow
+
+SHARE_OPS = ("<=", ">=", "<", ">")
+
+
+class ToolShare(BaseModel):
+    """A bound on one tool's share of a session's own tool calls, such as `crp_test_request<0.3`.
+
+    Sessions without tool calls have no share and never match.
+
+    >>> ToolShare.parse("crp_test_request<0.3")
+    ToolShare(tool='crp_test_request', op='<', share=0.3)
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str = Field(min_length=1, max_length=200)
+    op: Literal["<", "<=", ">", ">="]
+    share: float = Field(ge=0.0, le=1.0, description="A fraction of the session's tool calls, 0 to 1.")
+
+    @classmethod
+    def parse(cls, text: str) -> ToolShare:
+        """Read `TOOL<0.3` (or <=, >, >=); `ValueError` says what is expected."""
+        for op in SHARE_OPS:
+            tool, sep, share = text.partition(op)
+            if sep:
+                try:
+                    return cls.model_validate({"tool": tool.strip(), "op": op, "share": float(share)})
+                except ValidationError as exc:
+                    raise ValueError(f"{text!r}: {exc.errors()[0]['msg']}") from None
+                except ValueError as exc:
+                    raise ValueError(f"{text!r}: {exc}") from None
+        raise ValueError(f"{text!r}: expected TOOL<SHARE (or <=, >, >=), such as crp_test_request<0.3")
 
 
 class SessionQuery(BaseModel):
@@ -40,6 +72,9 @@ class SessionQuery(BaseModel):
     user_id: str | None = None
     tool_called: str | None = Field(default=None, description="Sessions with a call to this tool.")
     tool_failed: str | None = Field(default=None, description="Sessions where a call to this tool failed.")
+    tool_share: ToolShare | None = Field(
+        default=None, description="Sessions in which one tool's share of their own tool calls is bounded."
+    )
     feedback_type: FeedbackType | None = None
     comment_contains: str | None = Field(
         default=None, min_length=1, description="Feedback comment contains this text (ASCII case ignored)."
@@ -52,6 +87,11 @@ class SessionQuery(BaseModel):
     descending: bool = False
     limit: int = Field(default=100, ge=1, le=100_000)
     offset: int = Field(default=0, ge=0)
+
+    @field_validator("tool_share", mode="before")
+    @classmethod
+    def _share_text(cls, value: Any) -> Any:
+        return ToolShare.parse(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _ranges(self) -> SessionQuery:
@@ -83,6 +123,12 @@ def where(q: SessionQuery, backend: Backend) -> Where:
             "s.session_id IN (SELECT session_id FROM tool_calls WHERE tool = ? AND status <> 'success')"
         )
         params.append(q.tool_failed)
+    if q.tool_share is not None:  # count < share * calls: exact, with no division
+        conds.append(
+            "s.session_id IN (SELECT session_id FROM tool_calls GROUP BY session_id"
+            f" HAVING SUM(CASE WHEN tool = ? THEN 1 ELSE 0 END) {q.tool_share.op} ? * COUNT(*))"
+        )
+        params += [q.tool_share.tool, q.tool_share.share]
     _feedback(q, backend, conds, params)
     if q.created_after is not None:
         conds.append("s.created_at >= ?")
