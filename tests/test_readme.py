@@ -226,7 +226,7 @@ def check_list(tour: Tour, r: Result) -> None:
 
 
 def check_fraction(tour: Tour, r: Result) -> None:
-    assert re.search(r"│ matched │ called │ fraction │", re.sub(r" +", " ", r.out)), r.out
+    assert re.search(r"┃ matched ┃ called ┃ fraction ┃", re.sub(r" +", " ", r.out)), r.out
     assert re.search(r"│ 1 │ 0 │ 0 │", re.sub(r" +", " ", r.out)), r.out  # the rated session, no CRP test
 
 
