@@ -1,26 +1,21 @@
-"""Shared pieces of the gateway tests: a server on loopback, the orders domain as an agent's tools, and a
-scripted chat backend that solves orders tasks with real tool calls (the expert's plan, one call a turn)."""
+"""Shared pieces of the gateway tests: a server on loopback, and the examples' orders desk (the domain's
+tools for an agent, and a scripted chat backend that solves its tasks with real tool calls)."""
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import orjson
 import uvicorn
 
-from sessionrl.envs.base import DecisionEnv, Episode, Split, Task
-from sessionrl.envs.registry import build
-from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
-from sessionrl.session.model import ToolRequest
-from sessionrl.skills import SystemClock
 
 REPO = Path(__file__).resolve().parents[2]
 WRITER = "gateway-writer"
@@ -58,41 +53,15 @@ def gateway_app(db_url: str, **kwargs: Any) -> Any:
     return create_app(config, skills=[], **kwargs)
 
 
-class OrdersDesk:
-    """The orders domain seen by an agent: its tools as OpenAI function tools, each task's episode to
-    run them in, and a script that answers a task's k-th turn with the expert's k-th call."""
+def load_example(name: str) -> ModuleType:
+    """A module of examples/agents, loaded from its file (the examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "agents" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, n_tasks: int) -> None:
-        self.env: DecisionEnv = build("orders")
-        self.tasks: Sequence[Task] = self.env.tasks(Split.TEST)[:n_tasks]
-        self.tools = [c.to_openai_tool() for c in self.env.contracts()]
-        self._by_instruction = {t.instruction: t for t in self.tasks}
 
-    def episode(self, task: Task) -> tuple[Episode, Any]:
-        """A fresh episode of `task` and the agent's tool function over it."""
-        episode = self.env.episode(task)
-        skills = {s.contract.name: s for s in episode.skills()}
-        clock = SystemClock()
-
-        def call_tool(name: str, arguments: dict[str, Any]) -> Any:
-            return asyncio.run(skills[name].invoke(arguments, clock))
-
-        return episode, call_tool
-
-    def reply(self, request: ChatRequest) -> ChatReply:
-        """The expert's next call for the request's task, or its final message once every call is made."""
-        task = self._by_instruction[next(m.text for m in request.messages if m.role == "user")]
-        plan = self.env.expert(task)
-        turn = sum(m.role == "assistant" for m in request.messages)
-        if turn >= len(plan.steps):
-            return ChatReply(text=plan.final_message, usage={"prompt_tokens": 50, "completion_tokens": 9})
-        step = plan.steps[turn]
-        call = ToolRequest(
-            id=f"call_{task.task_id}_{turn}",
-            name=step.tool,
-            arguments=orjson.dumps(dict(step.params)).decode(),
-        )
-        return ChatReply(tool_calls=(call,), usage={"prompt_tokens": 40, "completion_tokens": 12})
-
-    def backend(self) -> ScriptedChat:
-        return ScriptedChat(self.reply, model="scripted-expert")
+OrdersDesk: Any = load_example("gateway_demo").OrdersDesk
+"""The orders domain as an agent sees it, with a scripted model that calls the expert's tools."""

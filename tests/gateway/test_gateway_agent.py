@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import httpx
 import pytest
-from gateway_support import REPO, WRITER, OrdersDesk, gateway_app, serving_on_loopback
+from gateway_support import REPO, WRITER, OrdersDesk, gateway_app, load_example, serving_on_loopback
 from openai import OpenAI
 
 
 def load_agent() -> ModuleType:
-    path = REPO / "examples" / "agents" / "openai_agent.py"
-    spec = importlib.util.spec_from_file_location("openai_agent", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("openai_agent")
 
 
 def test_the_example_agent_imports_nothing_of_sessionrl() -> None:

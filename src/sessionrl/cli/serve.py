@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import sys
@@ -12,11 +13,12 @@ import typer
 import uvicorn
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
-from sessionrl.orchestrator import OrchestratorConfig
+from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.service.collector import FULL_GC_EVERY_S
 
 CACHE_SESSIONS = OrchestratorConfig.model_fields["cache_size"].default
+UPSTREAM_KEY_ENV = "SESSIONRL_UPSTREAM_KEY"
 
 
 def serve(
@@ -58,6 +60,18 @@ def serve(
         ),
     ] = FULL_GC_EVERY_S,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            "--upstream",
+            help="An OpenAI-compatible server (such as https://host/v1) the gateway proxies to; its key "
+            "comes from $SESSIONRL_UPSTREAM_KEY.",
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None,
+        typer.Option("--policy", help="A local Hugging Face causal LM folder that answers the gateway."),
+    ] = None,
     proxy_headers: Annotated[
         bool,
         typer.Option(
@@ -66,8 +80,14 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Serve the session API. Plan steps need a `plan` in their payload: no policy backend is attached."""
+    """Serve the session API and the OpenAI-compatible gateway (`/gateway/sessions/{id}/v1`).
+
+    With `--policy`, the model answers the gateway and the steps that ask the policy; with `--upstream`,
+    the gateway proxies to that server. With neither, plan steps need a `plan` in their payload.
+    """
     fields: dict[str, object] = {
+        "upstream_url": upstream,
+        "upstream_api_key": os.environ.get(UPSTREAM_KEY_ENV),
         "db_url": store_url(db),
         "skills_dir": skills,
         "rate_per_s": rate,
@@ -83,9 +103,14 @@ def serve(
         token = secrets.token_urlsafe(24)
         config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
         print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr, flush=True)
+    backends: list[PolicyBackend] = []
+    if policy is not None:
+        from sessionrl.policy.llm import HFPolicy  # loads torch: only when a model is served
+
+        backends.append(HFPolicy.load(policy))
     server = ListeningServer(
         uvicorn.Config(
-            create_app(config),
+            create_app(config, backends=backends),
             host=host,
             port=port,
             loop="uvloop",
