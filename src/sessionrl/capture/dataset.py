@@ -1,0 +1,127 @@
+"""Captured sessions as training sequences, after an integrity check that says why each dropped one went.
+
+A captured session trains on what its model wrote, never on what its tools answered. When its LLM calls
+carry the token ids the model sampled (the gateway's own policy records them), those exact ids are used
+(`policy_turns`), with their log-probabilities; otherwise each call's conversation goes through the
+policy's chat template and its reply (text, or its tool call in the action language) is tokenised
+(`ChatEncoder`). Failed model calls are left out.
+
+The check, per session: every recorded call's tokens and log-probabilities line up; every sequence's ids,
+loss mask and log-probabilities have one length; the mask covers exactly the model's own tokens; and no
+trained reply repeats a tool's output. A session failing any of these is dropped whole, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from sessionrl.policy.llm import tool_action
+from sessionrl.session.model import CallStatus, LLMCall, Session
+from sessionrl.train.llm.data import ChatEncoder, TokenSequence, Turn, merge_turns, policy_turns
+
+MIN_TOOL_TEXT = 12
+"""Shortest tool output text looked for in trained replies (shorter ones match by chance)."""
+
+
+@dataclass
+class CapturedData:
+    """The sequences to train on, the sessions they came from, and each dropped session with its reason."""
+
+    sequences: list[TokenSequence] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Unfit(Exception):
+    """Why a session cannot be trained on."""
+
+
+def captured_sequences(sessions: Sequence[Session], encoder: ChatEncoder) -> CapturedData:
+    """Every session that passes the check, as sequences; the others, with their reasons."""
+    data = CapturedData()
+    for session in sessions:
+        try:
+            sequences = session_sequences(session, encoder)
+        except Unfit as exc:
+            data.dropped.append((session.session_id, str(exc)))
+            continue
+        data.sequences += sequences
+        data.kept.append(session.session_id)
+    return data
+
+
+def session_sequences(session: Session, encoder: ChatEncoder) -> list[TokenSequence]:
+    """The session's sequences, checked; `Unfit` says why it cannot be trained on."""
+    calls = [c for c in session.llm_calls if c.status is CallStatus.SUCCESS]
+    if not calls:
+        raise Unfit("no successful model call to learn from")
+    for call in calls:
+        check_call(call)
+    tokened = [c for c in calls if c.prompt_token_ids is not None and c.token_ids]
+    if tokened and len(tokened) != len(calls):
+        raise Unfit("some model calls carry token ids and others do not; a session trains one way")
+    if tokened:
+        turns = policy_turns(session, {})
+    else:
+        check_no_tool_output(session, [reply_text(c) for c in calls])
+        turns = [template_turn(c, encoder) for c in calls]
+    sequences = merge_turns(turns, session.session_id)
+    check_sequences(sequences, turns)
+    return sequences
+
+
+def check_call(call: LLMCall) -> None:
+    """A call's recorded tokens line up: log-probabilities one per completion token, none without ids."""
+    if call.logprobs is not None and call.token_ids is None:
+        raise Unfit(f"call {call.call_id}: log-probabilities without the token ids they belong to")
+    if call.token_ids is not None and call.prompt_token_ids is None:
+        raise Unfit(f"call {call.call_id}: completion token ids without the prompt's")
+    if call.logprobs is not None and call.token_ids is not None and len(call.logprobs) != len(call.token_ids):
+        raise Unfit(
+            f"call {call.call_id}: {len(call.logprobs)} log-probabilities for {len(call.token_ids)} tokens"
+        )
+    if not call.messages:
+        raise Unfit(f"call {call.call_id}: no messages, so no prompt to train against")
+
+
+def reply_text(call: LLMCall) -> str:
+    """What the model wrote, as the policy writes it: the text, or its first tool call as an action."""
+    if call.tool_calls:
+        first = call.tool_calls[0]
+        try:
+            params = orjson.loads(first.arguments)
+        except orjson.JSONDecodeError:
+            raise Unfit(f"call {call.call_id}: tool call arguments are not JSON") from None
+        return tool_action(first.name, params if isinstance(params, dict) else {"arguments": params})
+    return call.response
+
+
+def template_turn(call: LLMCall, encoder: ChatEncoder) -> Turn:
+    """A call without recorded tokens, through the chat template."""
+    return Turn(tuple(encoder.encode_prompt(call.messages)), tuple(encoder.encode_reply(reply_text(call))))
+
+
+def check_no_tool_output(session: Session, replies: Sequence[str]) -> None:
+    """No trained reply repeats a tool's output (an agent that logged tool results as model text)."""
+    for call in session.tool_calls:
+        if call.output is None:
+            continue
+        text = call.output if isinstance(call.output, str) else orjson.dumps(call.output).decode()
+        if len(text) >= MIN_TOOL_TEXT and any(text in reply for reply in replies):
+            raise Unfit(f"a model reply repeats the output of tool call {call.call_id}")
+
+
+def check_sequences(sequences: Sequence[TokenSequence], turns: Sequence[Turn]) -> None:
+    """Ids, mask and log-probabilities have one length, and the mask covers exactly the model's tokens."""
+    for seq in sequences:
+        if not len(seq.input_ids) == len(seq.loss_mask) == len(seq.old_logprobs) == len(seq.advantages):
+            raise Unfit("a sequence's ids, loss mask and log-probabilities differ in length")
+    trained = sum(seq.policy_tokens for seq in sequences)
+    produced = sum(len(t.completion) for t in turns)
+    if trained != produced:
+        raise Unfit(f"the loss mask covers {trained} tokens but the model produced {produced}")
+    if produced == 0:
+        raise Unfit("the model's replies are empty")

@@ -1,0 +1,88 @@
+"""Captured sessions as training sequences: recorded tokens used as they are, the chat template otherwise,
+and each session that fails the integrity check dropped with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sessionrl.capture.dataset import captured_sequences
+from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+ASK = (Message(role="user", content="where is O-1?"),)
+
+
+class CharEncoder:
+    """One id per character: prompts are the joined contents, replies end with id 0."""
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        return [ord(ch) for m in messages for ch in m.content]
+
+    def encode_reply(self, text: str) -> list[int]:
+        return [ord(ch) for ch in text] + [0]
+
+
+def session(sid: str, llm: Sequence[LLMCall], tools: Sequence[ToolCall] = ()) -> Session:
+    return Session(
+        session_id=sid,
+        trace_id="0" * 32,
+        user_query="where is O-1?",
+        llm_calls=tuple(llm),
+        tool_calls=tuple(tools),
+        created_at=NOW,
+        updated_at=NOW,
+    )
+
+
+def call(call_id: str, **fields: Any) -> LLMCall:
+    return LLMCall(call_id=call_id, messages=ASK, **fields)
+
+
+def test_recorded_tokens_are_trained_as_sampled_and_only_the_model_s_own() -> None:
+    first = call("a", prompt_token_ids=(1, 2), token_ids=(3,), logprobs=(-0.5,))
+    second = call("b", prompt_token_ids=(1, 2, 3, 9, 9), token_ids=(4, 5), logprobs=(-0.1, -0.2))
+    data = captured_sequences([session("s1", [first, second])], CharEncoder())
+    (seq,) = data.sequences
+    assert seq.input_ids == (1, 2, 3, 9, 9, 4, 5)  # 9, 9: the tool's answer, in the prompt
+    assert seq.loss_mask == (False, False, True, False, False, True, True)
+    assert seq.old_logprobs == (0.0, 0.0, -0.5, 0.0, 0.0, -0.1, -0.2)
+    assert (data.kept, data.dropped) == (["s1"], [])
+
+
+def test_without_tokens_the_chat_template_renders_replies_and_tool_calls() -> None:
+    asked = call("a", tool_calls=(ToolRequest(id="c1", name="lookup", arguments='{"id": "O-1"}'),))
+    answered = call("b", response="shipped")
+    data = captured_sequences([session("s2", [asked, answered])], CharEncoder())
+    trained = [
+        "".join(chr(i) for i, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m and i)
+        for seq in data.sequences
+    ]
+    assert trained == ['{"tool":"lookup","params":{"id":"O-1"}}', "shipped"]
+
+
+def test_sessions_that_fail_the_check_are_dropped_each_with_its_reason() -> None:
+    failed = call("a", status=CallStatus.ERROR, error_message="503")
+    orphan_logprobs = LLMCall.model_construct(
+        call_id="b", messages=ASK, token_ids=None, prompt_token_ids=None, logprobs=(-0.1,),
+        status=CallStatus.SUCCESS, tool_calls=(), response="x",
+    )  # fmt: skip
+    output = {"status": "shipped", "eta": "tomorrow"}
+    tool = ToolCall(call_id="c1", tool="lookup", output=output, status=CallStatus.SUCCESS)
+    parrot = call("c", response='The tool said {"status":"shipped","eta":"tomorrow"}')
+    mixed = [call("d", prompt_token_ids=(1,), token_ids=(2,)), call("e", response="hi")]
+    sessions = [
+        session("only-failed", [failed]),
+        session("orphan", [orphan_logprobs]),
+        session("parrot", [parrot], [tool]),
+        session("mixed", mixed),
+        session("fine", [call("f", response="ok")]),
+    ]
+    data = captured_sequences(sessions, CharEncoder())
+    assert data.kept == ["fine"]
+    reasons = dict(data.dropped)
+    assert reasons["only-failed"] == "no successful model call to learn from"
+    assert "log-probabilities without the token ids" in reasons["orphan"]
+    assert "repeats the output of tool call c1" in reasons["parrot"]
+    assert "trains one way" in reasons["mixed"]
