@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,22 @@ def fresh_url(store_backend: str, request: pytest.FixtureRequest) -> FreshURL:
         return sqlite_url
     server: LocalPostgres = request.getfixturevalue("pg_server")
     return lambda: pg_schema(server)
+
+
+@pytest.fixture(scope="session")
+def scratch_url(request: pytest.FixtureRequest) -> Callable[[str], AbstractContextManager[str]]:
+    """`with scratch_url(backend) as url:` an empty store on that backend, for fixtures of any scope (in
+    memory for SQLite)."""
+
+    @contextmanager
+    def open_url(backend: str) -> Iterator[str]:
+        if backend == "sqlite":
+            yield "sqlite://"
+        else:
+            with pg_schema(request.getfixturevalue("pg_server")) as url:
+                yield url
+
+    return open_url
 
 
 @pytest.fixture

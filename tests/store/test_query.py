@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
 import pytest
@@ -24,17 +25,21 @@ from sessionrl.store.synthetic import ingest
 
 CHRONIC = """
 SELECT COUNT(*) AS whole,
-       SUM(EXISTS (SELECT 1 FROM tool_calls c WHERE c.session_id = s.session_id AND c.tool = ?)) AS part
+       SUM(CASE WHEN EXISTS (SELECT 1 FROM tool_calls c WHERE c.session_id = s.session_id AND c.tool = ?)
+           THEN 1 ELSE 0 END) AS part
 FROM sessions s
-WHERE EXISTS (SELECT 1 FROM feedback f WHERE f.session_id = s.session_id AND f.comment LIKE ?)
+WHERE EXISTS (SELECT 1 FROM feedback f WHERE f.session_id = s.session_id AND LOWER(f.comment) LIKE ?)
 """
-"""The chronic-disease question written by hand, as a power user would."""
+"""The chronic-disease question written by hand, as a power user would, in SQL both backends speak
+(`LOWER` folds ASCII case alone on both)."""
 
 
-@pytest.fixture(scope="module")
-def traffic() -> Iterator[SessionStore]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def traffic(
+    request: pytest.FixtureRequest, scratch_url: Callable[[str], AbstractContextManager[str]]
+) -> Iterator[SessionStore]:
     """A store holding 400 generated sessions (clinic, customer service and finance traffic)."""
-    with SessionStore.open("sqlite://") as store:
+    with scratch_url(request.param) as url, SessionStore.open(url) as store:
         ingest(store, 400, seed=3)
         yield store
 

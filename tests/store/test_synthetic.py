@@ -115,11 +115,10 @@ def test_batch_items_name_the_session_of_every_event() -> None:
         batch_items(events[1:])
 
 
-def test_ingest_stores_exactly_the_generated_sessions() -> None:
-    with SessionStore.open("sqlite://") as store:
-        appended = ingest(store, 25, seed=SEED, batch_sessions=10)
-        expected = [fold(events) for events in generate(25, seed=SEED)]
-        assert appended == sum(len(events) for events in generate(25, seed=SEED))
-        assert [store.get(s.session_id) for s in expected] == expected
-        ingest(store, 25, seed=SEED, batch_sessions=7)  # same event ids: stored once
-        assert store.sql("SELECT count(*) AS n FROM events") == [{"n": appended}]
+def test_ingest_stores_exactly_the_generated_sessions(store: SessionStore) -> None:
+    appended = ingest(store, 25, seed=SEED, batch_sessions=10)
+    expected = [fold(events) for events in generate(25, seed=SEED)]
+    assert appended == sum(len(events) for events in generate(25, seed=SEED))
+    assert [store.get(s.session_id) for s in expected] == expected
+    ingest(store, 25, seed=SEED, batch_sessions=7)  # same event ids: stored once
+    assert store.sql("SELECT count(*) AS n FROM events") == [{"n": appended}]
