@@ -14,6 +14,7 @@ from sessionrl.cli.serve import serve
 from sessionrl.cli.sessions import app as sessions_app
 from sessionrl.cli.store import app as store_app
 from sessionrl.cli.train import eval_command, train_command
+from sessionrl.cli.ui import ui
 
 _display_type = TyperOption.display_type_rich
 
@@ -42,3 +43,4 @@ app.command("demo")(demo.command)
 app.command("serve")(serve)
 app.command("train")(train_command)
 app.command("eval")(eval_command)
+app.command("ui")(ui)

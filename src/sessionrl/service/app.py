@@ -30,6 +30,8 @@ from sessionrl.service.routers import ROUTERS, gateway
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
+from sessionrl.ui import app as dashboard
+from sessionrl.ui.config import UIConfig
 
 
 def simulated_skills(config: ServiceConfig) -> list[Skill]:
@@ -62,6 +64,7 @@ def create_app(
         )
         engine = Orchestrator(store, executor, backends, config.orchestrator)
         app.state.engine = engine
+        app.state.store = store  # the dashboard's pages read it
         try:
             async with scheduled_collector(config.full_gc_every_s):
                 with app.state.metrics.gc_pauses():
@@ -79,6 +82,7 @@ def create_app(
         version=__version__,
         summary="Capture Decision Sessions: plans, tool calls, LLM calls, feedback and final outputs.",
         lifespan=lifespan,
+        docs_url=None,  # served offline by the dashboard (`sessionrl.ui`)
         # metrics are this app's own Prometheus registry and logs go through `logging`: the framework's
         # OpenTelemetry metrics and logs would only cost a provider lookup per request (tracing stays on)
         telemetry={"metrics": False, "logs": False},
@@ -97,6 +101,7 @@ def create_app(
     app.include_router(gateway.router)  # after ROUTERS, which are the shortcut's (see `_Service`)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
+    dashboard.mount(app, UIConfig(skills_dir=config.skills_dir))
     _document_problems(app)
     return app
 

@@ -1,0 +1,40 @@
+// The dashboard's own script: live session counts (server-sent events) and the learning-curve charts.
+(function () {
+  "use strict";
+  var COLOURS = ["#2b5797", "#d9534f", "#5cb85c", "#f0ad4e", "#8e44ad", "#16a085", "#7f8c8d", "#c0392b"];
+
+  function liveCounts() {
+    var panel = document.querySelector("[data-live]");
+    if (!panel || !window.EventSource) return;
+    var source = new EventSource(panel.getAttribute("data-live"));
+    source.addEventListener("counts", function (event) {
+      var counts = JSON.parse(event.data);
+      Object.keys(counts).forEach(function (key) {
+        var cell = panel.querySelector('[data-count="' + key + '"]');
+        if (cell) cell.textContent = String(counts[key]);
+      });
+    });
+    window.addEventListener("pagehide", function () { source.close(); });
+  }
+
+  function chart(node) {
+    var spec = JSON.parse(node.textContent);
+    var names = Object.keys(spec.series);
+    var data = [spec.x].concat(names.map(function (n) { return spec.series[n]; }));
+    var series = [{}].concat(names.map(function (n, i) {
+      var dashed = n === "threshold";
+      return { label: n, stroke: dashed ? "#999" : COLOURS[i % COLOURS.length], dash: dashed ? [6, 4] : undefined,
+               spanGaps: true, width: 1.5 };
+    }));
+    var box = node.parentNode;
+    var opts = { title: spec.title, width: 520, height: 240, series: series,
+                 scales: { x: { time: node.getAttribute("data-time") === "1" } } };
+    box.setAttribute("data-chart", spec.title);
+    new window.uPlot(opts, data, box);
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    liveCounts();
+    document.querySelectorAll("script.chart-data").forEach(chart);
+  });
+})();

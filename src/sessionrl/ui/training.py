@@ -1,0 +1,80 @@
+"""The dashboard's training pages: the runs under the runs folder, one run (config, stages, learning curves,
+evaluation table, failure attribution) and the evaluation dimensions over time against their thresholds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from sessionrl.service.auth import Principal
+from sessionrl.ui import runs
+from sessionrl.ui.auth import viewer
+from sessionrl.ui.sessions import page
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Viewer = Annotated[Principal, Depends(viewer)]
+RunName = Annotated[str, Path(pattern=runs.NAME_PATTERN)]
+
+
+@router.get("/runs")
+def run_list(request: Request, who: Viewer) -> Response:
+    """Every run folder, newest first, with its stages."""
+    folder = request.app.state.ui.config.runs_dir
+    found = [r for name in runs.run_names(folder) if (r := runs.read_run(folder, name)) is not None]
+    return page(request, "runs.html", {"who": who, "nav": "runs", "runs": found, "folder": folder})
+
+
+@router.get("/runs/{name}")
+def run_page(request: Request, name: RunName, who: Viewer) -> Response:
+    """One run: its config, stages, a chart per stage and the table comparing its evaluated policies."""
+    ui = request.app.state.ui
+    run = runs.read_run(ui.config.runs_dir, name)
+    if run is None:
+        return page(request, "missing.html", {"who": who, "what": f"run {name}"}, 404)
+    charts = [_chart(c.stage, c.xs, c.series) for c in run.curves if c.series]
+    columns = [c for c in runs.EVAL_COLUMNS if any(c in e for e in run.evaluations)]
+    context = {
+        "who": who,
+        "nav": "runs",
+        "run": run,
+        "charts": charts,
+        "columns": columns,
+        "failures": runs.failures(run.evaluations),
+    }
+    return page(request, "run.html", context)
+
+
+@router.get("/evaluation")
+def evaluation_page(request: Request, who: Viewer, label: str | None = None) -> Response:
+    """The five dimensions of every evaluation over time (of one policy label when chosen), each against
+    its threshold."""
+    ui = request.app.state.ui
+    points = runs.evaluation_history(ui.config.runs_dir, label)
+    limits = dict(ui.config.thresholds)
+    for name in dict.fromkeys(p.run for p in points):
+        found = runs.read_run(ui.config.runs_dir, name)
+        if found is not None:
+            limits = runs.thresholds(found.config, limits)
+    xs = [p.at.timestamp() for p in points]
+    charts = [
+        _chart(dim, xs, {dim: [p.values[dim] for p in points], "threshold": [limits.get(dim)] * len(points)})
+        for dim in runs.DIMENSIONS
+    ]
+    labels = sorted({p.label for p in runs.evaluation_history(ui.config.runs_dir)})
+    context = {
+        "who": who,
+        "nav": "evaluation",
+        "points": points,
+        "charts": charts,
+        "limits": limits,
+        "labels": labels,
+        "label": label,
+        "dimensions": runs.DIMENSIONS,
+    }
+    return page(request, "evaluation.html", context)
+
+
+def _chart(title: str, xs: list[float], series: dict[str, list[float | None]]) -> dict[str, Any]:
+    """A chart's data as the page script reads it: a title, the x values and named series."""
+    return {"title": title, "x": xs, "series": series}
