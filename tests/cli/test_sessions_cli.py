@@ -13,6 +13,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
+from sessionrl.errors import SessionRLError
 from sessionrl.session import CallStatus, LLMCall, LLMCallRecorded, Session, SessionCreate, StateChanged, fold
 from sessionrl.store import SessionStore
 from sessionrl.store.synthetic import generate, ingest
@@ -293,8 +294,21 @@ def test_demo_answers_every_question(tmp_path: Path) -> None:
 
 
 def test_a_store_url_no_backend_serves_is_one_line_naming_the_known_schemes() -> None:
-    result = run("sessions", "list", "--db", "postgresql://localhost/db")
+    result = run("sessions", "list", "--db", "mysql://localhost/db")
     assert result.exit_code == 1
     (line,) = result.output.strip().splitlines()
-    assert line.startswith("error: store URL 'postgresql://localhost/db'")
-    assert "known: sqlite://" in line
+    assert line.startswith("error: store URL 'mysql://localhost/db'")
+    assert "known: " in line
+    assert "sqlite://" in line
+
+
+def test_an_error_of_several_lines_is_printed_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(url: str) -> SessionStore:
+        raise SessionRLError(f"store URL {url!r}: cannot connect: refused\n\tIs the server running?")
+
+    monkeypatch.setattr(SessionStore, "open", refuse)
+    result = run("sessions", "list", "--db", "postgresql://localhost/db")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: store URL 'postgresql://localhost/db': cannot connect: refused Is the server running?"
+    ]

@@ -94,7 +94,7 @@ def reporting() -> Iterator[None]:
     try:
         yield
     except SessionRLError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
         raise typer.Exit(1) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
