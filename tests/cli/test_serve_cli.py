@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
@@ -100,3 +103,33 @@ async def test_the_server_says_where_it_listens(capsys: pytest.CaptureFixture[st
     (line,) = capsys.readouterr().err.splitlines()
     assert re.fullmatch(r"listening on http://127\.0\.0\.1:\d+", line)
     assert not line.endswith(":0")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_metrics_port_serves_the_metrics_without_a_token(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    port = free_port()
+    answers: list[httpx.Response] = []
+
+    def run(server: ListeningServer) -> None:  # while serving: a scrape with no token, and the API's own
+        answers.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10))
+        with TestClient(server.config.app) as api:
+            answers.append(api.get("/metrics"))
+
+    monkeypatch.setattr(ListeningServer, "run", run)
+    command = ["serve", "--db", str(tmp_path / "s.db"), "--tokens", "t:read", "--metrics-port", str(port)]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert f"metrics on http://127.0.0.1:{port}/metrics (no token)" in result.output
+    scrape, api = answers
+    assert scrape.status_code == 200
+    assert "sessionrl_http_requests" in scrape.text
+    assert api.status_code == 401
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)  # closed when the service stops

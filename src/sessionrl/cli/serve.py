@@ -6,11 +6,14 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import uvicorn
+from prometheus_client import CollectorRegistry, start_http_server
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
 from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
@@ -72,6 +75,16 @@ def serve(
         Path | None,
         typer.Option("--policy", help="A local Hugging Face causal LM folder that answers the gateway."),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            help="Also serve the Prometheus metrics on this port, on --host, without a token (a scrape "
+            "sends none); the API's /metrics needs a read token.",
+            show_default=False,
+        ),
+    ] = None,
     proxy_headers: Annotated[
         bool,
         typer.Option(
@@ -108,9 +121,10 @@ def serve(
         from sessionrl.policy.llm import HFPolicy  # loads torch: only when a model is served
 
         backends.append(HFPolicy.load(policy))
+    app = create_app(config, backends=backends)
     server = ListeningServer(
         uvicorn.Config(
-            create_app(config, backends=backends),
+            app,
             host=host,
             port=port,
             loop="uvloop",
@@ -122,7 +136,26 @@ def serve(
             date_header=False,
         )
     )
-    server.run()
+    with metrics_without_token(app.state.metrics.registry, host, metrics_port):
+        server.run()
+
+
+@contextmanager
+def metrics_without_token(registry: CollectorRegistry, host: str, port: int | None) -> Iterator[None]:
+    """While the block runs, serve `registry` in the Prometheus text format on `host:port` to anyone who
+    asks (any path), saying where on stderr; nothing when `port` is None. It is the same registry the
+    API's `/metrics` renders, served by a small thread of its own."""
+    if port is None:
+        yield
+        return
+    metrics, _ = start_http_server(port, addr=host, registry=registry)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"metrics on http://{shown}:{metrics.server_port}/metrics (no token)", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        metrics.shutdown()
+        metrics.server_close()
 
 
 class ListeningServer(uvicorn.Server):
