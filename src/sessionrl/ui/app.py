@@ -68,6 +68,7 @@ def mount_docs(app: FastAPI) -> None:
             swagger_js_url=f"{STATIC}/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{STATIC}/swagger-ui/swagger-ui.css",
             swagger_favicon_url=f"{STATIC}/favicon.svg",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from the validator site
         )
 
 

@@ -50,7 +50,9 @@ def run_names(runs_dir: Path) -> list[str]:
     """Run folders under `runs_dir`, newest first."""
     if not runs_dir.is_dir():
         return []
-    found = [p for p in runs_dir.iterdir() if (p / "config.yaml").is_file() or (p / "metrics.jsonl").is_file()]
+    found = [
+        p for p in runs_dir.iterdir() if (p / "config.yaml").is_file() or (p / "metrics.jsonl").is_file()
+    ]
     return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
 
 

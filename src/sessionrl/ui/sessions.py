@@ -84,7 +84,13 @@ def session_list(request: Request, who: Viewer) -> Response:
 
 
 def _list_context(
-    params: dict[str, str], rows: list[Any], total: int, page_no: int, size: int, who: Principal, problem: str | None
+    params: dict[str, str],
+    rows: list[Any],
+    total: int,
+    page_no: int,
+    size: int,
+    who: Principal,
+    problem: str | None,
 ) -> dict[str, Any]:
     return {
         "who": who,

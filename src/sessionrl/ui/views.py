@@ -154,13 +154,13 @@ def timeline(session: Session, plan_at: datetime | None = None) -> Timeline:
     verdicts = _verdicts_by_call(session.feedback)
     steps: list[tuple[datetime, datetime, str, str, str, str, float, tuple[str, ...]]] = []
     if plan_at is not None and session.plan is not None:
-        steps.append((plan_at, plan_at, "plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, ()))
+        steps.append(
+            (plan_at, plan_at, "plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, ())
+        )
     for t in session.tool_calls:
         marks = _tool_marks(t) + verdicts.get(t.call_id, ())
         latency = t.latency_ms
-        steps.append(
-            (t.started_at, t.finished_at, t.call_id, "tool", t.tool, t.status.value, latency, marks)
-        )
+        steps.append((t.started_at, t.finished_at, t.call_id, "tool", t.tool, t.status.value, latency, marks))
     for c in session.llm_calls:
         marks = verdicts.get(c.call_id, ())
         label = f"llm {c.purpose}"
