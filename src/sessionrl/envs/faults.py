@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from sessionrl.skills import Clock, ErrorCode, Skill, SkillError
+from sessionrl.skills.skill import JsonValue
 
 if TYPE_CHECKING:
     from sessionrl.envs.base import ExpertPlan
@@ -129,7 +130,7 @@ class FaultySkill(Skill):
         self._faults = faults
         self._rng = rng
 
-    async def invoke(self, params: dict[str, Any], clock: Clock) -> dict[str, Any]:
+    async def invoke(self, params: dict[str, Any], clock: Clock) -> JsonValue:
         """Maybe fail before running; else run the inner skill and maybe garble its answer."""
         if self._rng.random() < self._faults.tool_error:
             payload = orjson.dumps({"error": "service unavailable", "tool": self.name}).decode()
