@@ -5,7 +5,8 @@ tuned for speed over durability (`fsync=off`): it is for data that may be lost w
 for a store that matters. PostgreSQL refuses to run as root, so when this process is root the server
 runs as the `postgres` user, who is given the folder.
 
->>> server = LocalPostgres.find_binaries()  # doctest: +SKIP
+    with LocalPostgres(find_bin_dir()) as server:
+        store = SessionStore.open(server.url())
 """
 
 from __future__ import annotations
