@@ -15,6 +15,7 @@ Batches are packed to a token budget: sequences are sorted longest first and eac
 micro-batch whose padded size (rows x longest row) stays within the budget (first-fit decreasing), so
 similar lengths share a micro-batch and little is padding. Every policy token weighs the same in the
 loss (token-level mean over the whole batch), so a session weighs in proportion to its policy tokens.
+Trained data-parallel, each rank packs its own `shard` of the batch's sequences.
 """
 
 from __future__ import annotations
@@ -250,6 +251,26 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def shard(lengths: Sequence[int], rank: int, world: int) -> list[int]:
+    """The indices rank `rank` of `world` trains on: longest first, each to the rank holding the fewest
+    tokens so far (the lowest rank on a tie), so ranks get near-equal work and every rank, given the same
+    lengths, computes the same split.
+
+    >>> [shard([5, 2, 4, 3], rank, 2) for rank in (0, 1)]
+    [[0, 1], [2, 3]]
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    loads = [0] * world
+    mine: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        to = loads.index(min(loads))
+        loads[to] += lengths[i]
+        if to == rank:
+            mine.append(i)
+    return sorted(mine)
+
+
 def fixed_batches(count: int, size: int) -> list[list[int]]:
     """Indices in arrival order, `size` per micro-batch (the usual fixed-count batching, for comparison).
 
@@ -357,4 +378,5 @@ __all__ = [
     "padding_fraction",
     "policy_turns",
     "session_advantages",
+    "shard",
 ]

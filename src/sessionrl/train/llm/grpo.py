@@ -19,7 +19,13 @@ import torch
 from torch import Tensor
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, packed
-from sessionrl.train.llm.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+from sessionrl.train.llm.update import (
+    UpdateStats,
+    accumulate,
+    build_optimizer,
+    local_sequences,
+    token_logprobs,
+)
 from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
 
 REWARD_KEY = re.compile(r"session|long_term|(layer|term):\w+")
@@ -99,7 +105,7 @@ class GRPOTrainer:
 
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """`config.epochs` optimiser steps on `sequences`; returns the last step's statistics."""
-        batch = packed(sequences, self.config.token_budget, self.pad_id)
+        batch = packed(local_sequences(sequences), self.config.token_budget, self.pad_id)
         return [self._update(batch) for _ in range(self.config.epochs)][-1]
 
     def _update(self, batch: PackedBatch) -> UpdateStats:

@@ -14,7 +14,13 @@ from typing import Any
 from torch import Tensor
 
 from sessionrl.train.llm.data import MicroBatch, TokenSequence, packed
-from sessionrl.train.llm.update import UpdateStats, accumulate, build_optimizer, token_logprobs
+from sessionrl.train.llm.update import (
+    UpdateStats,
+    accumulate,
+    build_optimizer,
+    local_sequences,
+    token_logprobs,
+)
 from sessionrl.train.losses import masked_mean
 
 
@@ -71,7 +77,7 @@ class SFTTrainer:
 
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """One optimiser step on `sequences`, packed by the token budget."""
-        batch = packed(sequences, self.config.token_budget, self.pad_id)
+        batch = packed(local_sequences(sequences), self.config.token_budget, self.pad_id)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.steps)
         stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)

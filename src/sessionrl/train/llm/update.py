@@ -3,19 +3,25 @@
 A batch is split into micro-batches (`sessionrl.train.llm.data.packed`). Each micro-batch's loss is a mean
 over its own policy tokens; scaled by its share of the batch's policy tokens, the summed gradients equal
 those of one token-level mean over the whole batch, whatever the packing.
+
+Data-parallel (a `torch.distributed` process group is up, gloo on CPU or NCCL on GPUs), every rank is
+handed the whole batch of sequences and trains on its `shard` (`local_sequences`). Shares are taken of the
+policy tokens of all ranks together and the gradients are summed across ranks before clipping, so every
+rank takes the same step as one process would on the whole batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch import distributed as dist
 from torch.nn import functional as F
 
-from sessionrl.train.llm.data import MicroBatch, PackedBatch
+from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, shard
 
 LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 """A micro-batch's loss (token mean over its policy tokens) and diagnostics to average the same way."""
@@ -79,11 +85,13 @@ class UpdateStats:
 def accumulate(
     model: Any, optimizer: torch.optim.Optimizer, batch: PackedBatch, loss_fn: LossFn, max_grad_norm: float
 ) -> UpdateStats:
-    """One optimiser step over every micro-batch of `batch` (gradients accumulated token-weighted)."""
+    """One optimiser step over every micro-batch of `batch` (gradients accumulated token-weighted); this
+    rank's part of one step over all ranks' batches when data-parallel (see the module doc)."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     device = next(model.parameters()).device
-    total = max(batch.policy_tokens, 1)
+    policy_tokens, tokens = (int(n) for n in _across_ranks([batch.policy_tokens, batch.tokens], device))
+    total = max(policy_tokens, 1)
     loss_sum = 0.0
     parts: dict[str, float] = {}
     for micro in batch:
@@ -95,13 +103,76 @@ def accumulate(
         loss_sum += loss.item() * share
         for name, value in extra.items():
             parts[name] = parts.get(name, 0.0) + value * share
+    _sum_gradients(_params(optimizer))
+    names = sorted(parts)
+    loss_sum, *summed = _across_ranks([loss_sum, *(parts[n] for n in names)], device)
     norm = torch.nn.utils.clip_grad_norm_(_params(optimizer), max_grad_norm)
     optimizer.step()
-    return UpdateStats(loss_sum, parts, float(norm), batch.policy_tokens, batch.tokens, batch.padding)
+    padding = batch.padding if world_size() == 1 else float("nan")
+    return UpdateStats(
+        loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens, padding
+    )
+
+
+def world_size() -> int:
+    """How many ranks train together (1 without a process group)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def local_sequences(sequences: Sequence[TokenSequence]) -> list[TokenSequence]:
+    """The sequences this rank trains on: all of them in one process, its `shard` when data-parallel."""
+    world = world_size()
+    if world == 1:
+        return list(sequences)
+    return [sequences[i] for i in shard([len(s) for s in sequences], dist.get_rank(), world)]
+
+
+def _across_ranks(values: Sequence[float], device: torch.device) -> list[float]:
+    """`values` summed over every rank (as they are in one process)."""
+    if world_size() == 1:
+        return list(values)
+    summed = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(summed)
+    return [float(v) for v in summed.tolist()]
+
+
+def _sum_gradients(params: Iterable[Tensor]) -> None:
+    """Sum every parameter's gradient over the ranks, in one flat all-reduce.
+
+    A parameter some rank has a gradient for gets one on every rank (zeros where its shard never touched
+    it); one no rank touched keeps no gradient, so the optimiser skips it as it would in one process.
+    """
+    if world_size() == 1:
+        return
+    params = list(params)
+    if not params:
+        return
+    device = params[0].device
+    touched = torch.tensor([float(p.grad is not None) for p in params], device=device)
+    dist.all_reduce(touched)
+    synced = [p for p, t in zip(params, touched.tolist(), strict=True) if t > 0]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in synced]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in synced:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
 
 
 def _params(optimizer: torch.optim.Optimizer) -> Iterable[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-__all__ = ["LossFn", "UpdateStats", "accumulate", "build_optimizer", "token_logprobs", "trainable"]
+__all__ = [
+    "LossFn",
+    "UpdateStats",
+    "accumulate",
+    "build_optimizer",
+    "local_sequences",
+    "token_logprobs",
+    "trainable",
+    "world_size",
+]
