@@ -50,7 +50,7 @@ def mount(app: FastAPI, config: UIConfig | None = None) -> None:
     contracts = load_contracts(config.skills_dir) if config.skills_dir is not None else {}
     app.state.ui = Dashboard(config, templates, {name: c.sla for name, c in contracts.items()})
     app.mount(STATIC, StaticFiles(directory=HERE / "static"), name="ui-static")
-    app.include_router(_login_router())
+    app.include_router(login_router())
     app.include_router(sessions.router)
     app.include_router(training.router)
     app.add_exception_handler(LoginRequired, _to_login)  # type: ignore[arg-type]
@@ -76,7 +76,7 @@ async def _to_login(request: Request, exc: LoginRequired) -> Response:
     return RedirectResponse(login_url(exc.next_url), status_code=303)
 
 
-def _login_router() -> APIRouter:
+def login_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
     @router.get("/ui", include_in_schema=False)
@@ -119,7 +119,9 @@ def create_ui_app(db_url: str, config: UIConfig, tokens: Mapping[str, frozenset[
             app.state.store = store
             yield
 
-    app = FastAPI(title="sessionrl dashboard", version=__version__, lifespan=lifespan, docs_url=None)
+    app = FastAPI(
+        title="sessionrl dashboard", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.tokens = TokenTable(tokens)
     mount(app, config)
     return app

@@ -81,7 +81,8 @@ def serving_call(calls: Sequence[ToolCall], subgoal_id: str) -> ToolCall | None:
     """The call that served a sub-goal: its last successful one, else its last one."""
     mine = [c for c in calls if c.subgoal_id == subgoal_id]
     done = [c for c in mine if c.status == CallStatus.SUCCESS]
-    return (done or mine or [None])[-1]
+    chosen = done or mine
+    return chosen[-1] if chosen else None
 
 
 def layout(session: Session) -> Dag:

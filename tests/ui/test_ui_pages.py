@@ -1,0 +1,76 @@
+"""The dashboard's pages over HTTP, without a browser: login and its cookie, what a page needs, and that
+the dashboard has no route that writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from conftest import READER, TOKENS, tiny_run
+from sessionrl.service import parse_tokens
+from sessionrl.store import SessionStore, synthetic
+from sessionrl.ui import UIConfig, create_ui_app, sessions, training
+from sessionrl.ui.app import login_router
+from sessionrl.ui.auth import safe_next
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with SessionStore.open(f"sqlite:///{tmp_path / 's.db'}") as store:
+        synthetic.ingest(store, 12, seed=5)
+    tiny_run(tmp_path / "runs" / "r1")
+    app = create_ui_app(
+        f"sqlite:///{tmp_path / 's.db'}", UIConfig(runs_dir=tmp_path / "runs"), parse_tokens(TOKENS)
+    )
+    with TestClient(app, follow_redirects=False) as opened:
+        yield opened
+
+
+def test_a_page_without_a_token_sends_the_browser_to_log_in_and_back(client: TestClient) -> None:
+    answer = client.get("/ui/sessions?state=finished")
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/ui/login?next=%2Fui%2Fsessions%3Fstate%3Dfinished"
+    refused = client.post("/ui/login", data={"token": "wrong", "next": "/ui/runs"})
+    assert refused.status_code == 401
+    assert "set-cookie" not in refused.headers
+    accepted = client.post("/ui/login", data={"token": READER, "next": "/ui/runs"})
+    assert (accepted.status_code, accepted.headers["location"]) == (303, "/ui/runs")
+    cookie = accepted.headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    assert client.get("/ui/runs").status_code == 200
+
+
+def test_a_bearer_header_opens_the_pages_too(client: TestClient) -> None:
+    answer = client.get("/ui/sessions", headers={"Authorization": f"Bearer {READER}"})
+    assert answer.status_code == 200
+    assert '<b id="found">12</b>' in answer.text
+
+
+def test_after_login_only_paths_of_this_site_are_followed() -> None:
+    assert safe_next("/ui/runs/x") == "/ui/runs/x"
+    assert safe_next("https://elsewhere.example/") == "/ui/sessions"
+    assert safe_next("//elsewhere.example/") == "/ui/sessions"
+
+
+def test_bad_filters_and_unknown_things_answer_with_a_page(client: TestClient) -> None:
+    client.post("/ui/login", data={"token": READER})
+    bad = client.get("/ui/sessions?tool_share=nonsense")
+    assert bad.status_code == 422
+    assert "expected TOOL&lt;SHARE" in bad.text
+    assert client.get("/ui/sessions/s_nope").status_code == 404
+    assert client.get("/ui/sessions/s_nope/rewards/1").status_code == 404
+    assert client.get("/ui/runs/nope").status_code == 404
+    assert client.get("/ui/runs/r1").status_code == 200
+    assert client.get("/ui/evaluation").status_code == 200
+
+
+def test_the_dashboard_writes_nothing() -> None:
+    routers = (login_router(), sessions.router, training.router)
+    routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    writing = {(m, r.path) for r in routes for m in r.methods if m not in {"GET", "HEAD"}}
+    assert writing == {("POST", "/ui/login"), ("POST", "/ui/logout")}  # the cookie, not the store
