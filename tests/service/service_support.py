@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from sessionrl.gateway import ChatBackend
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.skills import Skill, SkillContract, callable_skill
@@ -42,10 +43,14 @@ def skills() -> list[Skill]:
 
 
 def make_app(
-    skill_list: Sequence[Skill] | None = None, backends: Sequence[PolicyBackend] = (), **fields: Any
+    skill_list: Sequence[Skill] | None = None,
+    backends: Sequence[PolicyBackend] = (),
+    chat: ChatBackend | None = None,
+    **fields: Any,
 ) -> FastAPI:
     config = ServiceConfig(db_url="sqlite://", tokens=TOKENS, **fields)
-    return create_app(config, skills=skills() if skill_list is None else skill_list, backends=backends)
+    chosen = skills() if skill_list is None else skill_list
+    return create_app(config, skills=chosen, backends=backends, chat=chat)
 
 
 @asynccontextmanager

@@ -365,7 +365,8 @@ async def test_the_openapi_document_declares_problems_auth_and_keys(client: http
         "$ref": "#/components/schemas/Problem"
     }
     for path, methods in spec["paths"].items():
-        if "post" in methods:
+        # the gateway speaks OpenAI's API, whose clients send no Idempotency-Key: each request is a model call
+        if "post" in methods and "chat/completions" not in path:
             names = {p["name"] for p in methods["post"].get("parameters", [])}
             assert "Idempotency-Key" in names, path
     assert "HTTPValidationError" not in spec["components"]["schemas"]

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
 from sessionrl.errors import SessionRLError
@@ -29,41 +29,101 @@ from sessionrl.service.deps import JSONAnswer, Reader, Writer, engine_of
 router = APIRouter(tags=["gateway"])
 
 SessionHeader = Annotated[
-    str | None,
+    str,
     Header(
         alias="X-Session-Id",
         pattern=ID.pattern,
         description="The session to record in (opened on first use), when the base URL does not name one.",
     ),
 ]
+SessionId = Annotated[str, Path(pattern=ID.pattern, description="The session (opened on first use).")]
+
+OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "string"},
+            },
+        }
+    },
+}
 
 
-@router.post("/gateway/sessions/{session_id}/v1/chat/completions", summary="Chat completion in a session")
+def answers(*openai_statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries of a gateway route: the answer (JSON, or server-sent events), OpenAI-style errors
+    (an upstream's own error status is passed on), and the problems the framework answers with."""
+    documented = problems.responses(400, 401, 403, 413, 422, 429)
+    for status in openai_statuses:
+        entry = documented.setdefault(
+            status, {"description": problems.TITLES.get(status, "Error"), "content": {}}
+        )
+        entry["content"]["application/json"] = {"schema": OPENAI_ERROR}
+    ok = {
+        "application/json": {"schema": {"type": "object"}},
+        "text/event-stream": {"schema": {}},
+    }
+    return {200: {"description": "The completion", "content": ok}, **documented}
+
+
+CHAT_ANSWERS = answers(400, 404, 409, 413, 422, 500, 502, 503)
+
+
+@router.post(
+    "/gateway/sessions/{session_id}/v1/chat/completions",
+    summary="Chat completion in a session",
+    response_class=Response,
+    responses=CHAT_ANSWERS,
+)
 async def chat_in_session(
-    session_id: str, body: ChatRequest, request: Request, principal: Writer
+    session_id: SessionId, body: ChatRequest, request: Request, principal: Writer
 ) -> Response:
     """An OpenAI chat completion, recorded in the session the base URL names."""
     return await chat(request, session_id, body)
 
 
-@router.post("/v1/chat/completions", summary="Chat completion in the header's session")
+@router.post(
+    "/v1/chat/completions",
+    summary="Chat completion in the header's session",
+    response_class=Response,
+    responses=CHAT_ANSWERS,
+)
 async def chat_by_header(
-    body: ChatRequest, request: Request, principal: Writer, session_id: SessionHeader = None
+    body: ChatRequest, request: Request, principal: Writer, session_id: SessionHeader
 ) -> Response:
-    """An OpenAI chat completion, recorded in the session of the `X-Session-Id` header."""
-    if session_id is None:
-        message = "name the session: base URL /gateway/sessions/{session_id}/v1, or an X-Session-Id header"
-        return openai_error(400, message, "invalid_request_error", "session_required")
+    """An OpenAI chat completion, recorded in the session of the `X-Session-Id` header (or name the
+    session in the base URL: `/gateway/sessions/{session_id}/v1`)."""
     return await chat(request, session_id, body)
 
 
-@router.get("/gateway/sessions/{session_id}/v1/models", summary="Models, in a session's base URL")
-async def models_in_session(session_id: str, request: Request, principal: Reader) -> Response:
+MODELS_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The models", "content": {"application/json": {"schema": {"type": "object"}}}}
+}
+
+
+@router.get(
+    "/gateway/sessions/{session_id}/v1/models",
+    summary="Models, in a session's base URL",
+    response_class=Response,
+    responses={**MODELS_ANSWERS, **problems.responses(400, 401, 403, 422, 429)},
+)
+async def models_in_session(session_id: SessionId, request: Request, principal: Reader) -> Response:
     """The models the gateway serves."""
     return await served_models(request)
 
 
-@router.get("/v1/models", summary="Models the gateway serves")
+@router.get(
+    "/v1/models",
+    summary="Models the gateway serves",
+    response_class=Response,
+    responses={**MODELS_ANSWERS, **problems.responses(401, 403, 429)},
+)
 async def models(request: Request, principal: Reader) -> Response:
     """The models the gateway serves."""
     return await served_models(request)
