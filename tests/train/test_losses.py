@@ -12,6 +12,7 @@ from sessionrl.train import losses
 from sessionrl.train.losses import (
     adaptive_lambda,
     clipped_pg_loss,
+    cvar,
     decaying_beta,
     dpo_loss,
     dual_critic_advantage,
@@ -19,6 +20,8 @@ from sessionrl.train.losses import (
     group_advantages,
     kl_penalty,
     masked_mean,
+    quantile_huber_loss,
+    quantile_midpoints,
     td_lambda_returns,
     value_loss,
 )
@@ -30,9 +33,9 @@ def t(*values: float) -> torch.Tensor:
 
 def test_doctests_pass() -> None:
     result = doctest.testmod(losses)
-    assert (
-        result.attempted == 4
-    )  # one example each in masked_mean, adaptive_lambda, dual_critic_advantage, decaying_beta
+    # one example each in masked_mean, adaptive_lambda, dual_critic_advantage, decaying_beta,
+    # quantile_midpoints, quantile_huber_loss and cvar
+    assert result.attempted == 7
     assert result.failed == 0
 
 
@@ -252,3 +255,43 @@ def test_dpo_loss_gradient_raises_chosen_and_lowers_rejected() -> None:
     assert rejected.grad is not None
     assert chosen.grad.item() == pytest.approx(-0.05)
     assert rejected.grad.item() == pytest.approx(0.05)
+
+
+def test_quantile_huber_loss_by_hand_on_both_sides_of_kappa() -> None:
+    taus = torch.tensor([0.25, 0.75])
+    # u = 1 - 0 = 1 (k=0, weight τ=0.25) and u = 1 - 2 = -1 (k=1, weight 1 - τ = 0.25); Huber ½·1² each
+    assert quantile_huber_loss(torch.tensor([[0.0, 2.0]]), torch.tensor([[1.0]]), taus).item() == 0.25
+    # |u| = 3 > κ = 1: Huber 1·(3 - ½) = 2.5, weight τ = 0.5 (u > 0)
+    one = quantile_huber_loss(torch.tensor([[0.0]]), torch.tensor([[3.0]]), torch.tensor([0.5]))
+    assert one.item() == pytest.approx(1.25)
+    # κ = 4 keeps u = 3 quadratic: ½·9 / 4 weighted 0.5, and u = -3 weighs 1 - 0.9
+    two = quantile_huber_loss(
+        torch.tensor([[0.0], [6.0]]), torch.tensor([[3.0], [3.0]]), torch.tensor([0.9]), kappa=4.0
+    )
+    assert two.item() == pytest.approx(((0.9 * 4.5 / 4) + (0.1 * 4.5 / 4)) / 2)
+
+
+def test_quantile_huber_loss_averages_targets_and_moves_quantiles_towards_their_levels() -> None:
+    # two targets per row are averaged: u = 1 and u = -1 against one quantile at τ = 0.5
+    pair = quantile_huber_loss(torch.tensor([[0.0]]), torch.tensor([[1.0, -1.0]]), torch.tensor([0.5]))
+    assert pair.item() == pytest.approx(0.25)
+    samples = torch.tensor([[0.0, 1.0, 2.0, 3.0, 10.0]])
+    quantiles = torch.zeros(1, 5, requires_grad=True)
+    optimiser = torch.optim.SGD([quantiles], lr=0.5)
+    for _ in range(400):
+        optimiser.zero_grad()
+        quantile_huber_loss(quantiles, samples, quantile_midpoints(5), kappa=0.01).backward()
+        optimiser.step()
+    # each quantile settles at its own sample (τ_k = 0.1, 0.3, ... of five points)
+    assert quantiles.detach()[0].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0, 10.0], abs=0.05)
+
+
+def test_cvar_reads_the_lower_tail_and_rejects_bad_alpha() -> None:
+    q = torch.tensor([[4.0, -2.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    assert cvar(q, 0.25).tolist() == [-2.0, 1.0]
+    assert cvar(q, 1.0).tolist() == [0.75, 1.0]
+    assert cvar(q, 0.1).tolist() == [-2.0, 1.0]  # at least one quantile
+    with pytest.raises(ValueError, match="alpha"):
+        cvar(q, 0.0)
+    with pytest.raises(ValueError, match="taus"):
+        quantile_huber_loss(q, torch.zeros(2), torch.tensor([0.5]))

@@ -238,6 +238,57 @@ def decaying_beta(step: int, beta0: float, decay: float = 0.999) -> float:
     return beta0 * decay**step
 
 
+def quantile_midpoints(count: int) -> Tensor:
+    """The ``[K]`` quantile levels a QR critic's ``K`` outputs estimate: ``τ_i = (2i + 1) / 2K``.
+
+    >>> quantile_midpoints(4).tolist()
+    [0.125, 0.375, 0.625, 0.875]
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    return (2 * torch.arange(count, dtype=torch.float32) + 1) / (2 * count)
+
+
+def quantile_huber_loss(quantiles: Tensor, targets: Tensor, taus: Tensor, kappa: float = 1.0) -> Tensor:
+    """QR regression loss of a distributional critic: its quantiles ``[B, K]`` against target samples
+    ``[B, M]`` (``M = 1`` for one TD(λ) return per state), at levels ``taus`` ``[K]``.
+
+    With ``u = target_m - quantile_k``, each pair costs ``|τ_k - 1{u < 0}| · H_κ(u) / κ``, where the Huber
+    term ``H_κ(u)`` is ``u²/2`` for ``|u| ≤ κ`` and ``κ(|u| - κ/2)`` beyond. Pairs are averaged over the
+    targets, summed over the quantiles and averaged over the batch; the result is a 0-d tensor. Its minimiser
+    puts quantile ``k`` at the ``τ_k``-quantile of the targets, so under- and over-estimates weigh
+    ``1 - τ_k`` and ``τ_k``.
+
+    >>> quantile_huber_loss(torch.tensor([[0.0, 2.0]]), torch.tensor([[1.0]]), torch.tensor([0.25, 0.75]))
+    tensor(0.2500)
+    """
+    if kappa <= 0:
+        raise ValueError(f"kappa must be > 0, got {kappa}")
+    if quantiles.dim() != 2 or targets.dim() != 2 or taus.shape != quantiles.shape[-1:]:
+        shapes = f"{tuple(quantiles.shape)}, {tuple(targets.shape)}, {tuple(taus.shape)}"
+        raise ValueError(f"quantiles [B, K], targets [B, M] and taus [K] expected, got {shapes}")
+    u = targets[:, None, :] - quantiles[:, :, None]  # [B, K, M]
+    huber = torch.where(u.abs() <= kappa, 0.5 * u**2, kappa * (u.abs() - 0.5 * kappa))
+    weight = (taus.to(u.dtype)[None, :, None] - (u.detach() < 0).to(u.dtype)).abs()
+    return (weight * huber / kappa).mean(-1).sum(-1).mean()
+
+
+def cvar(quantiles: Tensor, alpha: float) -> Tensor:
+    """Lower-tail CVaR of a quantile critic: the mean of its lowest ``max(1, ⌊α·K⌋)`` quantiles, ``[B]``
+    from ``[B, K]``. Quantiles are sorted first, so an unordered head still reads its worst values.
+
+    With returns where lower is worse (the risk signal is ``-(new risk flags)``), this is the expected
+    return over the worst ``α`` share of outcomes; ``α = 1`` gives the mean.
+
+    >>> cvar(torch.tensor([[3.0, -1.0, 0.0, 1.0]]), 0.5).tolist()
+    [-0.5]
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    k = max(1, int(alpha * quantiles.shape[-1]))
+    return quantiles.sort(dim=-1).values[..., :k].mean(-1)
+
+
 @dataclass(frozen=True)
 class DPOLoss:
     """Result of :func:`dpo_loss`: the loss to minimise and the implicit rewards (detached, shape ``[B]``)."""
@@ -282,6 +333,7 @@ __all__ = [
     "PolicyLoss",
     "adaptive_lambda",
     "clipped_pg_loss",
+    "cvar",
     "decaying_beta",
     "dpo_loss",
     "dual_critic_advantage",
@@ -289,6 +341,8 @@ __all__ = [
     "group_advantages",
     "kl_penalty",
     "masked_mean",
+    "quantile_huber_loss",
+    "quantile_midpoints",
     "td_lambda_returns",
     "value_loss",
 ]
