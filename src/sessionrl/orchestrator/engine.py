@@ -61,10 +61,13 @@ from sessionrl.orchestrator.results import (
     StepPayload,
     StepResult,
     ToolPayload,
+    call_ids,
     feedback_result,
     finish_result,
     llm_result,
+    may_be_replay,
     plan_result,
+    replayed_result,
     tool_result,
 )
 from sessionrl.session.events import (
@@ -269,12 +272,12 @@ class Orchestrator:
         expected_version: int | None,
     ) -> StepResult:
         session = await self.session(session_id)
-        if key is not None and _may_be_replay(session, kind, ids, payload):
+        if key is not None and may_be_replay(session, kind, ids, payload):
             replayed = await self._replayed(session_id, ids)
             if replayed is not None:
-                if not same_request(kind, payload, replayed, *_call_ids(payload, ids)):
+                if not same_request(kind, payload, replayed, *call_ids(payload, ids)):
                     raise KeyReused(key, "a different request (another kind or body)")
-                return _result(kind, replayed, ids, self._masked(), payload)
+                return replayed_result(kind, replayed, ids, self._masked(), payload)
         _check_version(session, expected_version)
         if session.state not in ACTIVE:
             raise InvalidTransition(session_id, session.state, f"{kind.value} step")
@@ -640,31 +643,3 @@ def _llm_record(call_id: str, purpose: str, messages: Sequence[Message], reply: 
         policy_version=reply.policy_version,
         tokens_used=reply.tokens_used,
     )
-
-
-def _may_be_replay(session: Session, kind: StepKind, ids: StepIds, payload: StepPayload) -> bool:
-    """Whether the session shows a trace of the request of `ids` (then the log is checked to be sure)."""
-    if kind is StepKind.PLAN and session.plan is not None:
-        return True
-    calls = session.call_ids()
-    named = getattr(payload, "call_id", None)
-    return ids.call in calls or ids.llm in calls or named in calls
-
-
-def _call_ids(payload: StepPayload, ids: StepIds) -> tuple[str, str]:
-    """The ids a step's tool call and LLM call have: the ones the request named, or those of its key."""
-    named = getattr(payload, "call_id", None)
-    tool_id = named if isinstance(payload, ToolPayload) and named else ids.call
-    llm_id = named if isinstance(payload, LLMPayload) and named else ids.llm
-    return tool_id, llm_id
-
-
-def _result(
-    kind: StepKind, session: Session, ids: StepIds, masked: tuple[str, ...], payload: StepPayload
-) -> StepResult:
-    if kind is StepKind.PLAN:
-        return plan_result(session, ids, masked)
-    tool_id, llm_id = _call_ids(payload, ids)
-    if kind is StepKind.TOOL:
-        return tool_result(session, ids, masked, tool_id)
-    return llm_result(session, ids, masked, llm_id)

@@ -245,3 +245,32 @@ def feedback_result(session: Session, feedback_id: str) -> FeedbackResult:
         state=session.state,
         state_version=session.state_version,
     )
+
+
+def may_be_replay(session: Session, kind: StepKind, ids: StepIds, payload: StepPayload) -> bool:
+    """Whether the session shows a trace of the request of `ids` (then the log is checked to be sure)."""
+    if kind is StepKind.PLAN and session.plan is not None:
+        return True
+    calls = session.call_ids()
+    named = getattr(payload, "call_id", None)
+    return ids.call in calls or ids.llm in calls or named in calls
+
+
+def call_ids(payload: StepPayload, ids: StepIds) -> tuple[str, str]:
+    """The ids a step's tool call and LLM call have: the ones the request named, or those of its key."""
+    named = getattr(payload, "call_id", None)
+    tool_id = named if isinstance(payload, ToolPayload) and named else ids.call
+    llm_id = named if isinstance(payload, LLMPayload) and named else ids.llm
+    return tool_id, llm_id
+
+
+def replayed_result(
+    kind: StepKind, session: Session, ids: StepIds, masked: tuple[str, ...], payload: StepPayload
+) -> StepResult:
+    """The answer to a step replayed from the log: the result the first try was given."""
+    if kind is StepKind.PLAN:
+        return plan_result(session, ids, masked)
+    tool_id, llm_id = call_ids(payload, ids)
+    if kind is StepKind.TOOL:
+        return tool_result(session, ids, masked, tool_id)
+    return llm_result(session, ids, masked, llm_id)
