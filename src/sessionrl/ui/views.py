@@ -160,14 +160,13 @@ def timeline(session: Session, plan_at: datetime | None = None) -> Timeline:
         )
     for t in session.tool_calls:
         marks = _tool_marks(t) + verdicts.get(t.call_id, ())
-        latency = t.latency_ms
+        latency = t.latency_ms or (t.finished_at - t.started_at).total_seconds() * 1000
         steps.append((t.started_at, t.finished_at, t.call_id, "tool", t.tool, t.status.value, latency, marks))
     for c in session.llm_calls:
         marks = verdicts.get(c.call_id, ())
         label = f"llm {c.purpose}"
-        steps.append(
-            (c.started_at, c.finished_at, c.call_id, "llm", label, c.status.value, c.latency_ms, marks)
-        )
+        latency = c.latency_ms or (c.finished_at - c.started_at).total_seconds() * 1000
+        steps.append((c.started_at, c.finished_at, c.call_id, "llm", label, c.status.value, latency, marks))
     if not steps:
         return Timeline((), 0.0)
     steps.sort(key=lambda s: s[0])
