@@ -51,7 +51,7 @@ def test_recorded_tokens_are_trained_as_sampled_and_only_the_model_s_own() -> No
     assert (data.kept, data.dropped) == (["s1"], [])
 
 
-def test_without_tokens_the_chat_template_renders_replies_and_tool_calls() -> None:
+def test_without_tokens_replies_are_written_in_the_policy_s_action_language() -> None:
     asked = call("a", tool_calls=(ToolRequest(id="c1", name="lookup", arguments='{"id": "O-1"}'),))
     answered = call("b", response="shipped")
     data = captured_sequences([session("s2", [asked, answered])], CharEncoder())
@@ -59,7 +59,7 @@ def test_without_tokens_the_chat_template_renders_replies_and_tool_calls() -> No
         "".join(chr(i) for i, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m and i)
         for seq in data.sequences
     ]
-    assert trained == ['{"tool":"lookup","params":{"id":"O-1"}}', "shipped"]
+    assert trained == ['{"tool":"lookup","params":{"id":"O-1"}}', '{"final":"shipped"}']
 
 
 def test_sessions_that_fail_the_check_are_dropped_each_with_its_reason() -> None:

@@ -3,8 +3,9 @@
 A captured session trains on what its model wrote, never on what its tools answered. When its LLM calls
 carry the token ids the model sampled (the gateway's own policy records them), those exact ids are used
 (`policy_turns`), with their log-probabilities; otherwise each call's conversation goes through the
-policy's chat template and its reply (text, or its tool call in the action language) is tokenised
-(`ChatEncoder`). Failed model calls are left out.
+policy's chat template and its reply is tokenised (`ChatEncoder`), both written in the policy's action
+language as the gateway's `PolicyChat` reads and writes it: a tool call as `{"tool": ..., "params": ...}`,
+an answer as `{"final": ...}`. Failed model calls are left out.
 
 The check, per session: every recorded call's tokens and log-probabilities line up; every sequence's ids,
 loss mask and log-probabilities have one length; the mask covers exactly the model's own tokens; and no
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from sessionrl.policy.llm import tool_action
+from sessionrl.gateway.backends import policy_view
+from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.session.model import CallStatus, LLMCall, Session
 from sessionrl.train.llm.data import ChatEncoder, TokenSequence, Turn, merge_turns, policy_turns
 
@@ -66,7 +68,7 @@ def session_sequences(session: Session, encoder: ChatEncoder) -> list[TokenSeque
     if tokened:
         turns = policy_turns(session, {})
     else:
-        check_no_tool_output(session, [reply_text(c) for c in calls])
+        check_no_tool_output(session, [c.response for c in calls])
         turns = [template_turn(c, encoder) for c in calls]
     sequences = merge_turns(turns, session.session_id)
     check_sequences(sequences, turns)
@@ -88,7 +90,7 @@ def check_call(call: LLMCall) -> None:
 
 
 def reply_text(call: LLMCall) -> str:
-    """What the model wrote, as the policy writes it: the text, or its first tool call as an action."""
+    """What the model wrote, in the policy's action language: its first tool call, or its answer."""
     if call.tool_calls:
         first = call.tool_calls[0]
         try:
@@ -96,12 +98,13 @@ def reply_text(call: LLMCall) -> str:
         except orjson.JSONDecodeError:
             raise Unfit(f"call {call.call_id}: tool call arguments are not JSON") from None
         return tool_action(first.name, params if isinstance(params, dict) else {"arguments": params})
-    return call.response
+    return final_action(call.response)
 
 
 def template_turn(call: LLMCall, encoder: ChatEncoder) -> Turn:
     """A call without recorded tokens, through the chat template."""
-    return Turn(tuple(encoder.encode_prompt(call.messages)), tuple(encoder.encode_reply(reply_text(call))))
+    prompt = encoder.encode_prompt([policy_view(m) for m in call.messages])
+    return Turn(tuple(prompt), tuple(encoder.encode_reply(reply_text(call))))
 
 
 def check_no_tool_output(session: Session, replies: Sequence[str]) -> None:
