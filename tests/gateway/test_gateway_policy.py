@@ -1,0 +1,50 @@
+"""The gateway answered by a real local causal LM (the tiny model): the prompt and completion token ids
+and log-probabilities it sampled are recorded, and train as they are, with no re-tokenising."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from gateway_support import WRITER, gateway_app, serving_on_loopback
+from openai import OpenAI
+
+from sessionrl.capture.dataset import captured_sequences
+from sessionrl.policy.llm import HFPolicy, SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.session.model import Message, Session
+
+TINY = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+TOOL = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
+TEXTS = [
+    '{"tool":"lookup_order","params":{"order_id":"O-1"}}',
+    '{"final":"It ships tomorrow."}',
+    "where is O-1?",
+]
+
+
+def test_the_local_policy_s_sampled_tokens_are_recorded_and_trained_as_sampled(tmp_path: Path) -> None:
+    build_tiny_policy(TEXTS * 20, TINY, tmp_path / "tiny")
+    policy = HFPolicy.load(tmp_path / "tiny", SamplingConfig(max_new_tokens=6))
+    messages: list[Any] = [{"role": "user", "content": "where is O-1?"}]
+    with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", backends=[policy])) as root:
+        client = OpenAI(base_url=f"{root}/gateway/sessions/tiny-1/v1", api_key=WRITER, max_retries=0)
+        answer = client.chat.completions.create(model="m", messages=messages, tools=[TOOL])
+        raw = httpx.get(f"{root}/v1/sessions/tiny-1", headers={"Authorization": f"Bearer {WRITER}"})
+    session = Session.model_validate(raw.json())
+    (call,) = session.llm_calls
+    assert call.prompt_token_ids == tuple(
+        policy.encode_prompt([Message(role="user", content="where is O-1?")])
+    )
+    assert call.token_ids
+    assert call.logprobs is not None
+    assert len(call.logprobs) == len(call.token_ids)
+    assert all(lp <= 0.0 for lp in call.logprobs)
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == len(call.token_ids)
+    data = captured_sequences([session], policy)
+    assert data.dropped == []
+    (seq,) = data.sequences
+    assert seq.input_ids == call.prompt_token_ids + call.token_ids
+    assert [lp for lp, m in zip(seq.old_logprobs, seq.loss_mask, strict=True) if m] == list(call.logprobs)
