@@ -77,9 +77,10 @@ def store_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def fresh_url(store_backend: str, request: pytest.FixtureRequest) -> FreshURL:
-    """`with fresh_url() as url:` a URL of an empty store on the test's backend, gone afterwards (for
-    tests, such as hypothesis ones, that need a new store per example)."""
+def fresh_url(store_backend: str, request: pytest.FixtureRequest) -> Iterator[FreshURL]:
+    """`with fresh_url() as url:` a URL of an empty store on the test's backend (for tests, such as
+    hypothesis ones, that need a new store per example). On PostgreSQL the test's one schema is emptied
+    for each (its tables truncated, the outbox sequence restarted): much quicker than a new schema."""
     if store_backend == "sqlite":
 
         @contextmanager
@@ -87,9 +88,30 @@ def fresh_url(store_backend: str, request: pytest.FixtureRequest) -> FreshURL:
             folder = request.getfixturevalue("tmp_path_factory").mktemp("store")
             yield f"sqlite:///{folder / 'sessions.db'}"
 
-        return sqlite_url
-    server: LocalPostgres = request.getfixturevalue("pg_server")
-    return lambda: pg_schema(server)
+        yield sqlite_url
+        return
+    with pg_schema(request.getfixturevalue("pg_server")) as url:
+
+        @contextmanager
+        def emptied() -> Iterator[str]:
+            empty_schema(url)
+            yield url
+
+        yield emptied
+
+
+def empty_schema(url: str) -> None:
+    """Remove every row the store keeps in the schema `url` names (its layout row stays)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT quote_ident(tablename) FROM pg_tables"
+            " WHERE schemaname = current_schema() AND tablename <> 'store_meta'"
+        ).fetchall()
+        if tables:
+            conn.execute(f"TRUNCATE {', '.join(t[0] for t in tables)} RESTART IDENTITY")
+            conn.execute("SELECT setval('outbox_cursor_seq', 1, false)")
 
 
 @pytest.fixture(scope="session")
