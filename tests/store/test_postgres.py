@@ -145,3 +145,15 @@ def test_user_sql_takes_parameters_as_on_sqlite_and_cannot_write(db: tuple[Sessi
     assert store.sql("SELECT session_id FROM feedback WHERE comment LIKE '50%' AND type = ?", ("comment",))
     assert store.sql("SELECT :n::int + 1 AS m", {"n": 1}) == [{"m": 2}]
     assert translate("SELECT ':x', :x", named=True) == "SELECT ':x', %(x)s"
+
+
+def test_a_store_carries_on_after_the_server_dropped_its_connections(db: tuple[SessionStore, RawDB]) -> None:
+    store, raw = db
+    store.create(SessionCreate(user_query="q", session_id="s1"))
+    dropped = raw.rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    )
+    assert len(dropped) >= 2  # the store's writer and reader
+    assert store.append("s1", StateChanged(state="executing")).state_version == 2
+    assert store.get("s1").state_version == 2

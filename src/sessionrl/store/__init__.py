@@ -1,6 +1,7 @@
 """The session store: an event log with materialised sessions, query tables and a change feed.
 
-Open one with `SessionStore.open("sqlite:///sessions.db")` (or `"sqlite://"` in memory). The URL's scheme
+Open one with `SessionStore.open("sqlite:///sessions.db")` (or `"sqlite://"` in memory, or
+`"postgresql://user@host/db"` for a store several processes share). The URL's scheme
 picks the database backend (`sessionrl.store.backend`: the interface a backend implements, and the table
 of them); the rest of the store speaks to any backend alike.
 """

@@ -215,6 +215,7 @@ class PostgresBackend:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._closed = False
         self.lock = threading.RLock()
         self.reader_lock = threading.RLock()
         self.writer = _connect(url)
@@ -247,12 +248,29 @@ class PostgresBackend:
                     (STORE_SCHEMA,),
                 )
 
+    def _begin(self, role: str, begin: str) -> psycopg.Connection[Any]:
+        """Start a transaction on the `writer` or `reader` connection, first connecting again if the
+        connection was lost (a server restart, a failover): nothing was sent yet, so that is safe."""
+        conn: psycopg.Connection[Any] = getattr(self, role)
+        if not conn.closed:
+            try:
+                conn.execute(begin)
+                return conn
+            except psycopg.OperationalError:
+                if not conn.closed:
+                    raise
+        if self._closed:
+            raise psycopg.InterfaceError("the store is closed")
+        conn = _connect(self.url)
+        setattr(self, role, conn)
+        conn.execute(begin)
+        return conn
+
     @contextmanager
     def atomic(self) -> Iterator[PostgresConnection]:
         """One write transaction (READ COMMITTED; `serialise` orders writers of the same sessions)."""
         with self.lock:
-            conn = self.writer
-            conn.execute("BEGIN")
+            conn = self._begin("writer", "BEGIN")
             try:
                 yield PostgresConnection(conn)
             except BaseException:
@@ -264,8 +282,7 @@ class PostgresBackend:
     def snapshot(self) -> Iterator[PostgresConnection]:
         """A read-only REPEATABLE READ transaction on the reader: one committed state throughout."""
         with self.reader_lock:
-            conn = self.reader
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn = self._begin("reader", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 yield PostgresConnection(conn)
             finally:
@@ -288,8 +305,7 @@ class PostgresBackend:
         """
         check_read_only_text(sql)
         with self.reader_lock:
-            conn = self.reader
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            conn = self._begin("reader", "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 cursor = conn.execute(translate(sql, isinstance(params, dict)), params)
                 names = [d[0] for d in cursor.description or ()]
@@ -340,6 +356,7 @@ class PostgresBackend:
     def close(self) -> None:
         """Close both connections."""
         with self.lock, self.reader_lock:
+            self._closed = True
             self.writer.close()
             if hasattr(self, "reader"):
                 self.reader.close()
