@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 
 from conftest import READER, TOKENS, tiny_run
 from sessionrl.service import parse_tokens
+from sessionrl.session import FeedbackAdded
+from sessionrl.session.model import Feedback, FeedbackType, SessionCreate
 from sessionrl.store import SessionStore, synthetic
 from sessionrl.ui import UIConfig, create_ui_app, sessions, training
 from sessionrl.ui.app import login_router
@@ -67,6 +69,29 @@ def test_bad_filters_and_unknown_things_answer_with_a_page(client: TestClient) -
     assert client.get("/ui/runs/nope").status_code == 404
     assert client.get("/ui/runs/r1").status_code == 200
     assert client.get("/ui/evaluation").status_code == 200
+
+
+def test_a_failed_held_out_task_links_to_its_session_in_the_runs_store(
+    client: TestClient, tmp_path: Path
+) -> None:
+    with SessionStore.open(f"sqlite:///{tmp_path / 'runs' / 'r1' / 'sessions.db'}") as store:
+        for task, score in (("t1", 0.0), ("t2", 1.0)):
+            meta = {"stage": "eval", "label": "rl", "task_id": task}
+            store.create(SessionCreate(user_query=task, session_id=f"eval-rl-{task}", metadata=meta))
+            store.append(
+                f"eval-rl-{task}",
+                FeedbackAdded(feedback=Feedback(type=FeedbackType.TASK_OUTCOME, score=score)),
+            )
+        store.create(SessionCreate(user_query="a rollout", session_id="rl-0-t1", metadata={"stage": "rl"}))
+    client.post("/ui/login", data={"token": READER})
+    run = client.get("/ui/runs/r1")
+    assert run.status_code == 200
+    assert run.text.count('href="/ui/runs/r1/sessions/') == 1
+    assert 'href="/ui/runs/r1/sessions/eval-rl-t1"' in run.text
+    session = client.get("/ui/runs/r1/sessions/eval-rl-t1")
+    assert session.status_code == 200
+    assert "task_outcome" in session.text
+    assert client.get("/ui/runs/r1/sessions/eval-rl-t9").status_code == 404
 
 
 def test_the_dashboard_writes_nothing() -> None:

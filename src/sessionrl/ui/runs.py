@@ -17,7 +17,11 @@ from typing import Any
 import orjson
 import yaml
 
+from sessionrl.eval.metrics import failure_attribution, task_success
+from sessionrl.store import SessionStore
+
 EVAL_STAGE = "eval"
+STORE_FILE = "sessions.db"
 DIMENSIONS = ("tcsr", "dvr", "er5", "cu", "spt")
 """The five evaluation dimensions: tool-call success, DAG validity, entity recall@5, correction uplift,
 steps per task."""
@@ -146,3 +150,34 @@ def evaluation_history(runs_dir: Path, label: str | None = None) -> list[Point]:
             values = {d: _number(record.get(d)) for d in DIMENSIONS}
             points.append(Point(at, name, str(record.get("label", "")), values))
     return sorted(points, key=lambda p: p.at)
+
+
+@dataclass(frozen=True, slots=True)
+class FailedTask:
+    """A held-out task a policy failed in a run's evaluation, with its session and what went wrong."""
+
+    label: str
+    task_id: str
+    session_id: str
+    failures: dict[str, int]
+
+
+def run_store_url(runs_dir: Path, name: str) -> str | None:
+    """The URL of a run's own session store (LLM runs keep their episodes there), or None."""
+    path = runs_dir / name / STORE_FILE
+    return f"sqlite:///{path}" if name in run_names(runs_dir) and path.is_file() else None
+
+
+def failed_tasks(store: SessionStore, limit: int = 200) -> list[FailedTask]:
+    """The evaluation sessions of a run's store (metadata `stage: eval`) whose task failed, by label."""
+    rows = store.sql("SELECT session_id FROM sessions WHERE session_id LIKE 'eval-%' ORDER BY session_id")
+    failed = []
+    for row in rows:
+        session = store.get(str(row["session_id"]))
+        if session.metadata.get("stage") != EVAL_STAGE or task_success(session) is not False:
+            continue
+        label, task = str(session.metadata.get("label", "")), str(session.metadata.get("task_id", ""))
+        failed.append(FailedTask(label, task, session.session_id, failure_attribution([session])))
+        if len(failed) >= limit:
+            break
+    return failed

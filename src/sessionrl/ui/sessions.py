@@ -137,8 +137,21 @@ def state_counts(store: SessionStore) -> dict[str, int]:
 
 @router.get("/sessions/{session_id}")
 def session_page(request: Request, session_id: str, who: Viewer) -> Response:
-    """One session: plan DAG, timeline, calls, feedback and its reward versions."""
-    store = _store(request)
+    """One session of the dashboard's store."""
+    return render_session(request, _store(request), session_id, who, "/ui/sessions")
+
+
+@router.get("/sessions/{session_id}/rewards/{version}")
+def reward_page(request: Request, session_id: str, version: int, who: Viewer) -> Response:
+    """One reward version of a session of the dashboard's store."""
+    return render_reward(request, _store(request), session_id, version, who, "/ui/sessions")
+
+
+def render_session(
+    request: Request, store: SessionStore, session_id: str, who: Principal, base: str
+) -> Response:
+    """A session's page: plan DAG, timeline, calls, feedback and its reward versions; `base` is the path
+    its pages live under (the dashboard's store, or a run's)."""
     try:
         session = store.get(session_id)
     except NotFound:
@@ -147,6 +160,7 @@ def session_page(request: Request, session_id: str, who: Viewer) -> Response:
     context = {
         "who": who,
         "nav": "sessions",
+        "base": base,
         "s": session,
         "dag": views.layout(session),
         "timeline": views.timeline(session, plan_at),
@@ -161,17 +175,17 @@ def session_page(request: Request, session_id: str, who: Viewer) -> Response:
     return page(request, "session.html", context)
 
 
-@router.get("/sessions/{session_id}/rewards/{version}")
-def reward_page(request: Request, session_id: str, version: int, who: Viewer) -> Response:
+def render_reward(
+    request: Request, store: SessionStore, session_id: str, version: int, who: Principal, base: str
+) -> Response:
     """One reward version: each term's value, layer and why, with the steps it was charged to linked."""
-    store = _store(request)
     try:
         record = store.reward(session_id, version)
     except NotFound:
         return page(request, "missing.html", {"who": who, "what": f"reward v{version} of {session_id}"}, 404)
     vector = RewardVector.model_validate(record.vector)
-    context = {"who": who, "nav": "sessions", "record": record, "v": vector, "anchor": views.step_anchor}
-    return page(request, "reward.html", context)
+    context = {"who": who, "nav": "sessions", "base": base, "record": record, "v": vector}
+    return page(request, "reward.html", context | {"anchor": views.step_anchor})
 
 
 def _pretty(value: Any) -> str:

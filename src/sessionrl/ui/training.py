@@ -3,14 +3,17 @@ evaluation table, failure attribution) and the evaluation dimensions over time a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from sessionrl.service.auth import Principal
+from sessionrl.store import SessionStore
 from sessionrl.ui import runs
 from sessionrl.ui.auth import viewer
-from sessionrl.ui.sessions import page
+from sessionrl.ui.sessions import page, render_reward, render_session
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Viewer = Annotated[Principal, Depends(viewer)]
@@ -33,6 +36,11 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
     if run is None:
         return page(request, "missing.html", {"who": who, "what": f"run {name}"}, 404)
     charts = [_chart(c.stage, c.xs, c.series) for c in run.curves if c.series]
+    url = runs.run_store_url(ui.config.runs_dir, name)
+    failed: list[runs.FailedTask] = []
+    if url is not None:
+        with SessionStore.open(url) as store:
+            failed = runs.failed_tasks(store)
     columns = [c for c in runs.EVAL_COLUMNS if any(c in e for e in run.evaluations)]
     context = {
         "who": who,
@@ -41,8 +49,37 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
         "charts": charts,
         "columns": columns,
         "failures": runs.failures(run.evaluations),
+        "failed": failed,
     }
     return page(request, "run.html", context)
+
+
+@router.get("/runs/{name}/sessions/{session_id}")
+def run_session_page(request: Request, name: RunName, session_id: str, who: Viewer) -> Response:
+    """A session of a run's own store (an evaluation episode, say)."""
+    with _run_store(request, name) as store:
+        if store is None:
+            return page(request, "missing.html", {"who": who, "what": f"session store of run {name}"}, 404)
+        return render_session(request, store, session_id, who, f"/ui/runs/{name}/sessions")
+
+
+@router.get("/runs/{name}/sessions/{session_id}/rewards/{version}")
+def run_reward_page(request: Request, name: RunName, session_id: str, version: int, who: Viewer) -> Response:
+    """A reward version of a session of a run's own store."""
+    with _run_store(request, name) as store:
+        if store is None:
+            return page(request, "missing.html", {"who": who, "what": f"session store of run {name}"}, 404)
+        return render_reward(request, store, session_id, version, who, f"/ui/runs/{name}/sessions")
+
+
+@contextmanager
+def _run_store(request: Request, name: str) -> Iterator[SessionStore | None]:
+    url = runs.run_store_url(request.app.state.ui.config.runs_dir, name)
+    if url is None:
+        yield None
+        return
+    with SessionStore.open(url) as store:
+        yield store
 
 
 @router.get("/evaluation")
