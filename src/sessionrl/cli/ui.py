@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
+from sessionrl.cli.sessions import DEFAULT_DB, Db, open_store, store_url
 from sessionrl.service.config import TOKENS_ENV, parse_tokens
 from sessionrl.ui import UIConfig, create_ui_app
 
@@ -32,6 +32,7 @@ def ui(
     ] = None,
 ) -> None:
     """Browse sessions, rewards and training runs at http://HOST:PORT/ui (log in with a read token)."""
+    open_store(db, create=False).close()  # a store that does not exist is an error, not a new empty one
     text = tokens if tokens is not None else os.environ.get(TOKENS_ENV)
     table = parse_tokens(text) if text else {}
     if not table:
