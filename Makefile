@@ -20,11 +20,11 @@ $(RUN): pyproject.toml | $(PY)
 	touch $@
 
 $(DEV): pyproject.toml $(RUN)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,cluster]'
 	touch $@
 
 $(BENCH): pyproject.toml $(DEV)
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,cluster,bench]'
 	touch $@
 
 demo: $(RUN)

@@ -189,6 +189,37 @@ class AAACSection(StructuredSection):
     trainer: AAACConfig = Field(default_factory=AAACConfig, description="Run shape, update, λ and KL.")
 
 
+class RaySection(Section):
+    """RL episodes on Ray actors (`sessionrl.cluster.ray_rollout`; needs the `cluster` extra)."""
+
+    address: str | None = Field(
+        default=None, description="Ray cluster to join (`auto`, `ray://head:10001`); none: start one here."
+    )
+    workers: int = Field(
+        default=2, ge=1, description="Rollout actors, each with the env and a policy replica."
+    )
+    cpus_per_worker: float = Field(default=1.0, gt=0, description="CPUs Ray reserves for each worker.")
+    episodes_per_request: int = Field(
+        default=4, ge=1, description="Episodes handed to a worker at once (handed out again if it dies)."
+    )
+    publish_every: int = Field(
+        default=1, ge=1, description="Policy versions between weight broadcasts (at most rl.max_lag + 1)."
+    )
+    max_replacements: int = Field(
+        default=8, ge=0, description="Dead workers replaced within one rollout before the run stops."
+    )
+
+
+class ClusterSection(Section):
+    """Where the run's sessions live and its episodes run, past one process."""
+
+    store: str | None = Field(
+        default=None,
+        description="Store URL the trainer and its workers share (postgresql://...); none: one in run_dir.",
+    )
+    ray: RaySection | None = Field(default=None, description="Rollout workers on Ray; none: in-process.")
+
+
 class Trainer(StrEnum):
     """What a run trains (see the module doc)."""
 
@@ -239,6 +270,7 @@ class RunConfig(Section):
         default_factory=RewardConfig,
         description="How episodes are rewarded (rule file, judge); layer stats default to the run folder.",
     )
+    cluster: ClusterSection = Field(default_factory=ClusterSection, description="Shared store, Ray workers.")
     dpo: DPOSection | None = Field(default=None, description="DPO settings (trainer: dpo).")
     ppo: PPOSection | None = Field(default=None, description="PPO settings (trainer: ppo).")
     aaac: AAACSection | None = Field(default=None, description="AAAC settings (trainer: aaac).")
@@ -261,7 +293,18 @@ class RunConfig(Section):
         structured = self.ppo or self.aaac
         if structured is not None and structured.trainer.run.seed not in (0, self.seed):
             raise ValueError("a structured run is seeded by the top-level `seed:`, not by trainer.run.seed")
+        ray = self.cluster.ray
+        if ray is not None and ray.publish_every - 1 > self.rl.max_lag:
+            raise ValueError(
+                f"cluster.ray.publish_every={ray.publish_every} lets rollouts lag {ray.publish_every - 1}"
+                f" versions, past rl.max_lag={self.rl.max_lag}"
+            )
         return self
+
+    @property
+    def store_url(self) -> str:
+        """The run's store: `cluster.store`, or the SQLite file in the run folder."""
+        return self.cluster.store or f"sqlite:///{self.run_dir.resolve() / 'sessions.db'}"
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
@@ -280,6 +323,7 @@ class RunConfig(Section):
 __all__ = [
     "TRAINER_SECTIONS",
     "AAACSection",
+    "ClusterSection",
     "DPOSection",
     "EnvSection",
     "EvalSection",
@@ -287,6 +331,7 @@ __all__ = [
     "ModelSection",
     "PPOSection",
     "RLSection",
+    "RaySection",
     "RunConfig",
     "SFTSection",
     "StructuredSection",

@@ -18,7 +18,8 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +196,30 @@ def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
     ]
 
 
+Rollout = Callable[[Sequence[EpisodeSpec], HFPolicy], list[Ran]]
+"""Runs RL episodes with the policy as it is now; one `Ran` per spec, in order."""
+
+
+@contextmanager
+def rollouts(run: Run) -> Iterator[Rollout]:
+    """Where the RL stage's episodes run: in this process, or on Ray actors with `cluster: {ray: ...}`
+    (`sessionrl.cluster.ray_rollout`). Either way they land in the run's store."""
+    cfg = run.config
+    if cfg.cluster.ray is not None:
+        from sessionrl.cluster.ray_rollout import RayRollout
+
+        with RayRollout(cfg, run.need_policy()) as workers:
+            yield workers.run
+        return
+
+    def in_process(specs: Sequence[EpisodeSpec], policy: HFPolicy) -> list[Ran]:
+        agent = PolicyAgent(policy, policy.version)
+        batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
+        return asyncio.run(batch)
+
+    yield in_process
+
+
 # imitation
 
 
@@ -324,16 +349,16 @@ def reinforce(
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
     started = time.monotonic()
-    with progress(console, "reinforce", cfg.rl.iterations, completed=run.state.step) as bar:
+    with (
+        rollouts(run) as rollout,
+        progress(console, "reinforce", cfg.rl.iterations, completed=run.state.step) as bar,
+    ):
         for iteration in range(run.state.step, cfg.rl.iterations):
             if cfg.rl.minutes is not None and time.monotonic() - started > 60 * cfg.rl.minutes:
                 break
             tick = time.monotonic()
             # rollout
-            specs = rl_specs(run, iteration)
-            agent = PolicyAgent(policy, policy.version)
-            batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
-            ran = asyncio.run(batch)
+            ran = rollout(rl_specs(run, iteration), policy)
             # rewards
             reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
             run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)

@@ -2,7 +2,8 @@
 metrics log. Everything lives under the run folder::
 
     config.yaml          the validated config
-    sessions.db          the session store (every demonstration, rollout and evaluation session)
+    sessions.db          the session store (every demonstration, rollout and evaluation session),
+                         unless `cluster.store` names a shared one
     reward_stats.json    the reward shaper's running layer statistics
     base/                the initial policy (the tiny model and its tokenizer, when built here)
     sft_policy/          the policy after imitation; rl_policy/ after reinforcement learning
@@ -109,7 +110,7 @@ def open_run(config: RunConfig) -> Run:
     folder = config.run_dir
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(config.dump(), encoding="utf-8")
-    store = SessionStore.open(f"sqlite:///{folder.resolve() / 'sessions.db'}")
+    store = SessionStore.open(config.store_url)
     rewards = config.rewards
     if rewards.stats_path is None:
         rewards = rewards.model_copy(update={"stats_path": folder / "reward_stats.json"})
