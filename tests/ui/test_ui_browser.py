@@ -11,7 +11,7 @@ from typing import Any
 from playwright.sync_api import expect
 
 from conftest import READER, WRITER, World, log_in
-from sessionrl.session.model import SessionState
+from sessionrl.session.model import SessionCreate, SessionState
 from sessionrl.store import SessionQuery, SessionStore
 
 
@@ -47,6 +47,12 @@ def test_log_in_and_filter_the_session_list(page: Any, dashboard: str, world: Wo
     expect(page.locator("#found")).to_have_text(str(commented))
     assert 0 < commented < total
     page.screenshot(path=tmp_path / "sessions-comment.png", full_page=True)
+
+    # the counts are live: a session opened elsewhere shows up without reloading the page
+    with SessionStore.open(f"sqlite:///{world.db}") as store:
+        store.create(SessionCreate(user_query="a new one", session_id="ui-live-count"))
+    expect(page.locator("[data-count=total]")).to_have_text(str(total + 1), timeout=15_000)
+    expect(page.locator("[data-count=created]")).not_to_have_text("0")
 
 
 def test_an_expert_session_shows_its_plan_and_every_step(
