@@ -94,6 +94,15 @@ def test_a_failed_held_out_task_links_to_its_session_in_the_runs_store(
     assert client.get("/ui/runs/r1/sessions/eval-rl-t9").status_code == 404
 
 
+def test_what_sessions_say_is_shown_as_text_never_run_as_markup(client: TestClient) -> None:
+    app_store = client.app.state.store  # type: ignore[attr-defined]
+    app_store.create(SessionCreate(user_query="<script>alert(1)</script>", session_id="s-markup"))
+    client.post("/ui/login", data={"token": READER})
+    page = client.get("/ui/sessions/s-markup").text
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
 def test_the_dashboard_writes_nothing() -> None:
     routers = (login_router(), sessions.router, training.router)
     routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
