@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import expect
+from ui_support import READER, WRITER, World, log_in
 
-from conftest import READER, WRITER, World, log_in
 from sessionrl.session.model import SessionCreate, SessionState
 from sessionrl.store import SessionQuery, SessionStore
 

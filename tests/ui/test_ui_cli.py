@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 from typer.testing import CliRunner
+from ui_support import READER, TOKENS, free_port
 
-from conftest import READER, TOKENS, free_port
 from sessionrl.cli import app
 from sessionrl.store import SessionStore, synthetic
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from ui_support import READER, TOKENS, tiny_run
 
-from conftest import READER, TOKENS, tiny_run
 from sessionrl.service import parse_tokens
 from sessionrl.session import FeedbackAdded
 from sessionrl.session.model import Feedback, FeedbackType, SessionCreate

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import tiny_run
+from ui_support import tiny_run
+
 from sessionrl.ui import runs
 
 
