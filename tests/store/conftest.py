@@ -11,6 +11,8 @@ about one engine's internals pins `store_backend` with `@pytest.mark.parametrize
 from __future__ import annotations
 
 import itertools
+import os
+import pwd
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -32,7 +34,7 @@ from sessionrl.session import (
     ToolCallRecorded,
 )
 from sessionrl.store import SessionStore
-from sessionrl.store.postgres_server import LocalPostgres, find_bin_dir
+from sessionrl.store.postgres_server import OS_USER, LocalPostgres, find_bin_dir
 
 TEST_DATABASE = "store_tests"
 _schemas = itertools.count(1)
@@ -44,6 +46,11 @@ def pg_server() -> Iterator[LocalPostgres]:
     bin_dir = find_bin_dir()
     if bin_dir is None:
         pytest.skip("PostgreSQL is not installed: no initdb on PATH or under /usr/lib/postgresql/*/bin")
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(OS_USER)
+        except KeyError:
+            pytest.skip(f"PostgreSQL refuses to run as root and there is no {OS_USER!r} user to run it as")
     psycopg = pytest.importorskip(
         "psycopg", reason="psycopg is not installed (pip install 'psycopg[binary]')"
     )

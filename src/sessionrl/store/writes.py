@@ -144,22 +144,24 @@ class BatchWriter:
         return new
 
     def flush(self) -> None:
-        """Write the batch's log and outbox rows, then each touched session's view once, with every shard
-        any of its events changed.
+        """Write the batch's log rows, each touched session's view once (with every shard any of its
+        events changed), then the outbox rows.
 
         Deferring the view to the end of the batch keeps a batch of many events of one session (an import,
-        a replay) linear: each shard is encoded once, not once per event.
+        a replay) linear: each shard is encoded once, not once per event. The outbox comes last because
+        a backend may order outbox writers by a lock held from their first outbox row to their commit
+        (PostgreSQL does, see `sessionrl.store.postgres`): the less that follows it, the shorter the wait.
         """
         self.conn.executemany(
             "INSERT INTO events (session_id, seq, event_id, type, schema_version, at, payload)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             self._events,
         )
+        views = ((self.touched[sid], sorted(shards)) for sid, shards in self._dirty.items())
+        write_sessions(self.conn, views, self.encoder)
         self.conn.executemany(
             "INSERT INTO outbox (session_id, seq, type, at) VALUES (?, ?, ?, ?)", self._outbox
         )
-        views = ((self.touched[sid], sorted(shards)) for sid, shards in self._dirty.items())
-        write_sessions(self.conn, views, self.encoder)
         self._events.clear()
         self._outbox.clear()
         self._dirty.clear()
