@@ -15,7 +15,13 @@ has probability exactly 0 and is never sampled. The log-probability of an action
 those of the chosen skill's own parameters (the other heads are drawn but do not count).
 
 State: the observation's parts (`OBS_KEYS`) flattened in order, plus a text embedding of the task query
-(`sessionrl.policy.encoder`). The actor and the two critics have separate trunks.
+(`sessionrl.policy.encoder`). With ``state="flat"`` the actor and the critics read that vector through
+separate trunks; with ``state="graph"`` one `graph.GraphEncoder` (shared by actor and critics) first reads
+it as a heterogeneous graph (`graph.observation_graphs`) and the trunks take the graph's readout.
+
+The **risk critic** is one value, or with ``risk_quantiles = K > 0`` a quantile head of ``K`` outputs at the
+levels `losses.quantile_midpoints`; its value is then their lower-tail CVaR at ``cvar_alpha``
+(`losses.cvar`), so a trainer's risk advantage measures the worst outcomes rather than the mean.
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from sessionrl.envs.gym import ParamSpec
+from sessionrl.policy.graph import GraphEncoder, ObservationLayout, observation_graphs
+from sessionrl.train.losses import cvar
+
+StateKind = Literal["flat", "graph"]
 
 OBS_KEYS: Final = ("step", "succeeded", "failed", "features", "action_mask")
 """Observation parts fed to the networks, in this order."""
@@ -192,22 +202,45 @@ def _trunk(inputs: int, hidden: int) -> nn.Sequential:
 
 @dataclass(frozen=True)
 class PolicyOutput:
-    """One forward pass: the action distribution and both critics' values (``[B]`` each)."""
+    """One forward pass: the action distribution and both critics' values (``[B]`` each); with a quantile
+    risk critic also its quantiles ``[B, K]`` (`risk_value` is then their CVaR)."""
 
     dist: StructuredDist
     value: Tensor
     risk_value: Tensor
+    risk_quantiles: Tensor | None = None
 
 
 class StructuredPolicy(nn.Module):
     """An actor (masked skill head, Gaussian and categorical parameter heads) and two critics."""
 
-    def __init__(self, layout: ActionLayout, obs_dim: int, text_dim: int, hidden: int = 64) -> None:
+    def __init__(
+        self,
+        layout: ActionLayout,
+        obs_dim: int,
+        text_dim: int,
+        hidden: int = 64,
+        *,
+        state: StateKind = "flat",
+        risk_quantiles: int = 0,
+        cvar_alpha: float = 0.25,
+    ) -> None:
         super().__init__()
+        if risk_quantiles < 0 or not 0 < cvar_alpha <= 1:
+            raise ValueError("StructuredPolicy needs risk_quantiles >= 0 and cvar_alpha in (0, 1]")
         self.layout = layout
         self.obs_dim = obs_dim
         self.text_dim = text_dim
+        self.state = state
+        self.risk_quantiles = risk_quantiles
+        self.cvar_alpha = cvar_alpha
         inputs = obs_dim + text_dim
+        self.graph: GraphEncoder | None = None
+        if state == "graph":
+            skills = len(layout.skills)
+            self.obs_layout = ObservationLayout(skills, obs_dim - 3 * skills - 2, text_dim)
+            self.graph = GraphEncoder(self.obs_layout.width, hidden)
+            inputs = hidden
         self.actor = _trunk(inputs, hidden)
         self.skill_head = nn.Linear(hidden, layout.actions)
         self.mean_head = nn.Linear(hidden, len(layout.numeric))
@@ -215,14 +248,21 @@ class StructuredPolicy(nn.Module):
         self.choice_head = nn.Linear(hidden, sum(k for _, _, k in layout.choices))
         self.critic = _trunk(inputs, hidden)
         self.value_head = nn.Linear(hidden, 1)
-        self.risk_head = nn.Linear(hidden, 1)
+        self.risk_head = nn.Linear(hidden, max(1, risk_quantiles))
         for head in (self.skill_head, self.mean_head, self.choice_head):
             nn.init.orthogonal_(head.weight, gain=0.01)
             nn.init.zeros_(head.bias)
 
+    def features(self, obs: Tensor, text: Tensor) -> Tensor:
+        """The trunks' input: observation and query side by side, or the graph encoder's readout."""
+        if self.graph is None:
+            return torch.cat([obs, text], dim=-1)
+        readout: Tensor = self.graph(observation_graphs(obs, text, self.obs_layout))
+        return readout
+
     def forward(self, obs: Tensor, text: Tensor, mask: Tensor) -> PolicyOutput:
         """`obs` ``[B, obs_dim]``, `text` ``[B, text_dim]``, `mask` ``[B, actions]`` (1 = allowed)."""
-        state = torch.cat([obs, text], dim=-1)
+        state = self.features(obs, text)
         hidden = self.actor(state)
         log_std = self.log_std.clamp(*LOG_STD_RANGE)
         dist = StructuredDist(
@@ -233,7 +273,11 @@ class StructuredPolicy(nn.Module):
             self.choice_head(hidden),
         )
         critic = self.critic(state)
-        return PolicyOutput(dist, self.value_head(critic).squeeze(-1), self.risk_head(critic).squeeze(-1))
+        risk = self.risk_head(critic)
+        value = self.value_head(critic).squeeze(-1)
+        if not self.risk_quantiles:
+            return PolicyOutput(dist, value, risk.squeeze(-1))
+        return PolicyOutput(dist, value, cvar(risk, self.cvar_alpha), risk)
 
 
 def flatten_observation(obs: Mapping[str, Any]) -> np.ndarray:
@@ -246,11 +290,22 @@ def observation_size(space: Any) -> int:
     return sum(int(np.prod(space[key].shape)) for key in OBS_KEYS)
 
 
-def build_policy(gym_env: Any, text_dim: int, hidden: int = 64) -> StructuredPolicy:
+def build_policy(
+    gym_env: Any,
+    text_dim: int,
+    hidden: int = 64,
+    *,
+    state: StateKind = "flat",
+    risk_quantiles: int = 0,
+    cvar_alpha: float = 0.25,
+) -> StructuredPolicy:
     """A policy shaped for a `DecisionGymEnv` (its skills, parameter specs and observation space)."""
     width = int(gym_env.action_space["params"].shape[0])
     layout = ActionLayout.of(gym_env.skill_names, gym_env.param_specs, width)
-    return StructuredPolicy(layout, observation_size(gym_env.observation_space), text_dim, hidden)
+    size = observation_size(gym_env.observation_space)
+    return StructuredPolicy(
+        layout, size, text_dim, hidden, state=state, risk_quantiles=risk_quantiles, cvar_alpha=cvar_alpha
+    )
 
 
 __all__ = [
@@ -258,6 +313,7 @@ __all__ = [
     "OBS_KEYS",
     "ActionLayout",
     "PolicyOutput",
+    "StateKind",
     "StructuredAction",
     "StructuredDist",
     "StructuredPolicy",

@@ -7,7 +7,11 @@ What it adds to PPO (`sessionrl.train.structured.ppo`), round by round:
   TD(λ) targets. An episode still running when the round ends uses the length it has so far;
 * **two critics**: the reward critic learns the environment's return, the risk critic the return of the
   risk signal ``-(new risk flags)``; the policy follows ``0.7·A_reward + 0.3·A_risk``
-  (`losses.dual_critic_advantage`), normalised per minibatch;
+  (`losses.dual_critic_advantage`), normalised per minibatch. With ``run.risk_quantiles = K > 0`` the risk
+  critic is distributional: ``K`` quantiles trained by the quantile Huber loss (`ppo.risk_loss`) on the
+  TD(λ) targets, and its value, for the advantages and the bootstrap alike, is their lower-tail CVaR at
+  ``run.cvar_alpha``; the risk advantage then compares what happened with the worst ``α`` share of what
+  tends to happen, and bootstrapping on the CVaR makes the target an iterated (nested) CVaR;
 * **a KL penalty to the previous policy**: ``β_t · KL(π_old ‖ π_θ)``, estimated on the round's own samples
   (k3), with ``β_t = β_0 · 0.999^t`` after ``t`` optimiser steps (`losses.decaying_beta`). The clipped
   surrogate stays, so the penalty adds to the clip rather than replacing it.

@@ -19,8 +19,15 @@ import torch
 from torch import Tensor
 
 from sessionrl.envs.gym import StructuredEnv
-from sessionrl.policy.structured import StructuredPolicy
-from sessionrl.train.losses import clipped_pg_loss, gae, kl_penalty, value_loss
+from sessionrl.policy.structured import PolicyOutput, StructuredPolicy
+from sessionrl.train.losses import (
+    clipped_pg_loss,
+    gae,
+    kl_penalty,
+    quantile_huber_loss,
+    quantile_midpoints,
+    value_loss,
+)
 from sessionrl.train.structured.rollout import (
     IterationLog,
     Rollout,
@@ -113,6 +120,15 @@ def gae_targets(batch: Rollout, config: PPOConfig) -> RoundTargets:
     return RoundTargets(batch.flat(advantages), batch.flat(returns), None, config.gae_lambda)
 
 
+def risk_loss(out: PolicyOutput, returns: Tensor) -> Tensor:
+    """The risk critic's loss against its targets ``[B]``: squared error of its one value, or the quantile
+    Huber loss of its quantiles (each target one sample of the return's distribution)."""
+    if out.risk_quantiles is None:
+        return value_loss(out.risk_value, returns, torch.ones_like(returns))
+    taus = quantile_midpoints(out.risk_quantiles.shape[-1]).to(out.risk_quantiles)
+    return quantile_huber_loss(out.risk_quantiles, returns[:, None], taus)
+
+
 def train_clipped(
     env: StructuredEnv,
     cfg: StructuredRunConfig,
@@ -160,7 +176,7 @@ def train_clipped(
                         loss = loss + beta * kl_penalty(old_logp[idx], logp, ones)
                     critics = value_loss(out.value, target.returns[idx], ones)
                     if target.risk_returns is not None:
-                        critics = critics + value_loss(out.risk_value, target.risk_returns[idx], ones)
+                        critics = critics + risk_loss(out, target.risk_returns[idx])
                     entropy = out.dist.entropy(taken.skill).mean()
                     loss = loss + update.value_coef * critics - update.entropy_coef * entropy
                     optimizer.zero_grad(set_to_none=True)
@@ -180,4 +196,12 @@ def train_clipped(
     return StructuredRun(policy, encoder, tuple(history))
 
 
-__all__ = ["PPOConfig", "RoundTargets", "UpdateConfig", "gae_targets", "train_clipped", "train_ppo"]
+__all__ = [
+    "PPOConfig",
+    "RoundTargets",
+    "UpdateConfig",
+    "gae_targets",
+    "risk_loss",
+    "train_clipped",
+    "train_ppo",
+]

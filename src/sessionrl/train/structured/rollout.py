@@ -31,6 +31,7 @@ from sessionrl.envs.gym import DecisionGymEnv, GymConfig, Observation, Structure
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
 from sessionrl.policy.structured import (
     PolicyOutput,
+    StateKind,
     StructuredAction,
     StructuredPolicy,
     build_policy,
@@ -49,6 +50,14 @@ class StructuredRunConfig:
     hidden: int = field(default=64, metadata={"help": "width of the actor and critic trunks"})
     encoder: EncoderKind = field(default="hash", metadata={"help": "task-query encoder: hash, minilm, auto"})
     text_dim: int = field(default=32, metadata={"help": "width of the hashed query embedding"})
+    state: StateKind = field(
+        default="flat", metadata={"help": "flat: the observation as one vector; graph: as a graph, via a GNN"}
+    )
+    risk_quantiles: int = field(
+        default=0,
+        metadata={"help": "quantiles of the risk critic (0: one value); AAAC then acts on their CVaR"},
+    )
+    cvar_alpha: float = field(default=0.25, metadata={"help": "tail share the risk critic's CVaR averages"})
     gym: GymConfig = field(default_factory=GymConfig, metadata={"help": "episode length and reward weights"})
     seed: int = field(default=0, metadata={"help": "seeds the networks, the sampling and the task draws"})
     threads: int = field(
@@ -59,6 +68,10 @@ class StructuredRunConfig:
         for name in ("iterations", "num_envs", "rollout_steps", "hidden", "text_dim", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"StructuredRunConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.state not in ("flat", "graph"):
+            raise ValueError(f"StructuredRunConfig.state must be flat or graph, got {self.state!r}")
+        if self.risk_quantiles < 0 or not 0 < self.cvar_alpha <= 1:
+            raise ValueError("StructuredRunConfig needs risk_quantiles >= 0 and cvar_alpha in (0, 1]")
 
     @property
     def batch_size(self) -> int:
@@ -337,7 +350,14 @@ def build_run(
     if policy is None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            policy = build_policy(collector.envs[0], encoder.dim, config.hidden)
+            policy = build_policy(
+                collector.envs[0],
+                encoder.dim,
+                config.hidden,
+                state=config.state,
+                risk_quantiles=config.risk_quantiles,
+                cvar_alpha=config.cvar_alpha,
+            )
     else:
         if policy.text_dim != encoder.dim:
             raise ValueError(
