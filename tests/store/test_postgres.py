@@ -10,10 +10,10 @@ import threading
 import pytest
 from store_support import RawDB
 
-from sessionrl.errors import StaleState
+from sessionrl.errors import InvalidStoreURL, StaleState
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, SessionCreate, StateChanged
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.postgres import TEXT_INDEX, translate
+from sessionrl.store.postgres import LAYOUT, TEXT_INDEX, translate
 
 pytestmark = pytest.mark.parametrize("store_backend", ["postgresql"])
 
@@ -157,3 +157,10 @@ def test_a_store_carries_on_after_the_server_dropped_its_connections(db: tuple[S
     assert len(dropped) >= 2  # the store's writer and reader
     assert store.append("s1", StateChanged(state="executing")).state_version == 2
     assert store.get("s1").state_version == 2
+
+
+def test_a_store_of_a_newer_layout_is_refused(db: tuple[SessionStore, RawDB], db_url: str) -> None:
+    _, raw = db
+    raw.run("UPDATE store_meta SET value = ? WHERE key = 'layout'", LAYOUT + 1)
+    with pytest.raises(InvalidStoreURL, match="newer than this version"):
+        SessionStore.open(db_url)

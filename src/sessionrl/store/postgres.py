@@ -42,7 +42,10 @@ import psycopg
 
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.backend import Connection
-from sessionrl.store.dialect import STORE_SCHEMA, check_read_only_text, contains_pattern
+from sessionrl.store.dialect import check_read_only_text, contains_pattern
+
+LAYOUT = 1
+"""Layout version of the store's tables on PostgreSQL, kept in `store_meta` (SQLite's has its own)."""
 
 T = 'TEXT COLLATE "C"'
 
@@ -232,20 +235,30 @@ class PostgresBackend:
         return cls(url)
 
     def _create_tables(self) -> None:
+        """Create the tables of a new store, or check the layout of an existing one (which needs no
+        right beyond reading it)."""
         with self.atomic() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (DDL_LOCK,))
-            conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
-            row = conn.execute("SELECT value FROM store_meta WHERE key = 'layout'").fetchone()
-            if row is not None and row[0] > STORE_SCHEMA:
-                rule = f"its store layout {row[0]} is newer than this version's ({STORE_SCHEMA})"
+            found = 0
+            if (
+                conn.execute(
+                    "SELECT 1 FROM pg_tables WHERE tablename = 'store_meta' AND schemaname = current_schema()"
+                ).fetchone()
+                is not None
+            ):
+                row = conn.execute("SELECT value FROM store_meta WHERE key = 'layout'").fetchone()
+                found = 0 if row is None else int(row[0])
+            if found > LAYOUT:
+                rule = f"its store layout {found} is newer than this version's ({LAYOUT})"
                 raise InvalidStoreURL(redact(self.url), rule)
-            if row is None or row[0] < STORE_SCHEMA:
+            if found < LAYOUT:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
                 self.writer.execute(DDL)
                 conn.execute(TEXT_INDEX_DDL)
                 conn.execute(
                     "INSERT INTO store_meta (key, value) VALUES ('layout', ?)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (STORE_SCHEMA,),
+                    (LAYOUT,),
                 )
 
     def _begin(self, role: str, begin: str) -> psycopg.Connection[Any]:
