@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
@@ -69,6 +70,21 @@ def test_bad_filters_and_unknown_things_answer_with_a_page(client: TestClient) -
     assert client.get("/ui/runs/nope").status_code == 404
     assert client.get("/ui/runs/r1").status_code == 200
     assert client.get("/ui/evaluation").status_code == 200
+
+
+def test_the_evaluation_page_shows_the_auto_pause_rules_state(client: TestClient, tmp_path: Path) -> None:
+    folder = tmp_path / "runs" / "falling"
+    folder.mkdir()
+    (folder / "config.yaml").write_text("evaluation:\n  auto_pause_falls: 3\n")
+    records = [{"stage": "eval", "step": k, "time": 1.8e9 + k, "label": "rl", "tcsr": t, "spt": 4.0}
+               for k, t in enumerate((0.9, 0.8, 0.7, 0.6))]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(orjson.dumps(r).decode() + "\n" for r in records))
+    client.post("/ui/login", data={"token": READER})
+    tripped = client.get("/ui/evaluation?label=rl").text
+    assert 'data-state="tripped"' in tripped
+    assert "tcsr fell 3 times in a row" in tripped
+    assert "spt fell" not in tripped
+    assert 'data-state="choose a policy"' in client.get("/ui/evaluation").text
 
 
 def test_a_failed_held_out_task_links_to_its_session_in_the_runs_store(

@@ -21,6 +21,12 @@ class UIConfig(BaseModel):
         default_factory=lambda: dict(DEFAULT_THRESHOLDS),
         description="Evaluation thresholds by dimension (a run's `evaluation.thresholds` overrides them).",
     )
+    auto_pause_falls: int | None = Field(
+        default=None,
+        ge=1,
+        description="Auto-pause rule of the evaluation page: pause when a dimension got worse this many "
+        "evaluations in a row (a run's `evaluation.auto_pause_falls` overrides it; None: no rule).",
+    )
     page_size: int = Field(default=50, ge=1, le=1000, description="Sessions per page of the list.")
     live_for_s: float = Field(
         default=30.0, gt=0, description="How long one live-count stream runs before the browser reconnects."

@@ -129,6 +129,32 @@ def thresholds(config: Mapping[str, Any], defaults: Mapping[str, float]) -> dict
     return merged
 
 
+LOWER_IS_BETTER = frozenset({"spt"})
+
+
+def auto_pause_falls(config: Mapping[str, Any], default: int | None) -> int | None:
+    """The auto-pause rule: pause when a dimension got worse this many evaluations in a row (the run
+    config's `evaluation.auto_pause_falls` over the dashboard's default; None: no rule)."""
+    section = config.get("evaluation") if isinstance(config, Mapping) else None
+    own = section.get("auto_pause_falls") if isinstance(section, Mapping) else None
+    return int(own) if isinstance(own, int) and not isinstance(own, bool) and own > 0 else default
+
+
+def falls(values: list[float | None], dimension: str) -> int:
+    """How many evaluations in a row, up to the latest, each did worse on `dimension` than the one before.
+
+    >>> falls([0.9, 0.95, 0.9, 0.8, None, 0.7], "tcsr"), falls([3.0, 4.0, 5.0], "spt"), falls([], "dvr")
+    (3, 2, 0)
+    """
+    xs = [v for v in values if v is not None]
+    n = 0
+    for before, after in zip(reversed(xs[:-1]), reversed(xs[1:]), strict=True):
+        if not (after > before if dimension in LOWER_IS_BETTER else after < before):
+            break
+        n += 1
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class Point:
     """One evaluation of one policy: when, which run and label, and its dimensions."""

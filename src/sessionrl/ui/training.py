@@ -88,17 +88,19 @@ def evaluation_page(request: Request, who: Viewer, label: str | None = None) -> 
     its threshold."""
     ui = request.app.state.ui
     points = runs.evaluation_history(ui.config.runs_dir, label)
-    limits = dict(ui.config.thresholds)
+    limits, rule = dict(ui.config.thresholds), ui.config.auto_pause_falls
     for name in dict.fromkeys(p.run for p in points):
         found = runs.read_run(ui.config.runs_dir, name)
         if found is not None:
-            limits = runs.thresholds(found.config, limits)
+            limits, rule = runs.thresholds(found.config, limits), runs.auto_pause_falls(found.config, rule)
     xs = [p.at.timestamp() for p in points]
     charts = [
         _chart(dim, xs, {dim: [p.values[dim] for p in points], "threshold": [limits.get(dim)] * len(points)})
         for dim in runs.DIMENSIONS
     ]
     labels = sorted({p.label for p in runs.evaluation_history(ui.config.runs_dir)})
+    one_policy = len({p.label for p in points}) == 1
+    fallen = {d: runs.falls([p.values[d] for p in points], d) for d in runs.DIMENSIONS} if one_policy else {}
     context = {
         "who": who,
         "nav": "evaluation",
@@ -108,6 +110,9 @@ def evaluation_page(request: Request, who: Viewer, label: str | None = None) -> 
         "labels": labels,
         "label": label,
         "dimensions": runs.DIMENSIONS,
+        "rule": rule,
+        "fallen": fallen,
+        "tripped": [d for d, n in fallen.items() if rule is not None and n >= rule],
     }
     return page(request, "evaluation.html", context)
 
