@@ -13,7 +13,7 @@ from store_support import RawDB
 from sessionrl.errors import InvalidStoreURL, StaleState
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, SessionCreate, StateChanged
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.postgres import LAYOUT, TEXT_INDEX, translate
+from sessionrl.store.postgres import LAYOUT, LOCK_BUCKETS, TEXT_INDEX, translate
 
 pytestmark = pytest.mark.parametrize("store_backend", ["postgresql"])
 
@@ -164,3 +164,14 @@ def test_a_store_of_a_newer_layout_is_refused(db: tuple[SessionStore, RawDB], db
     raw.run("UPDATE store_meta SET value = ? WHERE key = 'layout'", LAYOUT + 1)
     with pytest.raises(InvalidStoreURL, match="newer than this version"):
         SessionStore.open(db_url)
+
+
+def test_a_transaction_over_many_sessions_holds_a_bounded_number_of_locks(
+    db: tuple[SessionStore, RawDB],
+) -> None:
+    store, _ = db
+    backend = store.backend
+    with backend.atomic() as conn:
+        backend.serialise(conn, [f"session:s{i}" for i in range(20_000)])
+        held = "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        assert conn.execute(held).fetchone()[0] == LOCK_BUCKETS  # 20,000 sessions fill every bucket

@@ -4,12 +4,15 @@ the change feed's commit order, the read-only guard for user SQL, and feedback t
 Open it with `SessionStore.open("postgresql://user@host/db")` (any libpq URL; `postgres://` too). Several
 processes may share one database; each holds one writer and one reader connection.
 
-Per-session serialisation across processes: every write transaction first takes a transaction-scoped
-advisory lock per session it touches (`serialise`; keys hashed to 64 bits and taken in ascending order,
-so two writers never wait on each other in a cycle). A second process appending to the same session
+Per-session serialisation across processes: every write transaction first takes transaction-scoped
+advisory locks on the sessions it touches (`serialise`). A second process appending to the same session
 waits for the first to commit and then reads the version it left, so `StaleState`, idempotent event
-ids and last-writer-wins behave as on a single writer; different sessions proceed in parallel. The
-projector takes a lock of its own, so one process at a time drains the outbox.
+ids and last-writer-wins behave as on a single writer; different sessions proceed in parallel. A
+session's lock is one of `LOCK_BUCKETS` (its id hashed), so a transaction holds at most that many
+locks however many sessions it writes (PostgreSQL's lock table is small), at the cost of two sessions
+sharing a bucket now and then waiting for each other. Locks are taken in ascending order, and the
+outbox lock below always last, so no two writers wait on each other in a cycle. The projector takes a
+lock of its own, so one process at a time drains the outbox.
 
 The change feed never skips a commit: outbox cursors are not taken from the column default but by the
 trigger `outbox_commit_order`, which first takes a transaction-scoped advisory lock on the outbox (held
@@ -130,6 +133,13 @@ TEXT_INDEX = "feedback_comment_trgm"
 """The trigram index over `feedback.comment`."""
 
 TEXT_INDEX_DDL = f"CREATE INDEX IF NOT EXISTS {TEXT_INDEX} ON feedback USING gin (comment gin_trgm_ops)"
+
+LOCK_BUCKETS = 1024
+"""How many advisory locks the sessions (and the projector) are spread over (see the module doc)."""
+
+LOCK_SPACE = -0x5E55
+"""The first half of every `serialise` lock's two-part key, apart from the outbox lock's (its table's
+oid, never negative at this size) and other applications' single-number keys."""
 
 DDL_LOCK = 0x5E55_10_4C
 """Advisory lock key held while the tables are created, so processes opening a new store at once do not
@@ -302,10 +312,11 @@ class PostgresBackend:
                 _rollback(conn)
 
     def serialise(self, conn: Connection, keys: Sequence[str]) -> None:
-        """Hold an advisory lock on each key until the transaction ends, taken in ascending key order."""
-        numbers = sorted({lock_key(k) for k in keys})
-        if numbers:
-            conn.execute("SELECT pg_advisory_xact_lock(k) FROM unnest(?::bigint[]) AS t(k)", (numbers,))
+        """Hold the advisory lock of each key's bucket until the transaction ends, in ascending order."""
+        buckets = sorted({lock_key(k) % LOCK_BUCKETS for k in keys})
+        if buckets:
+            sql = "SELECT pg_advisory_xact_lock(?, b) FROM unnest(?::int[]) AS t(b)"
+            conn.execute(sql, (LOCK_SPACE, buckets))
 
     def read_only_sql(
         self, sql: str, params: tuple[object, ...] | dict[str, object]
