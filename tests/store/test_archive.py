@@ -141,11 +141,10 @@ def test_flattened_columns_summarise_the_session(tmp_path: Path, sessions: list[
 
 
 @pytest.fixture
-def filled() -> Iterator[SessionStore]:
-    """An in-memory store holding 40 generated sessions (finished, rejected and still executing)."""
-    with SessionStore.open("sqlite://") as store:
-        ingest(store, 40, seed=9)
-        yield store
+def filled(store: SessionStore) -> SessionStore:
+    """A store (on each backend) holding 40 generated sessions (finished, rejected and still executing)."""
+    ingest(store, 40, seed=9)
+    return store
 
 
 def test_archive_finished_moves_done_sessions_and_matches_the_store(
