@@ -3,6 +3,7 @@ the dashboard has no route that writes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,23 +88,36 @@ def test_the_evaluation_page_shows_the_auto_pause_rules_state(client: TestClient
     assert 'data-state="choose a policy"' in client.get("/ui/evaluation").text
 
 
+def judged(store: SessionStore, label: str, task: str, score: float) -> None:
+    """An evaluation episode of `label` on `task`, as a run's store keeps it, judged `score`."""
+    session_id = f"eval-{label}-{task}"
+    meta = {"stage": "eval", "label": label, "task_id": task}
+    store.create(SessionCreate(user_query=task, session_id=session_id, metadata=meta))
+    verdict = Feedback(type=FeedbackType.TASK_OUTCOME, score=score)
+    store.append(session_id, FeedbackAdded(feedback=verdict))
+
+
 def test_a_failed_held_out_task_links_to_its_session_in_the_runs_store(
     client: TestClient, tmp_path: Path
 ) -> None:
     with SessionStore.open(f"sqlite:///{tmp_path / 'runs' / 'r1' / 'sessions.db'}") as store:
-        for task, score in (("t1", 0.0), ("t2", 1.0)):
-            meta = {"stage": "eval", "label": "rl", "task_id": task}
-            store.create(SessionCreate(user_query=task, session_id=f"eval-rl-{task}", metadata=meta))
-            store.append(
-                f"eval-rl-{task}",
-                FeedbackAdded(feedback=Feedback(type=FeedbackType.TASK_OUTCOME, score=score)),
-            )
+        for label, task, score in (
+            ("rl", "t1", 0.0),
+            ("rl", "t2", 1.0),
+            ("sft", "t1", 0.0),
+            ("sft", "t2", 0.0),
+        ):
+            judged(store, label, task, score)
         store.create(SessionCreate(user_query="a rollout", session_id="rl-0-t1", metadata={"stage": "rl"}))
     client.post("/ui/login", data={"token": READER})
     run = client.get("/ui/runs/r1")
     assert run.status_code == 200
-    assert run.text.count('href="/ui/runs/r1/sessions/') == 1
-    assert 'href="/ui/runs/r1/sessions/eval-rl-t1"' in run.text
+    links = re.findall(r'href="/ui/runs/r1/sessions/([^"]+)"', run.text)
+    assert sorted(links) == ["eval-rl-t1", "eval-sft-t1", "eval-sft-t2"]
+    row = re.search(r"<tr><td>rl vs sft</td>(.*?)</tr>", run.text)
+    assert row is not None
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row.group(1))
+    assert cells == ["2", "1", "0", "1.0000"]  # one discordant task: no evidence of a difference
     session = client.get("/ui/runs/r1/sessions/eval-rl-t1")
     assert session.status_code == 200
     assert "task_outcome" in session.text

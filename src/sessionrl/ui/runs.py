@@ -18,6 +18,7 @@ import orjson
 import yaml
 
 from sessionrl.eval.metrics import failure_attribution, task_success
+from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 
 EVAL_STAGE = "eval"
@@ -194,16 +195,66 @@ def run_store_url(runs_dir: Path, name: str) -> str | None:
     return f"sqlite:///{path}" if name in run_names(runs_dir) and path.is_file() else None
 
 
-def failed_tasks(store: SessionStore, limit: int = 200) -> list[FailedTask]:
-    """The evaluation sessions of a run's store (metadata `stage: eval`) whose task failed, by label."""
-    rows = store.sql("SELECT session_id FROM sessions WHERE session_id LIKE 'eval-%' ORDER BY session_id")
-    failed = []
-    for row in rows:
-        session = store.get(str(row["session_id"]))
-        if session.metadata.get("stage") != EVAL_STAGE or task_success(session) is not False:
-            continue
-        label, task = str(session.metadata.get("label", "")), str(session.metadata.get("task_id", ""))
-        failed.append(FailedTask(label, task, session.session_id, failure_attribution([session])))
-        if len(failed) >= limit:
-            break
-    return failed
+def evaluation_sessions(store: SessionStore, limit: int = 5000) -> list[Session]:
+    """The evaluation episodes of a run's store (sessions `eval-…` with metadata `stage: eval`)."""
+    rows = store.sql(
+        "SELECT session_id FROM sessions WHERE session_id LIKE 'eval-%' ORDER BY session_id LIMIT ?", (limit,)
+    )
+    sessions = (store.get(str(row["session_id"])) for row in rows)
+    return [s for s in sessions if s.metadata.get("stage") == EVAL_STAGE]
+
+
+def failed_tasks(sessions: list[Session]) -> list[FailedTask]:
+    """The evaluation sessions whose task failed, with what went wrong in each."""
+    return [
+        FailedTask(_label(s), str(s.metadata.get("task_id", "")), s.session_id, failure_attribution([s]))
+        for s in sessions
+        if task_success(s) is False
+    ]
+
+
+def _label(session: Session) -> str:
+    return str(session.metadata.get("label", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """Two policies on the tasks both were evaluated on: how many only each solved, and the exact
+    McNemar p-value of the difference (small: the policies differ on these tasks beyond chance)."""
+
+    first: str
+    second: str
+    tasks: int
+    first_only: int
+    second_only: int
+    p_value: float
+
+
+def mcnemar_p(first_only: int, second_only: int) -> float:
+    """Two-sided exact McNemar test: the chance of a split of the discordant tasks at least this uneven if
+    either policy were as likely to be the one that solved each.
+
+    >>> mcnemar_p(0, 0), mcnemar_p(3, 3), round(mcnemar_p(0, 6), 4), round(mcnemar_p(1, 9), 4)
+    (1.0, 1.0, 0.0312, 0.0215)
+    """
+    n = first_only + second_only
+    tail = sum(math.comb(n, k) for k in range(min(first_only, second_only) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired(sessions: list[Session]) -> list[Paired]:
+    """Every pair of evaluated policies, compared task by task (a task judged twice counts its latest)."""
+    solved: dict[str, dict[str, bool]] = {}
+    for s in sorted(sessions, key=lambda s: s.created_at):
+        outcome = task_success(s)
+        if outcome is not None:
+            solved.setdefault(_label(s), {})[str(s.metadata.get("task_id", s.session_id))] = outcome
+    out = []
+    labels = list(solved)
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            common = solved[a].keys() & solved[b].keys()
+            a_only = sum(solved[a][t] and not solved[b][t] for t in common)
+            b_only = sum(solved[b][t] and not solved[a][t] for t in common)
+            out.append(Paired(a, b, len(common), a_only, b_only, mcnemar_p(a_only, b_only)))
+    return out

@@ -37,10 +37,10 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
         return page(request, "missing.html", {"who": who, "what": f"run {name}"}, 404)
     charts = [_chart(c.stage, c.xs, c.series) for c in run.curves if c.series]
     url = runs.run_store_url(ui.config.runs_dir, name)
-    failed: list[runs.FailedTask] = []
+    episodes = []
     if url is not None:
         with SessionStore.open(url) as store:
-            failed = runs.failed_tasks(store)
+            episodes = runs.evaluation_sessions(store)
     columns = [c for c in runs.EVAL_COLUMNS if any(c in e for e in run.evaluations)]
     context = {
         "who": who,
@@ -49,7 +49,8 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
         "charts": charts,
         "columns": columns,
         "failures": runs.failures(run.evaluations),
-        "failed": failed,
+        "failed": runs.failed_tasks(episodes),
+        "paired": runs.paired(episodes),
     }
     return page(request, "run.html", context)
 
