@@ -238,7 +238,7 @@ def mcnemar_p(first_only: int, second_only: int) -> float:
     (1.0, 1.0, 0.0312, 0.0215)
     """
     n = first_only + second_only
-    tail = sum(math.comb(n, k) for k in range(min(first_only, second_only) + 1)) / 2**n
+    tail = sum(math.comb(n, k) for k in range(min(first_only, second_only) + 1)) / float(2**n)
     return min(1.0, 2 * tail)
 
 
