@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from sessionrl.episodes import RolloutConfig
+from sessionrl.envs.base import Split
+from sessionrl.episodes import EpisodeSpec, RolloutConfig
 from sessionrl.eval.metrics import task_success
-from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.policy.llm import HFPolicy, SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.store import SessionStore
 from sessionrl.train.config import (
     ClusterSection,
@@ -32,7 +33,7 @@ from sessionrl.train.llm.loop import train
 from sessionrl.train.llm.sft import SFTConfig
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'sessionrl[cluster]')")
-from sessionrl.cluster.ray_rollout import ACTOR_PREFIX  # noqa: E402
+from sessionrl.cluster.ray_rollout import ACTOR_PREFIX, RayRollout  # noqa: E402
 
 ITERATIONS, TASKS, GROUP = 3, 2, 2
 EPISODE = re.compile(r"(rl-\d{4}-.+-\d+)(\.\d+)?")
@@ -127,3 +128,29 @@ def test_the_store_is_the_run_folders_file_unless_the_cluster_names_one(tmp_path
     assert RunConfig(run_dir=tmp_path).store_url == f"sqlite:///{tmp_path.resolve() / 'sessions.db'}"
     named = RunConfig(cluster=ClusterSection(store="postgresql:///runs?host=/tmp"))
     assert named.store_url == "postgresql:///runs?host=/tmp"
+
+
+@pytest.mark.slow
+def test_workers_act_with_the_weights_published_every_other_version(
+    tmp_path: Path, ray_cluster: None
+) -> None:
+    tiny = TinyModelConfig(vocab_size=300, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    tokenizer = train_tokenizer(['{"tool": "order_get", "params": {}}', '{"final": "done"}'], tiny)
+    policy = HFPolicy(build_tiny_model(tiny, tokenizer), tokenizer, SamplingConfig(max_new_tokens=4))
+    config = RunConfig(
+        run_dir=tmp_path,
+        env=EnvSection(train=4, dev=1, test=1),
+        rollout=RolloutConfig(max_steps=1, full_schemas=False, domain_policy=False),
+        rl=RLSection(max_lag=1),
+        cluster=ClusterSection(ray=RaySection(workers=1, publish_every=2)),
+    )
+    task = config.env.build().tasks(Split.TRAIN)[0]
+    acted: dict[int, set[int | None]] = {}
+    with RayRollout(config, policy) as rollout, SessionStore.open(config.store_url) as store:
+        for version in range(4):
+            policy.version = version  # as an update would raise it (the weights stay put: a version is a tag)
+            [ran] = rollout.run([EpisodeSpec(task, f"v{version}")], policy)
+            acted[version] = {c.policy_version for c in store.get(ran.session_id).llm_calls}
+    assert acted == {0: {0}, 1: {0}, 2: {2}, 3: {2}}
+    assert rollout.published is not None
+    assert rollout.published.version == 2
