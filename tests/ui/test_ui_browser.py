@@ -48,6 +48,13 @@ def test_log_in_and_filter_the_session_list(page: Any, dashboard: str, world: Wo
     assert 0 < commented < total
     page.screenshot(path=tmp_path / "sessions-comment.png", full_page=True)
 
+    # a filter that does not parse is named on the page (and logs no error)
+    page.fill("input[name=comment]", "")
+    page.fill("input[name=tool_share]", "nonsense")
+    page.click("form.filters button[type=submit]")
+    expect(page.locator("#results .problem")).to_contain_text("expected TOOL<SHARE")
+    page.fill("input[name=tool_share]", "")
+
     # the counts are live: a session opened elsewhere shows up without reloading the page
     with SessionStore.open(f"sqlite:///{world.db}") as store:
         store.create(SessionCreate(user_query="a new one", session_id="ui-live-count"))
