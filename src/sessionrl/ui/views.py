@@ -5,11 +5,12 @@ the page templates only draw what these return.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sessionrl.session.model import CallStatus, Feedback, FeedbackType, Plan, Session, ToolCall
+from sessionrl.session.model import CallStatus, Feedback, FeedbackType, LLMCall, Plan, Session, ToolCall
 
 GUARD_FEEDBACK = frozenset(
     {
@@ -153,31 +154,38 @@ def timeline(session: Session, plan_at: datetime | None = None) -> Timeline:
     """The Gantt rows of a session: the plan (when `plan_at` is known), then every tool and LLM call,
     ordered by start, with retries, faults, refusals and the guards' verdicts about the call as marks."""
     verdicts = _verdicts_by_call(session.feedback)
-    steps: list[tuple[datetime, datetime, str, str, str, str, float, tuple[str, ...]]] = []
+    steps: list[tuple[datetime, datetime, Bar]] = []
     if plan_at is not None and session.plan is not None:
-        steps.append(
-            (plan_at, plan_at, "plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, ())
-        )
+        plan = Bar("plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, 0.0, 0.0)
+        steps.append((plan_at, plan_at, plan))
     for t in session.tool_calls:
         marks = _tool_marks(t) + verdicts.get(t.call_id, ())
-        latency = t.latency_ms or (t.finished_at - t.started_at).total_seconds() * 1000
-        steps.append((t.started_at, t.finished_at, t.call_id, "tool", t.tool, t.status.value, latency, marks))
+        bar = Bar(t.call_id, "tool", t.tool, t.status.value, _latency(t), 0.0, 0.0, marks)
+        steps.append((t.started_at, t.finished_at, bar))
     for c in session.llm_calls:
         marks = verdicts.get(c.call_id, ())
-        label = f"llm {c.purpose}"
-        latency = c.latency_ms or (c.finished_at - c.started_at).total_seconds() * 1000
-        steps.append((c.started_at, c.finished_at, c.call_id, "llm", label, c.status.value, latency, marks))
+        bar = Bar(c.call_id, "llm", f"llm {c.purpose}", c.status.value, _latency(c), 0.0, 0.0, marks)
+        steps.append((c.started_at, c.finished_at, bar))
     if not steps:
         return Timeline((), 0.0)
     steps.sort(key=lambda s: s[0])
-    t0 = min(s[0] for s in steps)
-    span = max(1.0, max((s[1] - t0).total_seconds() * 1000 for s in steps))
+    t0 = steps[0][0]
+    span = max(1.0, max(_ms(end - t0) for _, end, _ in steps))
     bars = []
-    for start, end, anchor, kind, label, status, latency, marks in steps:
-        left = (start - t0).total_seconds() * 1000 / span * 100
-        width = max(0.4, (end - start).total_seconds() * 1000 / span * 100)
-        bars.append(Bar(anchor, kind, label, status, latency, left, min(width, 100 - left), marks))
+    for start, end, bar in steps:
+        left = _ms(start - t0) / span * 100
+        width = min(max(0.4, _ms(end - start) / span * 100), 100 - left)
+        bars.append(dataclasses.replace(bar, left=left, width=width))
     return Timeline(tuple(bars), span)
+
+
+def _ms(delta: timedelta) -> float:
+    return delta.total_seconds() * 1000
+
+
+def _latency(call: ToolCall | LLMCall) -> float:
+    """The call's reported latency, else the time between its start and end."""
+    return call.latency_ms or _ms(call.finished_at - call.started_at)
 
 
 def _tool_marks(call: ToolCall) -> tuple[str, ...]:
