@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from sessionrl.capture.dataset import captured_sequences
+from sessionrl.capture.dataset import captured_sequences, stored_sessions
+from sessionrl.session import SessionCreate, created
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
+from sessionrl.store import SessionStore
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ASK = (Message(role="user", content="where is O-1?"),)
@@ -86,3 +89,12 @@ def test_sessions_that_fail_the_check_are_dropped_each_with_its_reason() -> None
     assert "log-probabilities without the token ids" in reasons["orphan"]
     assert "repeats the output of tool call c1" in reasons["parrot"]
     assert "trains one way" in reasons["mixed"]
+
+
+def test_stored_sessions_are_selected_with_the_typed_filters(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with SessionStore.open(url) as store:
+        for sid, tag in (("a", "gateway"), ("b", "other"), ("c", "gateway")):
+            store.append(sid, created(SessionCreate(user_query="q", session_id=sid, tags=(tag,))))
+    assert [s.session_id for s in stored_sessions(url, {"tags": ["gateway"]})] == ["a", "c"]
+    assert [s.session_id for s in stored_sessions(url, {}, limit=1)] == ["a"]

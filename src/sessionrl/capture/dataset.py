@@ -14,14 +14,16 @@ trained reply repeats a tool's output. A session failing any of these is dropped
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
 from sessionrl.gateway.backends import policy_view
 from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.session.model import CallStatus, LLMCall, Session
+from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.train.llm.data import ChatEncoder, TokenSequence, Turn, merge_turns, policy_turns
 
 MIN_TOOL_TEXT = 12
@@ -35,6 +37,14 @@ class CapturedData:
     sequences: list[TokenSequence] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def stored_sessions(db_url: str, filters: Mapping[str, Any], limit: int = 10_000) -> list[Session]:
+    """The sessions of the store at `db_url` that the typed filters of `sessions query` select (such as
+    `{"tags": ["gateway"], "tool_share": "crp_test_request<0.3"}`), oldest first."""
+    query = SessionQuery.model_validate({**filters, "limit": limit})
+    with SessionStore.open(db_url) as store:
+        return [store.get(row.session_id) for row in store.query(query)]
 
 
 class Unfit(Exception):
