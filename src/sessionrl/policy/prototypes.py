@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from sessionrl.envs.gym import DecisionGymEnv, Observation, ParamSpec
+from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv, Observation, ParamSpec, StructuredEnv, StructuredEpisode
 from sessionrl.session.model import CallStatus, Session
 
 Call = tuple[str, Mapping[str, Any]]
@@ -97,6 +98,13 @@ def mine_prototypes(
     return tuple(Prototype(p, _constraints(occurrences[p]), support[p]) for p in frequent[:top])
 
 
+def expert_prototypes(env: StructuredEnv, top: int, *, min_support: int = 2) -> tuple[Prototype, ...]:
+    """The `top` prototypes of the expert's plans for the training tasks of `env` (the demonstrations
+    imitation learns from, taken as the successful sessions)."""
+    plans = [[(s.tool, dict(s.params)) for s in env.expert(t).steps] for t in env.tasks(Split.TRAIN)]
+    return mine_prototypes(plans, min_support=min_support, top=top)
+
+
 class MacroGymEnv:
     """A `DecisionGymEnv` whose skill index also selects prototypes (see the module doc). Indices: the
     inner skills, then the prototypes, then finish."""
@@ -148,9 +156,15 @@ class MacroGymEnv:
         return len(self.skill_names)
 
     @property
-    def episode(self) -> Any:
+    def episode(self) -> StructuredEpisode:
         """The inner environment's current episode."""
         return self.inner.episode
+
+    def __enter__(self) -> MacroGymEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -215,6 +229,7 @@ __all__ = [
     "MacroGymEnv",
     "Prototype",
     "action_space_sizes",
+    "expert_prototypes",
     "mine_prototypes",
     "session_calls",
 ]

@@ -7,12 +7,16 @@ from contextlib import closing
 import pytest
 import torch
 
+from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.policy.prototypes import expert_prototypes
 from sessionrl.policy.structured import PolicyOutput
 from sessionrl.train.losses import gae
 from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
+from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import UpdateConfig, risk_loss
-from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, policy_step
+from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, evaluate, policy_step
 
 
 def test_episode_rows_cut_after_each_done_and_align_right() -> None:
@@ -130,3 +134,17 @@ def test_risk_loss_is_squared_error_or_quantile_huber() -> None:
     # row 1 as in the hand-checked loss test (0.25); row 2: u = -1 and -3, weights 1 - τ = 0.75 and 0.25,
     # Huber ½ and 2.5: 0.375 + 0.625 = 1.0
     assert risk_loss(spread, returns).item() == pytest.approx((0.25 + 1.0) / 2)
+
+
+def test_imitation_then_aaac_with_prototypes_and_evaluation_on_the_same_view() -> None:
+    """With prototypes the policy's skill head has the macros between the skills and finish; imitation,
+    the trainer and evaluation all act on that view."""
+    env = OrdersEnv(DomainConfig(train=24, dev=0, test=4, time_factor=0, transient_failures=False))
+    run = StructuredRunConfig(iterations=1, num_envs=2, rollout_steps=8, seed=1, prototypes=4)
+    cloned = imitate(env, run, ImitationConfig(demos=6, epochs=2))
+    skills = len(DecisionGymEnv(env, Split.TRAIN).skill_names)
+    assert cloned.policy.layout.actions == skills + 4 + 1
+    result = train_aaac(env, AAACConfig(run=run), policy=cloned.policy)
+    prototypes = expert_prototypes(env, 4)
+    episodes = evaluate(result.policy, result.encoder, env, Split.TEST, prototypes=prototypes)
+    assert len(episodes) == 4

@@ -9,7 +9,9 @@ bounded parameters (`ParamSpec`), the value written back into the policy's coord
   the Gaussian draw ``u = atanh(x)`` (``x`` kept within ``±(1 - 1e-6)`` so ``u`` is finite);
 * a choice becomes its index among the spec's choices.
 
-The plan ends with *finish*. `clone` then fits a policy to those actions by maximum likelihood
+The plan ends with *finish*. With ``run.prototypes`` the replay runs on the same macro-action view as the
+trainers, so the layouts agree, but the demonstrations stay atomic calls: a macro's later steps may have
+bounds that only its earlier steps settle. `clone` then fits a policy to those actions by maximum likelihood
 (``-mean log π(a|s)``), which is the imitation stage that RL (`ppo`, `aaac`) continues from.
 """
 
@@ -25,14 +27,17 @@ import torch
 from torch import Tensor
 
 from sessionrl.envs.base import Split, Task
-from sessionrl.envs.gym import DecisionGymEnv, StructuredEnv
+from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.encoder import TextEncoder
+from sessionrl.policy.prototypes import expert_prototypes
 from sessionrl.policy.structured import ActionLayout, StructuredAction, StructuredPolicy, flatten_observation
 from sessionrl.train.structured.rollout import (
+    GymView,
     StructuredRun,
     StructuredRunConfig,
     build_run,
     env_action,
+    gym_view,
     minibatches,
     torch_threads,
 )
@@ -69,7 +74,7 @@ class Demonstrations:
 
 
 def expert_action(
-    gym_env: DecisionGymEnv, layout: ActionLayout, tool: str, params: Mapping[str, Any]
+    gym_env: GymView, layout: ActionLayout, tool: str, params: Mapping[str, Any]
 ) -> StructuredAction:
     """The policy's action for a call to `tool` with `params`, in the current episode (see module doc)."""
     skill = gym_env.skill_names.index(tool)
@@ -100,7 +105,8 @@ def demonstrations(
         raise ValueError("demonstrations need at least one task")
     obs_rows, text_rows, mask_rows, actions = [], [], [], []
     solved = 0
-    with DecisionGymEnv(env, tasks[0].split, seed=config.seed, config=config.gym) as gym_env:
+    prototypes = expert_prototypes(env, config.prototypes) if config.prototypes else ()
+    with gym_view(env, tasks[0].split, seed=config.seed, gym=config.gym, prototypes=prototypes) as gym_env:
         for task in tasks:
             obs, info = gym_env.reset(options={"task_id": task.task_id})
             text = encoder.encode([info["instruction"]])

@@ -3,10 +3,11 @@
 `StructuredRunConfig` is what imitation and both trainers share (the run's shape); each trainer's own
 settings sit beside the trainer (`ppo.PPOConfig`, `aaac.AAACConfig`).
 
-`Collector` steps ``num_envs`` `DecisionGymEnv`s in turn (one batched forward pass per step), resets each
-as its episode ends, and returns a `Rollout` of ``[N, T]`` tensors (env-major, time last, as
-`sessionrl.train.losses.gae` expects). Besides the environment's reward it records a *risk* signal per step,
-``-(new risk flags)``, for the risk critic. Finished episodes are kept as `EpisodeStats`.
+`Collector` steps ``num_envs`` `DecisionGymEnv`s (with ``prototypes``, `prototypes.MacroGymEnv`s) in turn
+(one batched forward pass per step), resets each as its episode ends, and returns a `Rollout` of
+``[N, T]`` tensors (env-major, time last, as `sessionrl.train.losses.gae` expects). Besides the
+environment's reward it records a *risk* signal per step, ``-(new risk flags)``, for the risk critic.
+Finished episodes are kept as `EpisodeStats`.
 
 `evaluate` runs every task of a split once (greedy by default); `Summary` reports completion, steps per
 task and the share of risky calls. A *risky call* is a skill call that raised at least one of the domain's
@@ -29,6 +30,7 @@ from torch import Tensor
 from sessionrl.envs.base import Split, Task
 from sessionrl.envs.gym import DecisionGymEnv, GymConfig, Observation, StructuredEnv
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
+from sessionrl.policy.prototypes import MacroGymEnv, Prototype, expert_prototypes
 from sessionrl.policy.structured import (
     PolicyOutput,
     StateKind,
@@ -58,6 +60,10 @@ class StructuredRunConfig:
         metadata={"help": "quantiles of the risk critic (0: one value); AAAC then acts on their CVaR"},
     )
     cvar_alpha: float = field(default=0.25, metadata={"help": "tail share the risk critic's CVaR averages"})
+    prototypes: int = field(
+        default=0,
+        metadata={"help": "macro-actions mined from the expert's training plans (0: atomic skills only)"},
+    )
     gym: GymConfig = field(default_factory=GymConfig, metadata={"help": "episode length and reward weights"})
     seed: int = field(default=0, metadata={"help": "seeds the networks, the sampling and the task draws"})
     threads: int = field(
@@ -70,8 +76,10 @@ class StructuredRunConfig:
                 raise ValueError(f"StructuredRunConfig.{name} must be at least 1, got {getattr(self, name)}")
         if self.state not in ("flat", "graph"):
             raise ValueError(f"StructuredRunConfig.state must be flat or graph, got {self.state!r}")
-        if self.risk_quantiles < 0 or not 0 < self.cvar_alpha <= 1:
-            raise ValueError("StructuredRunConfig needs risk_quantiles >= 0 and cvar_alpha in (0, 1]")
+        if self.risk_quantiles < 0 or self.prototypes < 0 or not 0 < self.cvar_alpha <= 1:
+            raise ValueError(
+                "StructuredRunConfig needs risk_quantiles >= 0, prototypes >= 0 and cvar_alpha in (0, 1]"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -146,6 +154,18 @@ class Summary:
         )
 
 
+GymView = DecisionGymEnv | MacroGymEnv
+"""What a structured policy acts on: the atomic skills, or those and prototypes."""
+
+
+def gym_view(
+    env: StructuredEnv, split: Split, *, seed: int, gym: GymConfig | None, prototypes: Sequence[Prototype]
+) -> GymView:
+    """A Gymnasium view of `env`'s `split`, with `prototypes` as macro-actions when there are any."""
+    inner = DecisionGymEnv(env, split, seed=seed, config=gym)
+    return MacroGymEnv(inner, prototypes) if prototypes else inner
+
+
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block with `count` torch CPU threads, then restore the caller's setting.
@@ -187,8 +207,10 @@ class Collector:
     ) -> None:
         self.config = config
         self.encoder = encoder
+        self.prototypes = expert_prototypes(env, config.prototypes) if config.prototypes else ()
+        """The macro-actions the environments offer (mined once from the expert's plans)."""
         self.envs = [
-            DecisionGymEnv(env, split, seed=config.seed * 1000 + i, config=config.gym)
+            gym_view(env, split, seed=config.seed * 1000 + i, gym=config.gym, prototypes=self.prototypes)
             for i in range(config.num_envs)
         ]
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -302,10 +324,12 @@ def evaluate(
     greedy: bool = True,
     seed: int = 0,
     limit: int | None = None,
+    prototypes: Sequence[Prototype] = (),
 ) -> list[EpisodeStats]:
-    """Run the first `limit` tasks of `split` (all by default) once each (see `Summary.of` to sum up)."""
+    """Run the first `limit` tasks of `split` (all by default) once each (see `Summary.of` to sum up); a
+    policy trained with macro-actions needs the same `prototypes` (`Collector.prototypes`)."""
     generator = torch.Generator().manual_seed(seed)
-    with DecisionGymEnv(env, split, seed=seed, config=gym) as gym_env:
+    with gym_view(env, split, seed=seed, gym=gym, prototypes=prototypes) as gym_env:
         tasks = list(env.tasks(split))[:limit]
         episodes = [_evaluated(policy, encoder, gym_env, task, greedy, generator) for task in tasks]
     return episodes
@@ -314,7 +338,7 @@ def evaluate(
 def _evaluated(
     policy: StructuredPolicy,
     encoder: TextEncoder,
-    gym_env: DecisionGymEnv,
+    gym_env: GymView,
     task: Task,
     greedy: bool,
     generator: torch.Generator,
@@ -440,6 +464,7 @@ class StructuredRun:
 __all__ = [
     "Collector",
     "EpisodeStats",
+    "GymView",
     "IterationLog",
     "Rollout",
     "StepStats",
@@ -449,6 +474,7 @@ __all__ = [
     "build_run",
     "env_action",
     "evaluate",
+    "gym_view",
     "minibatches",
     "normalise",
     "policy_step",
