@@ -12,8 +12,13 @@ Reported per algorithm, as mean ± std over the seeds:
 - steps to 80%: environment steps until the training completion, averaged over three rounds, first reached
   0.8 (a run that never got there is left out of the mean and counted).
 
+Options: ``--state graph`` adds a third variant, AAAC on the graph state (`sessionrl.policy.graph`);
+``--prototypes K`` gives every variant K macro-actions mined from the expert's training plans (the
+action-space sizes are printed); ``--risk-quantiles K`` gives AAAC a quantile risk critic read as its CVaR.
+
 Runs go to two worker processes (one per core). A rich table and a PNG of the learning curves
-(`runs/bench/aaac_vs_ppo.png`) come out; the last line is one JSON object.
+(`runs/bench/aaac_vs_ppo.png`) come out; the last line is one JSON object: per variant ``<v>_completion``,
+``<v>_steps``, ``<v>_risk_share`` and ``<v>_steps_to_80``, plus ``steps_to_80`` (variant to steps).
 """
 
 from __future__ import annotations
@@ -25,28 +30,30 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from sessionrl.envs import build
 from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv
+from sessionrl.policy.prototypes import action_space_sizes, expert_prototypes
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import PPOConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
 
 OUT = Path("runs/bench")
-ALGORITHMS = ("ppo", "aaac")
 TARGET = 0.8
 SMOOTH = 3
 
 
 @dataclass(frozen=True)
 class Result:
-    """One run: the algorithm, the seed, its test summary, its risky share and its learning curve."""
+    """One run: the variant, the seed, its test summary, its risky share and its learning curve."""
 
-    algorithm: str
+    variant: str
     seed: int
     test: Summary
     risk_share: float
@@ -64,21 +71,35 @@ class Result:
         return None
 
 
-def run_one(algorithm: str, seed: int, iterations: int, demos: int) -> Result:
-    """Imitate, then train with `algorithm`; evaluate greedily on the test split."""
+def variants(state: str) -> tuple[str, ...]:
+    """PPO and AAAC on the flat state, and AAAC on the graph state when asked."""
+    return ("ppo", "aaac", "aaac_graph") if state == "graph" else ("ppo", "aaac")
+
+
+def run_one(variant: str, seed: int, iterations: int, demos: int, options: dict[str, Any]) -> Result:
+    """Imitate, then train `variant` (``ppo``, ``aaac`` or ``aaac_graph``); evaluate greedily on the test
+    split. `options` hold ``prototypes``, ``risk_quantiles`` and ``rollout_steps``."""
     started = time.perf_counter()
     env = build("orders", time_factor=0, transient_failures=False)
-    run = StructuredRunConfig(iterations=iterations, seed=seed)
+    run = StructuredRunConfig(
+        iterations=iterations,
+        seed=seed,
+        rollout_steps=options["rollout_steps"],
+        state="graph" if variant == "aaac_graph" else "flat",
+        prototypes=options["prototypes"],
+        risk_quantiles=0 if variant == "ppo" else options["risk_quantiles"],
+    )
     cloned = imitate(env, run, ImitationConfig(demos=demos, epochs=150, lr=1e-2))
-    if algorithm == "ppo":
+    if variant == "ppo":
         trained = train_ppo(env, PPOConfig(run=run), policy=cloned.policy)
     else:
         trained = train_aaac(env, AAACConfig(run=run), policy=cloned.policy)
+    prototypes = expert_prototypes(env, run.prototypes) if run.prototypes else ()
     with torch_threads(1):
-        test = Summary.of(evaluate(trained.policy, trained.encoder, env, Split.TEST))
+        episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
     risky = statistics.fmean(log.train.risk_share for log in trained.history)
     curve = tuple((log.env_steps, log.train.completion) for log in trained.history)
-    return Result(algorithm, seed, test, risky, curve, time.perf_counter() - started)
+    return Result(variant, seed, Summary.of(episodes), risky, curve, time.perf_counter() - started)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -86,18 +107,18 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def plot(results: list[Result], path: Path) -> None:
-    """Mean training completion against env steps, per algorithm, with the seeds' range shaded."""
+    """Mean training completion against env steps, per variant, with the seeds' range shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for algorithm in ALGORITHMS:
-        runs = [r for r in results if r.algorithm == algorithm]
+    for variant in dict.fromkeys(r.variant for r in results):
+        runs = [r for r in results if r.variant == variant]
         steps = [s for s, _ in runs[0].curve]
         per_step = list(zip(*([c for _, c in r.curve] for r in runs), strict=True))
-        ax.plot(steps, [statistics.fmean(v) for v in per_step], label=algorithm.upper())
+        ax.plot(steps, [statistics.fmean(v) for v in per_step], label=variant.upper())
         ax.fill_between(steps, [min(v) for v in per_step], [max(v) for v in per_step], alpha=0.2)
     ax.axhline(TARGET, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("environment steps")
@@ -113,30 +134,52 @@ def plot(results: list[Result], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds per algorithm")
-    parser.add_argument("--iterations", type=int, default=50, help="rounds of 512 steps per run")
+    parser.add_argument("--iterations", type=int, default=50, help="rollout-then-update rounds per run")
     parser.add_argument("--demos", type=int, default=30, help="training tickets the policy imitates first")
+    parser.add_argument(
+        "--state", choices=("flat", "graph"), default="flat", help="graph: add AAAC on graphs"
+    )
+    parser.add_argument(
+        "--prototypes", type=int, nargs="?", const=8, default=0, help="macro-actions mined (flag alone: 8)"
+    )
+    parser.add_argument("--risk-quantiles", type=int, default=0, help="AAAC's risk quantiles (0: one value)")
+    parser.add_argument("--rollout-steps", type=int, default=64, help="steps per environment per round")
     args = parser.parse_args()
-    jobs = [(a, s, args.iterations, args.demos) for s in range(args.seeds) for a in ALGORITHMS]
+    console = Console(width=120)
+    if args.prototypes:
+        env = build("orders", time_factor=0, transient_failures=False)
+        with DecisionGymEnv(env, Split.TRAIN) as gym_env:
+            sizes = action_space_sizes(gym_env, expert_prototypes(env, args.prototypes))
+        console.print(
+            f"skill head: {sizes['atomic']} actions atomic, {sizes['with_prototypes']} with prototypes"
+        )
+    options = {
+        "prototypes": args.prototypes,
+        "risk_quantiles": args.risk_quantiles,
+        "rollout_steps": args.rollout_steps,
+    }
+    names = variants(args.state)
+    jobs = [(v, s, args.iterations, args.demos, options) for s in range(args.seeds) for v in names]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(run_one, *zip(*jobs, strict=True)))
     wall = time.perf_counter() - started
 
-    table = Table(
-        title=f"orders, {args.seeds} seeds, {args.iterations * 512} steps each, from {args.demos} demos"
-    )
-    for column in ("algorithm", "test completion", "steps / task", "risky share", "steps to 80%", "s / run"):
+    budget = args.iterations * args.rollout_steps * StructuredRunConfig().num_envs
+    table = Table(title=f"orders, {args.seeds} seeds, {budget} steps each, from {args.demos} demos")
+    for column in ("variant", "test completion", "steps / task", "risky share", "steps to 80%", "s / run"):
         table.add_column(column, justify="right")
-    summary: dict[str, float | int | None] = {}
-    for algorithm in ALGORITHMS:
-        runs = [r for r in results if r.algorithm == algorithm]
+    summary: dict[str, Any] = {}
+    to_80: dict[str, int | None] = {}
+    for variant in names:
+        runs = [r for r in results if r.variant == variant]
         completion = mean_std([r.test.completion for r in runs])
         steps = mean_std([r.test.mean_steps for r in runs])
         risk = mean_std([r.risk_share for r in runs])
         reached = [r.steps_to_target for r in runs if r.steps_to_target is not None]
         to_target = statistics.fmean(reached) if reached else None
         table.add_row(
-            algorithm.upper(),
+            variant.upper(),
             f"{completion[0]:.3f} ± {completion[1]:.3f}",
             f"{steps[0]:.2f} ± {steps[1]:.2f}",
             f"{risk[0]:.4f} ± {risk[1]:.4f}",
@@ -145,13 +188,14 @@ def main() -> None:
             else f"not reached (0/{len(runs)})",
             f"{statistics.fmean(r.seconds for r in runs):.0f}",
         )
+        to_80[variant] = round(to_target) if to_target is not None else None
         summary |= {
-            f"{algorithm}_completion": round(completion[0], 4),
-            f"{algorithm}_steps": round(steps[0], 3),
-            f"{algorithm}_risk_share": round(risk[0], 5),
-            f"{algorithm}_steps_to_80": round(to_target) if to_target is not None else None,
+            f"{variant}_completion": round(completion[0], 4),
+            f"{variant}_steps": round(steps[0], 3),
+            f"{variant}_risk_share": round(risk[0], 5),
+            f"{variant}_steps_to_80": to_80[variant],
         }
-    console = Console(width=120)
+    summary["steps_to_80"] = to_80
     console.print(table)
     plot(results, OUT / "aaac_vs_ppo.png")
     console.print(f"learning curves: {OUT / 'aaac_vs_ppo.png'}; wall time {wall:.0f} s")
