@@ -26,8 +26,9 @@ from rich.table import Table
 from safetensors.torch import load_model, save_model
 
 from sessionrl.envs.base import Split
-from sessionrl.envs.gym import DecisionGymEnv, StructuredEnv
+from sessionrl.envs.gym import StructuredEnv
 from sessionrl.policy.encoder import TextEncoder, build_encoder
+from sessionrl.policy.prototypes import Prototype, expert_prototypes
 from sessionrl.policy.structured import StructuredPolicy, build_policy
 from sessionrl.train.config import AAACSection, PPOSection, RunConfig, Trainer
 from sessionrl.train.llm.run import MetricsLog
@@ -40,6 +41,7 @@ from sessionrl.train.structured.rollout import (
     StructuredRunConfig,
     Summary,
     evaluate,
+    gym_view,
     torch_threads,
 )
 
@@ -70,12 +72,25 @@ def export_policy(policy: StructuredPolicy, folder: Path) -> Path:
 def load_policy(
     env: StructuredEnv, run: StructuredRunConfig, folder: Path
 ) -> tuple[StructuredPolicy, TextEncoder]:
-    """An exported policy, rebuilt for `env` with the shape `run` gives, and its query encoder."""
+    """An exported policy, rebuilt for `env` with the shape `run` gives (its state, risk critic and
+    prototypes included), and its query encoder."""
     encoder = build_encoder(run.encoder, dim=run.text_dim)
-    with DecisionGymEnv(env, Split.TRAIN, config=run.gym) as gym_env:
-        policy = build_policy(gym_env, encoder.dim, run.hidden)
+    with gym_view(env, Split.TRAIN, seed=0, gym=run.gym, prototypes=run_prototypes(env, run)) as gym_env:
+        policy = build_policy(
+            gym_env,
+            encoder.dim,
+            run.hidden,
+            state=run.state,
+            risk_quantiles=run.risk_quantiles,
+            cvar_alpha=run.cvar_alpha,
+        )
     load_model(policy, str(folder / WEIGHTS))
     return policy, encoder
+
+
+def run_prototypes(env: StructuredEnv, run: StructuredRunConfig) -> tuple[Prototype, ...]:
+    """The macro-actions a run of shape `run` trains with (none unless ``run.prototypes``)."""
+    return expert_prototypes(env, run.prototypes) if run.prototypes else ()
 
 
 def round_record(log: IterationLog) -> dict[str, Any]:
@@ -175,7 +190,16 @@ def evaluate_exported(
         if (folder / WEIGHTS).is_file():
             policy, encoder = load_policy(env, run, folder)
             with torch_threads(run.threads):
-                episodes = evaluate(policy, encoder, env, split, gym=run.gym, seed=config.seed, limit=n_tasks)
+                episodes = evaluate(
+                    policy,
+                    encoder,
+                    env,
+                    split,
+                    gym=run.gym,
+                    seed=config.seed,
+                    limit=n_tasks,
+                    prototypes=run_prototypes(env, run),
+                )
             report[label] = Summary.of(episodes)
     return report
 
@@ -204,6 +228,7 @@ __all__ = [
     "export_policy",
     "load_policy",
     "round_record",
+    "run_prototypes",
     "summary_table",
     "train_structured",
 ]
