@@ -9,10 +9,15 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from sessionrl.cluster.distributed import spawn
+from sessionrl.cluster.distributed import follow, spawn
+from sessionrl.episodes import RolloutConfig
+from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
+from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
+from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.data import TokenSequence, shard
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
+from sessionrl.train.llm.loop import train
 from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
 
 pytestmark = pytest.mark.slow
@@ -75,3 +80,44 @@ def test_the_ranks_split_a_batch_without_overlap_or_loss() -> None:
     assert sorted(i for share in shares for i in share) == list(range(len(lengths)))
     loads = [sum(lengths[i] for i in share) for share in shares]
     assert max(loads) - min(loads) <= max(lengths)
+
+
+def tiny_run(folder: Path) -> RunConfig:
+    return RunConfig(
+        run_dir=folder,
+        env=EnvSection(train=16, dev=4, test=4),
+        model=ModelSection(tiny=TINY),
+        rollout=RolloutConfig(max_steps=3, full_schemas=False, domain_policy=False, max_tool_chars=120),
+        sft=SFTSection(demos=4, trainer=SFTConfig(steps=3, batch_sessions=4, token_budget=1024)),
+        rl=RLSection(
+            iterations=1,
+            tasks_per_iteration=2,
+            sampling=SamplingConfig(max_new_tokens=12),
+            trainer=GRPOConfig(group_size=2, token_budget=1024),
+        ),
+        evaluation=EvalSection(tasks=1, gate_tasks=1, max_new_tokens=8),
+    )
+
+
+def rank_train(rank: int, world: int, folder: Path) -> None:
+    """Rank 0 runs `sessionrl train`; rank 1 follows it, as it would under torchrun."""
+    if rank == 0:
+        train(tiny_run(folder / "run"))
+        return
+    followed = follow()
+    assert followed.trainer is not None
+    model = followed.trainer.model  # type: ignore[attr-defined]
+    torch.save({"steps": followed.steps, "weights": model.state_dict()}, folder / "follower.pt")
+
+
+def test_train_on_two_ranks_updates_both_in_step(tmp_path: Path) -> None:
+    spawn(rank_train, 2, tmp_path)
+
+    state = read_state(tmp_path / "run" / "checkpoint")
+    assert state is not None
+    assert state.updates > 0
+    follower = torch.load(tmp_path / "follower.pt")
+    assert follower["steps"] == 3 + state.updates
+    leader = LlamaForCausalLM.from_pretrained(tmp_path / "run" / "rl_policy").state_dict()
+    for name, value in leader.items():
+        torch.testing.assert_close(follower["weights"][name], value, rtol=1e-4, atol=1e-5, msg=name)

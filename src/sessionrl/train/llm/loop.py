@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
@@ -246,6 +247,7 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
             run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
         )
         trainer.steps = run.state.step
+    lead(trainer)  # under torchrun, the other ranks update with it
     sequences = demonstrations(run, policy, demos)
     run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
     steps = cfg.sft.trainer.steps
@@ -339,7 +341,7 @@ def start_rl(run: Run, resume: bool) -> GRPOTrainer:
         )
         trainer.updates = run.state.updates
     policy.version = run.state.policy_version
-    return trainer
+    return lead(trainer)  # under torchrun, the other ranks update with it
 
 
 def reinforce(
@@ -438,9 +440,14 @@ def start_run(config: RunConfig, resume: bool) -> Run:
 def train_sft(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> TrainResult:
     """`trainer: sft`: the imitation stage alone (continued with `resume`), then `sft_policy/` evaluated on
     the report split."""
+    if is_follower():
+        return followed()
     console = console or Console()
     with start_run(config, resume) as run:
-        imitation(run, console, resume=resume)
+        try:
+            imitation(run, console, resume=resume)
+        finally:
+            release()
         report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
         return TrainResult(run.state.stage, None, (), report)
 
@@ -454,20 +461,32 @@ def train(
 ) -> TrainResult:
     """`trainer: grpo`: imitation, the gate, then GRPO (or, with `resume`, the rest of them); returns where
     the stages ended and the exported policies' report."""
+    if is_follower():
+        return followed()
     console = console or Console()
     with start_run(config, resume) as run:
         saved = read_state(run.folder / "checkpoint") if resume else None
         gated: Evaluation | None = None
-        if saved is None or saved.stage is Stage.SFT:
-            imitation(run, console, resume=saved is not None)
-            gated = gate(run)
-        else:
-            run.policy = resumed_policy(run)
-            run.state = saved
-        if run.state.stage is Stage.RL and config.rl.iterations > 0:
-            reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
+        try:
+            if saved is None or saved.stage is Stage.SFT:
+                imitation(run, console, resume=saved is not None)
+                gated = gate(run)
+            else:
+                run.policy = resumed_policy(run)
+                run.state = saved
+            if run.state.stage is Stage.RL and config.rl.iterations > 0:
+                reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
+        finally:
+            release()
         report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
         return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve), report)
+
+
+def followed() -> TrainResult:
+    """A rank other than 0 of a `torchrun` launch: it takes every update rank 0 leads it through
+    (`sessionrl.cluster.distributed`) and holds nothing else; the run and its report are rank 0's."""
+    follow()
+    return TrainResult(Stage.SFT, None, (), {})
 
 
 def resumed_policy(run: Run) -> HFPolicy:
