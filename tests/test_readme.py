@@ -3,8 +3,8 @@ of the repository (its git-tracked files, no `runs/`), each one's output checked
 
 The steps share one copy, so each sees what the steps before it left (the tour is one story on one store).
 A test asks for its step; the steps before it run first if they have not yet. Commands that take many
-minutes, or that this suite cannot run, are skipped with the reason (`SKIPPED`); the retail commands are
-skipped when the τ-bench data is not beside the repository.
+minutes, or that this suite cannot run, are skipped with the reason (`SKIPPED`); so are the commands that
+read `../shared/` when that data is not beside the repository.
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ class Tour:
         reason = (
             None if quick else next((why for start, why in SKIPPED.items() if line.startswith(start)), None)
         )
-        retail = "--data" in words or "SESSIONRL_RETAIL_DATA" in extra
-        if reason is None and retail and not (SHARED / "taubench" / "retail").is_dir():
-            reason = "the τ-bench retail data is not at ../shared/taubench/retail"
+        shared = [w for w in [*words, *extra.values()] if w.startswith("../shared/")]
+        if reason is None and shared and not all((self.root / w).exists() for w in shared):
+            reason = f"the shared data ({', '.join(shared)}) is not beside the repository"
         if reason is not None:
             return reason
         words = [self.ids.get("rated", w) if w == "<session-id>" else w for w in words]
