@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessionrl.service.metrics import LATENCY_BUCKETS, Metrics
@@ -81,3 +83,18 @@ def test_gc_pauses_are_timed_by_generation_only_while_the_block_is_open() -> Non
     assert (count(during, "0"), count(during, "1"), count(during, "2")) == (2, 0, 1)
     assert during["sessionrl_gc_pause_seconds_sum", (("generation", "2"),)] > 0
     assert count(after, "2") == 1  # the collection after the block was not timed
+
+
+def test_plain_routes_are_counted_under_their_path_not_as_unmatched() -> None:
+    metrics = Metrics()
+    app = FastAPI()  # serves /openapi.json and /docs as plain routes, beside its API routes
+
+    @app.get("/items/{item_id}")
+    async def item(item_id: int) -> int:
+        return item_id
+
+    with TestClient(metrics.middleware(app)) as client:
+        for path in ("/items/3", "/openapi.json", "/docs", "/nowhere"):
+            client.get(path)
+    counted = [dict(labels) for (name, labels) in scrape(metrics) if name == "sessionrl_http_requests_total"]
+    assert sorted(c["route"] for c in counted) == ["/docs", "/items/{item_id}", "/openapi.json", "unmatched"]

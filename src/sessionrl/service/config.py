@@ -48,7 +48,9 @@ class ServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    db_url: str = Field(default="sqlite:///sessions.db", description="Session store URL.")
+    db_url: str = Field(
+        default="sqlite:///runs/sessions.db", description="Session store URL (the CLI's default store)."
+    )
     tokens: dict[str, frozenset[Scope]] = Field(
         default_factory=dict, description="Bearer tokens and their scopes; requests without one get 401."
     )

@@ -125,10 +125,25 @@ class Metrics:
             try:
                 await app(scope, receive, send_status)
             finally:
-                route = getattr(scope.get("route"), "path", "unmatched")
-                self.answered(scope["method"], route, status, time.perf_counter() - started)
+                self.answered(scope["method"], route_label(scope), status, time.perf_counter() - started)
 
         return measured
+
+
+def route_label(scope: Scope) -> str:
+    """The template of the route a request matched, to count it under: an API route's path; else the path
+    of the plain route or mount that served it (`/openapi.json`, the dashboard), which the framework
+    names only by its endpoint; else `unmatched`."""
+    route = scope.get("route")
+    if route is not None:
+        return str(route.path)
+    endpoint = scope.get("endpoint")
+    if endpoint is not None:
+        for candidate in getattr(scope.get("app"), "routes", ()):
+            served_by = (getattr(candidate, "endpoint", None), getattr(candidate, "app", None))
+            if any(endpoint is server for server in served_by):
+                return str(candidate.path)
+    return "unmatched"
 
 
 class Tallies(Collector):
