@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, reporting
+from sessionrl.episodes.progress import progress
 from sessionrl.errors import SessionRLError
 from sessionrl.rewards.engine import RewardConfig, RewardEngine, StoredReward
 from sessionrl.rewards.judge.runner import Backend, JudgeConfig
@@ -61,16 +61,6 @@ def _engine(
         raise typer.BadParameter(str(exc)) from exc
 
 
-def _progress(console: Console, label: str) -> Progress:
-    return Progress(
-        TextColumn(f"[bold]{label}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
-
-
 def _summary(console: Console, stored: list[StoredReward], ruleset_version: str) -> None:
     new = sum(s.new for s in stored)
     console.print(
@@ -95,13 +85,13 @@ def score(
     console = Console()
     engine = _engine(rules, stats, contracts, judge, judge_model, judge_url)
     stored: list[StoredReward] = []
-    with reporting(), open_store(db, create=False) as store, _progress(console, "score") as bar:
+    with reporting(), open_store(db, create=False) as store:
         ids = sorted(sid for state in sorted(TERMINAL) for sid in store.session_ids(state))
         running = len(store.session_ids()) - len(ids)
-        task = bar.add_task("sessions", total=len(ids))
-        for session_id in ids:
-            stored.append(engine.score_and_store(store, session_id))
-            bar.advance(task)
+        with progress(console, "score", len(ids)) as bar:
+            for session_id in ids:
+                stored.append(engine.score_and_store(store, session_id))
+                bar.advance()
     engine.save_stats()
     _summary(console, stored, engine.ruleset.version)
     if running:
