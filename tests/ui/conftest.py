@@ -35,7 +35,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     db = root / "sessions.db"
     env = OrdersEnv(DomainConfig(train=4, dev=0, test=0, time_factor=0, transient_failures=False))
     with SessionStore.open(f"sqlite:///{db}") as store:
-        # run_many runs its own event loop: in a thread, clear of any loop the test runner holds
+        # run_many runs its own event loop: in a thread, clear of the one Playwright's sync API holds here
         with ThreadPoolExecutor(1) as pool:
             pool.submit(run_many, env, Split.TRAIN, expert(env), 2, store=store, show_progress=False).result()
         expert_ids = store.session_ids()
@@ -62,8 +62,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from serving(create_app(ServiceConfig(db_url=f"sqlite:///{db}", tokens=parse_tokens(TOKENS))))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module: Playwright's sync API holds an event loop in this thread while it
+    runs, which would stop later tests from running their own (`asyncio.run`)."""
     need_chromium()
     from playwright.sync_api import sync_playwright
 
