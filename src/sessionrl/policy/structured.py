@@ -16,8 +16,10 @@ those of the chosen skill's own parameters (the other heads are drawn but do not
 
 State: the observation's parts (`OBS_KEYS`) flattened in order, plus a text embedding of the task query
 (`sessionrl.policy.encoder`). With ``state="flat"`` the actor and the critics read that vector through
-separate trunks; with ``state="graph"`` one `graph.GraphEncoder` (shared by actor and critics) first reads
-it as a heterogeneous graph (`graph.observation_graphs`) and the trunks take the graph's readout.
+separate trunks; with ``state="graph"`` one `graph.GraphEncoder` (shared by actor and critics) also reads
+it as a heterogeneous graph (`graph.observation_graphs`), and the trunks take the graph's readout beside
+the flat vector: the readout alone underfit the expert's demonstrations under the imitation settings
+tuned for the flat policy, and beside the flat vector the graph adds relations without hiding the raw state.
 
 The **risk critic** is one value, or with ``risk_quantiles = K > 0`` a quantile head of ``K`` outputs at the
 levels `losses.quantile_midpoints`; its value is then their lower-tail CVaR at ``cvar_alpha``
@@ -240,7 +242,7 @@ class StructuredPolicy(nn.Module):
             skills = len(layout.skills)
             self.obs_layout = ObservationLayout(skills, obs_dim - 3 * skills - 2, text_dim)
             self.graph = GraphEncoder(self.obs_layout.width, hidden)
-            inputs = hidden
+            inputs += hidden
         self.actor = _trunk(inputs, hidden)
         self.skill_head = nn.Linear(hidden, layout.actions)
         self.mean_head = nn.Linear(hidden, len(layout.numeric))
@@ -254,11 +256,12 @@ class StructuredPolicy(nn.Module):
             nn.init.zeros_(head.bias)
 
     def features(self, obs: Tensor, text: Tensor) -> Tensor:
-        """The trunks' input: observation and query side by side, or the graph encoder's readout."""
+        """The trunks' input: observation and query side by side, then the graph encoder's readout."""
+        flat = torch.cat([obs, text], dim=-1)
         if self.graph is None:
-            return torch.cat([obs, text], dim=-1)
+            return flat
         readout: Tensor = self.graph(observation_graphs(obs, text, self.obs_layout))
-        return readout
+        return torch.cat([flat, readout], dim=-1)
 
     def forward(self, obs: Tensor, text: Tensor, mask: Tensor) -> PolicyOutput:
         """`obs` ``[B, obs_dim]``, `text` ``[B, text_dim]``, `mask` ``[B, actions]`` (1 = allowed)."""
