@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,9 @@ def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> No
         demos = [s for s in store.session_ids() if s.startswith("demo-")]
         assert len(demos) == 6
 
+    # a run stopped after logging iteration 1 but before its checkpoint left a record the resume redoes
+    with (folder / "metrics.jsonl").open("a", encoding="utf-8") as log:
+        log.write(json.dumps({"stage": "rl", "step": 1, "time": time.time(), "iteration": 1}) + "\n")
     # resume with a longer schedule: iteration 0 is kept as it was, iteration 1 runs with version 1
     longer = tiny_run(folder, iterations=2)
     resumed = train(longer, resume=True)
@@ -94,6 +98,8 @@ def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> No
     assert state.policy_version == 2
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records if r["stage"] == "rl"] == [0, 1]
+    kinds = [(r["stage"], r["step"], r.get("label"), *sorted(set(r) - {"time"})) for r in records]
+    assert len(kinds) == len(set(kinds)), "a resumed run logs each step once"
 
 
 def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update(tmp_path: Path) -> None:

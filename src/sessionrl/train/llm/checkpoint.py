@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -90,7 +91,7 @@ def save_checkpoint(
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng = {"torch": torch.get_rng_state()} | {f"gen.{k}": g.get_state() for k, g in generators.items()}
     save_file(rng, str(tmp / "rng.safetensors"))
-    payload = {"loop": asdict(state), "python_random": _python_state()}
+    payload = {"loop": asdict(state), "python_random": _python_state(), "saved_at": time.time()}
     (tmp / "state.json").write_text(json.dumps(payload, indent=1))
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -132,6 +133,16 @@ def read_state(folder: str | Path) -> LoopState | None:
         return None
     loop = json.loads(path.read_text())["loop"]
     return LoopState.from_json(loop)
+
+
+def saved_at(folder: str | Path) -> float | None:
+    """When the checkpoint in `folder` was made (`time.time()`, the clock metrics records carry), or None
+    without one. A checkpoint written before this was kept answers with its file's modification time."""
+    path = Path(folder) / "state.json"
+    if not path.is_file():
+        return None
+    when = json.loads(path.read_text()).get("saved_at")
+    return float(when) if when is not None else path.stat().st_mtime
 
 
 def has_checkpoint(folder: str | Path) -> bool:

@@ -40,6 +40,7 @@ from sessionrl.train.llm.checkpoint import (
     load_checkpoint,
     read_state,
     save_checkpoint,
+    saved_at,
 )
 from sessionrl.train.llm.data import (
     TokenSequence,
@@ -431,10 +432,15 @@ class TrainResult:
 
 
 def start_run(config: RunConfig, resume: bool) -> Run:
-    """The run's parts (`open_run`); a new run (not `resume`) refuses a folder that already holds one."""
+    """The run's parts (`open_run`); a new run (not `resume`) refuses a folder that already holds one. A
+    resumed run drops the metrics logged after its checkpoint (all of them without one): it does that
+    work again and logs it again."""
     if not resume and (config.run_dir / "sessions.db").exists():
         raise FileExistsError(f"{config.run_dir} already holds a run; resume it or choose another run_dir")
-    return open_run(config)
+    run = open_run(config)
+    if resume:
+        run.log.rewind(saved_at(run.folder / "checkpoint") or 0.0)
+    return run
 
 
 def train_sft(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> TrainResult:

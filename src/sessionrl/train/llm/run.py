@@ -58,6 +58,16 @@ class MetricsLog:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 self._tb.add_scalar(f"{stage}/{name}", value, step)
 
+    def rewind(self, until: float) -> int:
+        """Drop the records written after `until` (a `time.time()`) and return how many: a run resumed
+        from a checkpoint made at `until` logs that work again, so each step keeps one record."""
+        self._file.close()
+        lines = [line for line in self.path.read_bytes().splitlines() if line.strip()]
+        kept = [line for line in lines if orjson.loads(line)["time"] <= until]
+        self.path.write_bytes(b"".join(line + b"\n" for line in kept))
+        self._file = self.path.open("a", encoding="utf-8")
+        return len(lines) - len(kept)
+
     def close(self) -> None:
         """Flush and close both sinks."""
         self._file.close()
