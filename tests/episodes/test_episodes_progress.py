@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 
+import pytest
 from rich.console import Console
 
 from sessionrl.episodes import progress
@@ -55,3 +57,19 @@ def test_on_a_terminal_it_draws_a_rich_bar() -> None:
     assert "demonstrations" in drawn
     assert "4/4" in drawn
     assert "\x1b[" in drawn  # redrawn in place, not printed line by line
+
+
+def test_plain_lines_say_how_long_is_left_at_the_pace_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    module = importlib.import_module("sessionrl.episodes.progress")  # not the package's `progress` function
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    console, sink = plain_console()
+    with progress(console, "imitation", 4) as bar:
+        bar.every_s = 3600.0
+        now[0] = 10.0
+        bar.advance()
+        now[0] = 40.0
+        bar.advance()
+    first, second = sink.getvalue().splitlines()
+    assert first == "imitation 1/4 10s (~30s left)"  # 10 s for one, three to go
+    assert second == "imitation 2/4 40s (~40s left)"  # 20 s each so far, two to go

@@ -1,9 +1,10 @@
 """One progress bar for every long loop (episode batches, training stages).
 
-On a terminal it is a rich bar (description, bar, done/total, elapsed time, a free info text). Anywhere
-else (a pipe, a log file, CI) a redrawn bar would be noise or nothing at all, so the same calls print
-plain lines instead, `<description> <done>/<total> <elapsed>s <info>`: one each time another tenth of the
-total is done (and at least every `every_s` seconds), and one at the end.
+On a terminal it is a rich bar (description, bar, done/total, elapsed time, time left, a free info text).
+Anywhere else (a pipe, a log file, CI) a redrawn bar would be noise or nothing at all, so the same calls
+print plain lines instead, `<description> <done>/<total> <elapsed>s (~<left>s left) <info>`: one each time
+another tenth of the total is done (and at least every `every_s` seconds), and one at the end. The time
+left is the pace so far applied to what remains.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class Bar:
@@ -36,7 +44,7 @@ class Bar:
         self._task = live.add_task(description, total=total, completed=completed, info="") if live else None
         self._started = time.monotonic()
         self._printed_at = self._started
-        self._printed = completed
+        self._printed = self._first = completed
 
     def advance(self, n: int = 1, info: str = "") -> None:
         """`n` more units done; `info` is shown beside the count (a loss, a success rate)."""
@@ -52,7 +60,9 @@ class Bar:
     def line(self, info: str = "") -> None:
         """Print the plain progress line now."""
         elapsed = time.monotonic() - self._started
-        text = f"{self.description} {self.completed}/{self.total} {elapsed:.0f}s {info}".rstrip()
+        done, left = self.completed - self._first, self.total - self.completed
+        pace = f" (~{elapsed / done * left:.0f}s left)" if done > 0 and left > 0 else ""
+        text = f"{self.description} {self.completed}/{self.total} {elapsed:.0f}s{pace} {info}".rstrip()
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
         self._printed, self._printed_at = self.completed, time.monotonic()
 
@@ -77,6 +87,7 @@ def progress(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
     )
     with Progress(*columns, console=console, transient=False) as live:
