@@ -30,14 +30,19 @@ def train_command(
     ] = False,
 ) -> None:
     """Train what the config's `trainer:` names (sft, grpo, dpo, ppo, aaac), then evaluate the exported
-    policies side by side; everything goes under its run_dir."""
+    policies side by side; everything goes under its run_dir. Exit status 1 when the gate stops a grpo
+    run before reinforcement learning."""
     from sessionrl.cli.sessions import reporting
     from sessionrl.train.config import RunConfig
     from sessionrl.train.dispatch import run_trainer
+    from sessionrl.train.llm.checkpoint import Stage
     from sessionrl.train.structured.run import StructuredResult
 
     console = Console()
     run_config = RunConfig.load(config)
+    plan = _plan(run_config)
+    if plan:
+        console.print(plan, soft_wrap=True)
     with reporting():  # a named error (too few demonstrations, say) is one line and exit status 1
         result = run_trainer(run_config, resume=resume, console=console)
     evaluation = run_config.evaluation
@@ -47,6 +52,40 @@ def train_command(
     else:
         _print_llm(console, result, title)
     console.print(f"trainer: {run_config.trainer}; run folder: {run_config.run_dir}")
+    if not isinstance(result, StructuredResult) and result.stage is Stage.STOPPED:
+        _stopped_at_the_gate(result, run_config)
+
+
+def _plan(config: RunConfig) -> str:
+    """What an sft or grpo run will do, stage by stage, so its length can be judged before it starts (each
+    stage's progress then says how long it has left); empty for the other trainers."""
+    sft, rl, evaluation = config.sft, config.rl, config.evaluation
+    stages = [f"{sft.demos} expert demonstrations", f"{sft.trainer.steps} imitation steps"]
+    if config.trainer == "grpo":
+        stages.append(f"a gate on {evaluation.gate_tasks} {evaluation.gate_split} tasks")
+        stages.append(
+            f"{rl.iterations} GRPO iterations of {rl.tasks_per_iteration} tasks x {rl.trainer.group_size}"
+        )
+    elif config.trainer != "sft":
+        return ""
+    stages.append(f"an evaluation of each policy on {evaluation.tasks} {evaluation.split} tasks")
+    return f"plan: {', then '.join(stages)}"
+
+
+def _stopped_at_the_gate(result: TrainResult, config: RunConfig) -> None:
+    """Say why the run stopped before reinforcement learning and what to try, and exit with status 1."""
+    from sessionrl.cli.sessions import err
+
+    bar = config.evaluation
+    reached = f"{result.gate.metrics.success:.3f}" if result.gate is not None else "below the bar"
+    err.print(
+        f"[red]stopped at the gate:[/red] the imitation policy's success on {bar.gate_tasks} {bar.gate_split}"
+        f" tasks was {reached}, under evaluation.gate_min_success {bar.gate_min_success}, so GRPO did not"
+        " start (sft_policy/ is kept). Try more demonstrations (sft.demos) or imitation steps"
+        " (sft.trainer.steps), a larger model, or a lower evaluation.gate_min_success, in a new run_dir.",
+        soft_wrap=True,
+    )
+    raise typer.Exit(1)
 
 
 def _print_llm(console: Console, result: TrainResult, title: str) -> None:

@@ -1,0 +1,54 @@
+"""`sessionrl train` on a tiny grpo run, off a terminal: it says its plan first, prints plain progress lines,
+and a run the gate stops exits with status 1 saying why and what to try."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sessionrl.cli import app
+
+pytestmark = pytest.mark.slow
+
+TINY_GRPO: dict[str, Any] = {
+    "trainer": "grpo",
+    "env": {"train": 16, "dev": 4, "test": 4},
+    "model": {
+        "tiny": {
+            "vocab_size": 700,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+        }
+    },
+    "rollout": {"max_steps": 3, "full_schemas": False, "domain_policy": False, "max_tool_chars": 120},
+    "sft": {"demos": 6, "trainer": {"steps": 2, "batch_sessions": 2, "token_budget": 2048}},
+    "rl": {"iterations": 1, "tasks_per_iteration": 2, "sampling": {"max_new_tokens": 16}},
+    "evaluation": {"tasks": 2, "gate_tasks": 2, "max_new_tokens": 16, "gate_min_success": 1.0},
+}
+"""A run the gate stops: a two-step imitation policy does not solve every gate task."""
+
+
+def test_a_run_the_gate_stops_exits_non_zero_saying_why(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**TINY_GRPO, "run_dir": str(tmp_path / "run")}), encoding="utf-8")
+    result = CliRunner().invoke(app, ["train", str(config)], terminal_width=200)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == (
+        "plan: 6 expert demonstrations, then 2 imitation steps, then a gate on 2 dev tasks, then 1 GRPO "
+        "iterations of 2 tasks x 4, then an evaluation of each policy on 2 test tasks"
+    )
+    assert re.search(r"^demonstrations 1/6 \d+s \(~\d+s left\)$", result.output, re.M)  # plain lines
+    assert re.search(r"imitation 2/2 \d+s loss \d+\.\d+$", result.output, re.M)
+    stopped = next(line for line in lines if line.startswith("stopped at the gate:"))
+    assert "evaluation.gate_min_success 1.0, so GRPO did not start" in stopped
+    assert "sft.demos" in stopped
+    assert (tmp_path / "run" / "sft_policy").is_dir()
+    assert not (tmp_path / "run" / "rl_policy").exists()
