@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -118,11 +118,31 @@ class FaultSection(Section):
         return Faults(tool_error=rate, garbled_output=rate if self.garbled else 0.0)
 
 
+class CapturedSource(Section):
+    """Captured sessions to imitate instead of recorded expert ones (`sft.data: store`)."""
+
+    db: str = Field(description="The session store holding them (a URL such as sqlite:///runs/sessions.db).")
+    filters: dict[str, Any] = Field(
+        default_factory=dict, description="Typed filters of `sessions query`, such as {tags: [gateway]}."
+    )
+    limit: int = Field(default=10_000, ge=1, description="Most sessions read.")
+
+
 class SFTSection(Section):
     """The imitation stage."""
 
+    data: Literal["expert", "store"] = Field(
+        default="expert", description="expert: record expert demonstrations; store: captured sessions."
+    )
+    store: CapturedSource | None = Field(default=None, description="Where captured sessions come from.")
     demos: int = Field(default=64, ge=1, description="Expert sessions recorded on training tasks.")
     trainer: SFTConfig = Field(default_factory=SFTConfig, description="Imitation trainer settings.")
+
+    @model_validator(mode="after")
+    def _store_named(self) -> SFTSection:
+        if (self.data == "store") != (self.store is not None):
+            raise ValueError("`data: store` and a `store:` source go together ({db: ..., filters: {...}})")
+        return self
 
 
 class RLSection(Section):

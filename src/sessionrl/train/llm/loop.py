@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sessionrl.capture.dataset import captured_sequences, stored_sessions
 from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
@@ -235,11 +236,30 @@ def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list
     ]
 
 
+def captured(
+    run: Run, console: Console, policy: HFPolicy, sessions: Sequence[Session]
+) -> list[TokenSequence]:
+    """Captured sessions as training sequences, after the integrity check; each dropped one is printed
+    and logged with its reason."""
+    data = captured_sequences(sessions, policy)
+    for session_id, reason in data.dropped:
+        console.print(f"dropped captured session {session_id}: {reason}")
+    run.log.write("captured", run.state.step, {"kept": len(data.kept), "dropped": len(data.dropped)})
+    if not data.sequences:
+        raise ValueError(f"none of the {len(sessions)} captured sessions can be trained on")
+    return data.sequences
+
+
 def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
     """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export;
     returns the demonstrations."""
     cfg = run.config
-    demos = record_demonstrations(run, console)
+    source = cfg.sft.store
+    demos = (
+        record_demonstrations(run, console)
+        if source is None
+        else stored_sessions(source.db, source.filters, source.limit)
+    )
     texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
     run.policy = policy = build_policy(cfg, texts, run.folder / "base")
     trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
@@ -249,7 +269,9 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
         )
         trainer.steps = run.state.step
     lead(trainer)  # under torchrun, the other ranks update with it
-    sequences = demonstrations(run, policy, demos)
+    sequences = (
+        demonstrations(run, policy, demos) if source is None else captured(run, console, policy, demos)
+    )
     run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
     steps = cfg.sft.trainer.steps
     with progress(console, "imitation", steps, completed=run.state.step) as bar:

@@ -1,0 +1,96 @@
+"""`sessionrl train` with `sft.data: store`: captured sessions (here, an OpenAI agent's, through the
+gateway) imitated after the integrity check, each dropped session reported with its reason."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+import pytest
+from openai import OpenAI
+from pydantic import ValidationError
+
+from sessionrl.service import ServiceConfig, create_app, parse_tokens
+from sessionrl.session import SessionCreate, created
+from sessionrl.session.events import LLMCallRecorded
+from sessionrl.session.model import CallStatus, LLMCall, Message
+from sessionrl.store import SessionStore
+from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.loop import train_sft
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {
+    "trainer": "sft",
+    "env": {"train": 16, "dev": 4, "test": 4},
+    "model": {
+        "tiny": {
+            "vocab_size": 700,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+        }
+    },
+    "rollout": {"max_steps": 3, "max_tool_chars": 120},
+    "evaluation": {"tasks": 2, "gate_tasks": 2, "max_new_tokens": 16},
+}
+
+
+def example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "agents" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def captured_store(tmp_path: Path) -> str:
+    """Three orders sessions of the example agent through the gateway, and one whose only call failed."""
+    agent, demo = example("openai_agent"), example("gateway_demo")
+    desk = demo.OrdersDesk(n_tasks=3)
+    url = f"sqlite:///{tmp_path / 'captured.db'}"
+    config = ServiceConfig(db_url=url, tokens=parse_tokens("tok:read,write"))
+    with demo.serving(create_app(config, skills=[], chat=desk.backend())) as root:
+        for task in desk.tasks:
+            _, call_tool = desk.episode(task)
+            client = OpenAI(
+                base_url=f"{root}/gateway/sessions/{task.task_id}/v1", api_key="tok", max_retries=0
+            )
+            agent.run_agent(client, task.instruction, desk.tools, call_tool)
+    with SessionStore.open(url) as store:
+        store.append("broken", created(SessionCreate(user_query="q", session_id="broken", tags=("gateway",))))
+        failed = LLMCall(
+            call_id="x",
+            messages=(Message(role="user", content="q"),),
+            status=CallStatus.ERROR,
+            error_message="503",
+        )
+        store.append("broken", LLMCallRecorded(call=failed))
+    return url
+
+
+def test_a_store_source_needs_data_store_and_the_other_way_round() -> None:
+    with pytest.raises(ValidationError, match="go together"):
+        RunConfig.model_validate({**TINY, "sft": {"data": "store"}})
+    with pytest.raises(ValidationError, match="go together"):
+        RunConfig.model_validate({**TINY, "sft": {"store": {"db": "sqlite:///x.db"}}})
+
+
+def test_sft_trains_on_captured_sessions_and_reports_the_dropped(tmp_path: Path, capsys: Any) -> None:
+    url = captured_store(tmp_path)
+    sft = {
+        "data": "store",
+        "store": {"db": url, "filters": {"tags": ["gateway"]}},
+        "trainer": {"steps": 2, "batch_sessions": 2, "token_budget": 2048},
+    }
+    config = RunConfig.model_validate({**TINY, "run_dir": str(tmp_path / "run"), "sft": sft})
+    train_sft(config)
+    assert (tmp_path / "run" / "sft_policy" / "config.json").is_file()
+    records = [orjson.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()]
+    (captured,) = [r for r in records if r["stage"] == "captured"]
+    assert (captured["kept"], captured["dropped"]) == (3, 1)
+    assert "dropped captured session broken: no successful model call" in capsys.readouterr().out
