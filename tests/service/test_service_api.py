@@ -370,3 +370,8 @@ async def test_the_openapi_document_declares_problems_auth_and_keys(client: http
             names = {p["name"] for p in methods["post"].get("parameters", [])}
             assert "Idempotency-Key" in names, path
     assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+async def test_no_page_of_the_service_loads_its_script_from_a_cdn(client: httpx.AsyncClient) -> None:
+    # Swagger UI is served from the package's copy (see tests/ui); ReDoc only exists as a CDN page
+    assert (await client.get("/redoc")).status_code == 404

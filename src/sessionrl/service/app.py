@@ -83,6 +83,7 @@ def create_app(
         summary="Capture Decision Sessions: plans, tool calls, LLM calls, feedback and final outputs.",
         lifespan=lifespan,
         docs_url=None,  # served offline by the dashboard (`sessionrl.ui`)
+        redoc_url=None,  # ReDoc loads its script from a CDN, which an offline machine cannot reach
         # metrics are this app's own Prometheus registry and logs go through `logging`: the framework's
         # OpenTelemetry metrics and logs would only cost a provider lookup per request (tracing stays on)
         telemetry={"metrics": False, "logs": False},
