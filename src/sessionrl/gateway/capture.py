@@ -31,10 +31,8 @@ MAX_QUERY = 100_000
 
 async def open_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> Session:
     """The session `session_id`, opened on first use with the request's first user message as its query."""
-    try:
+    with contextlib.suppress(NotFound):
         return await engine.session(session_id)
-    except NotFound:
-        pass
     query = next((m.text for m in request.messages if m.role == "user"), "") or "(no user message)"
     create = SessionCreate(
         session_id=session_id,

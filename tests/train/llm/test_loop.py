@@ -33,11 +33,7 @@ def tiny_run(folder: Path, iterations: int) -> RunConfig:
     return RunConfig(
         run_dir=folder,
         env=EnvSection(train=16, dev=4, test=4),
-        model=ModelSection(
-            tiny=TinyModelConfig(
-                vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64
-            )
-        ),
+        model=ModelSection(tiny=SMALL),
         rollout=RolloutConfig(max_steps=3, full_schemas=False, domain_policy=False, max_tool_chars=120),
         sft=SFTSection(demos=6, trainer=SFTConfig(steps=3, batch_sessions=4, token_budget=4096)),
         rl=RLSection(
