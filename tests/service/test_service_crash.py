@@ -11,18 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
+from serve_support import serve_process
 from sessionrl.client import AsyncClient
 
 TOKEN = "crash-token"
@@ -47,37 +42,6 @@ class Acks:
     steps: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
     started: set[tuple[int, int]] = field(default_factory=set)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serve(db: Path, skills: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    entry = "import sys; from sessionrl.cli import app; sys.argv[0] = 'sessionrl'; app()"
-    command = [sys.executable, "-c", entry, "serve", "--db", str(db), "--skills", str(skills)]
-    command += ["--port", str(port), "--tokens", f"{TOKEN}:read,write", "--rate", "1000000"]
-    proc = subprocess.Popen(command)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "sessionrl serve exited"
-            assert time.monotonic() < deadline, "sessionrl serve did not start"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
 
 
 async def run_session(client: AsyncClient, worker: int, n: int, acks: Acks) -> None:
@@ -117,7 +81,7 @@ def test_acknowledged_writes_survive_a_sigkill_and_sessions_continue(tmp_path: P
     db = tmp_path / "sessions.db"
     acks = Acks()
 
-    with serve(db, skills) as (url, proc):
+    with serve_process(db, skills, TOKEN) as (url, proc):
 
         async def traffic_then_kill() -> None:
             task = asyncio.create_task(traffic(url, acks, stop_after=10**9))
@@ -129,7 +93,7 @@ def test_acknowledged_writes_survive_a_sigkill_and_sessions_continue(tmp_path: P
         asyncio.run(traffic_then_kill())
     assert len(acks.steps) >= 60
 
-    with serve(db, skills) as (url, _):
+    with serve_process(db, skills, TOKEN) as (url, _):
 
         async def check_and_resume() -> None:
             async with AsyncClient(url, TOKEN) as client:

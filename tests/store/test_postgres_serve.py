@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
+from serve_support import serve_process
 from sessionrl.client import AsyncClient
 from sessionrl.store import SessionStore
 
@@ -39,35 +35,11 @@ simulation: {mean_ms: 4, std_ms: 2}
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_backend", ["postgresql"])]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serve(db_url: str, skills: Path) -> Iterator[str]:
     """One `sessionrl serve` process on `db_url`; its base URL once it answers."""
-    port = free_port()
-    entry = "import sys; from sessionrl.cli import app; sys.argv[0] = 'sessionrl'; app()"
-    command = [sys.executable, "-c", entry, "serve", "--db", db_url, "--skills", str(skills)]
-    command += ["--port", str(port), "--tokens", f"{TOKEN}:read,write", "--rate", "1000000"]
-    proc = subprocess.Popen(command)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "sessionrl serve exited"
-            assert time.monotonic() < deadline, "sessionrl serve did not start"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serve_process(db_url, skills, TOKEN) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 async def drive(urls: list[str], seed: int, *, interleave: bool) -> str:
