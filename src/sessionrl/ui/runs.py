@@ -18,6 +18,7 @@ import orjson
 import yaml
 
 from sessionrl.eval.metrics import failure_attribution, task_success
+from sessionrl.eval.significance import mcnemar_p
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 
@@ -228,18 +229,6 @@ class Paired:
     first_only: int
     second_only: int
     p_value: float
-
-
-def mcnemar_p(first_only: int, second_only: int) -> float:
-    """Two-sided exact McNemar test: the chance of a split of the discordant tasks at least this uneven if
-    either policy were as likely to be the one that solved each.
-
-    >>> mcnemar_p(0, 0), mcnemar_p(3, 3), round(mcnemar_p(0, 6), 4), round(mcnemar_p(1, 9), 4)
-    (1.0, 1.0, 0.0312, 0.0215)
-    """
-    n = first_only + second_only
-    tail = sum(math.comb(n, k) for k in range(min(first_only, second_only) + 1)) / float(2**n)
-    return min(1.0, 2 * tail)
 
 
 def paired(sessions: list[Session]) -> list[Paired]:
