@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
+from sessionrl.eval.levels import NAMES, Level, LevelReport
 from sessionrl.eval.metrics import AgentMetrics
 
 ROWS: tuple[tuple[str, str], ...] = (
@@ -43,3 +44,24 @@ def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
+
+
+def levels_table(columns: Mapping[str, LevelReport], title: str = "Capability levels") -> Table:
+    """One row per level: each column's value against the threshold, and pass, FAIL or `-` (unmeasured)."""
+    table = Table(title=title)
+    table.add_column("level")
+    table.add_column("threshold", justify="right")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for level in Level:
+        results = [report[level] for report in columns.values()]
+        threshold = results[0].threshold if results else 0.0
+        cells = [_level_cell(r.value, r.passed) for r in results]
+        table.add_row(f"{level.value} {NAMES[level]}", _fmt(threshold), *cells)
+    table.add_row("reached", "", *(r.reached.value if r.reached else "-" for r in columns.values()))
+    return table
+
+
+def _level_cell(value: float | None, passed: bool | None) -> str:
+    verdict = "-" if passed is None else "pass" if passed else "FAIL"
+    return f"{_fmt(value)} {verdict}"
