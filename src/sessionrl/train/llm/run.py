@@ -164,11 +164,12 @@ def split_digits(tokenizer: Any) -> None:
 
 
 def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPolicy:
-    """The run's policy: the configured checkpoint, or a tiny model built on `texts` and saved to
-    `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says."""
+    """The run's policy: the configured checkpoint (or GGUF file), or a tiny model built on `texts` and
+    saved to `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says."""
     sampling = config.rl.sampling
-    if config.model.path is not None:
-        policy = HFPolicy.load(config.model.path, sampling, config.batching)
+    checkpoint = config.model.checkpoint()
+    if checkpoint is not None:
+        policy = HFPolicy.load(checkpoint, sampling, config.batching)
     else:
         model, tokenizer = build_tiny_policy(texts, config.model.tiny, folder)
         split_digits(tokenizer)
