@@ -126,7 +126,7 @@ def test_package_resources_are_found_without_importing_the_package(
     _, _, path = tiny
     monkeypatch.syspath_prepend(str(path.parent.parent))
     assert locate_gguf("tiny_gguf_pkg:tiny.gguf") == path
-    with pytest.raises(ModelSourceError, match="holds missing.gguf"):
+    with pytest.raises(ModelSourceError, match=r"holds missing\.gguf"):
         locate_gguf("tiny_gguf_pkg:missing.gguf")
     with pytest.raises(ModelSourceError, match="no GGUF file at"):
         locate_gguf(str(tmp_path / "nothing.gguf"))
