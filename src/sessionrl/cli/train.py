@@ -16,6 +16,7 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 
 if TYPE_CHECKING:
+    from sessionrl.session import Session
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import TrainResult
     from sessionrl.train.structured.run import StructuredResult
@@ -120,9 +121,16 @@ def eval_command(
     run: Annotated[Path, typer.Argument(help="Run folder (holding config.yaml and the exported policies).")],
     split: Annotated[Split | None, typer.Option(help="Split to evaluate on; default: the config's.")] = None,
     tasks: Annotated[int | None, typer.Option(help="How many tasks; default: the config's.")] = None,
+    levels: Annotated[
+        bool,
+        typer.Option(
+            "--levels", help="Report capability levels L1-L5 from the run's stored sessions instead."
+        ),
+    ] = False,
 ) -> None:
     """Evaluate a run's exported policies side by side: imitation, GRPO and DPO for an LLM run, imitation
-    and the trainer's for a structured (ppo, aaac) one."""
+    and the trainer's for a structured (ppo, aaac) one. With --levels, run nothing: judge the levels, pass
+    or fail, of the sessions the run stored, by evaluation label."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import evaluate_exported
@@ -134,6 +142,9 @@ def eval_command(
     chosen_split = split or config.evaluation.split
     n_tasks = tasks or config.evaluation.tasks
     title = f"{config.env.name} · {chosen_split} · {n_tasks} tasks"
+    if levels:
+        _stored_levels(console, config)
+        return
     if config.trainer in STRUCTURED:
         _eval_structured(console, config, chosen_split, n_tasks, title)
         return
@@ -157,3 +168,24 @@ def _eval_structured(console: Console, config: RunConfig, split: Split, n_tasks:
         )
     console.print(summary_table(report, title))
     typer.echo(orjson.dumps({k: dataclasses.asdict(s) for k, s in report.items()}).decode())
+
+
+def _stored_levels(console: Console, config: RunConfig) -> None:
+    """The levels of a run's stored sessions, one column per label (`metadata.label`, else the stage): a
+    table, then one JSON line."""
+    from sessionrl.eval.curriculum import expert_steps
+    from sessionrl.eval.levels import assess
+    from sessionrl.eval.report import levels_table
+    from sessionrl.store import SessionStore
+
+    with SessionStore.open(config.store_url) as store:
+        groups: dict[str, list[Session]] = {}
+        for session in store.iter_sessions():
+            label = session.metadata.get("label") or session.metadata.get("stage") or "unlabelled"
+            groups.setdefault(str(label), []).append(session)
+    if not groups:
+        raise typer.BadParameter(f"{config.run_dir} holds no stored session")
+    steps = expert_steps(config.env.build())
+    reports = {label: assess(sessions, config.levels, steps_of=steps) for label, sessions in groups.items()}
+    console.print(levels_table(reports, title=f"{config.env.name} · capability levels"))
+    typer.echo(orjson.dumps({label: r.as_dict() for label, r in reports.items()}).decode())

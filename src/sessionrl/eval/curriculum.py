@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sessionrl.envs.base import DecisionEnv, Task
+from sessionrl.envs.base import DecisionEnv, Split, Task
 from sessionrl.episodes.metadata import expected_entities
-from sessionrl.eval.levels import Level, LevelReport, LevelsConfig
+from sessionrl.eval.levels import Level, LevelReport, LevelsConfig, StepsOf
+from sessionrl.session import Session
 
 ORDER = tuple(Level)
 
@@ -34,6 +35,23 @@ def task_level(env: DecisionEnv, task: Task, config: LevelsConfig | None = None)
     if len(env.expert(task).steps) >= config.l3_min_steps:
         return Level.L3
     return Level.L2 if entities else Level.L1
+
+
+def expert_steps(env: DecisionEnv) -> StepsOf:
+    """How many steps the expert takes on a session's task (by `metadata.task_id`, any split), for L3;
+    None for a task the env does not hold."""
+    tasks = {task.task_id: task for split in Split for task in env.tasks(split)}
+    cache: dict[str, int] = {}
+
+    def steps(session: Session) -> int | None:
+        task = tasks.get(str(session.metadata.get("task_id")))
+        if task is None:
+            return None
+        if task.task_id not in cache:
+            cache[task.task_id] = len(env.expert(task).steps)
+        return cache[task.task_id]
+
+    return steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,4 +88,4 @@ class Curriculum:
         return {level.value: sum(lv is level for _, lv in self.tasks) for level in ORDER}
 
 
-__all__ = ["Curriculum", "task_level"]
+__all__ = ["Curriculum", "expert_steps", "task_level"]

@@ -31,6 +31,9 @@ from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.eval.autopause import AutoPause
+from sessionrl.eval.curriculum import expert_steps
+from sessionrl.eval.levels import assess
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.session.model import Session
@@ -297,11 +300,22 @@ def gate(run: Run) -> Evaluation:
     """Evaluate the imitation policy on the gate split; the RL stage starts only if it clears the bar."""
     bar = run.config.evaluation
     evaluation = evaluate(run, run.need_policy(), bar.gate_split, bar.gate_tasks, "gate")
-    passed = evaluation.metrics.success >= bar.gate_min_success
+    passed = evaluation.metrics.success >= bar.gate_min_success and levels_gate(run, evaluation)
     next_stage = Stage.RL if passed else Stage.STOPPED
     run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
     save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, _generators(run))
     return evaluation
+
+
+def levels_gate(run: Run, evaluation: Evaluation) -> bool:
+    """Whether the gate's sessions pass every level `levels.gate` names (the seed: L1 and L2 before
+    planning-heavy RL); the levels are logged (`levels` record) whenever a gate is configured."""
+    levels = run.config.levels
+    if not levels.gate:
+        return True
+    report = assess(evaluation.sessions, levels, steps_of=expert_steps(run.env))
+    run.log.write("levels", run.state.policy_version, {"label": evaluation.label, **report.as_dict()})
+    return report.passed(levels.gate)
 
 
 # reinforcement learning
@@ -373,6 +387,7 @@ def reinforce(
     """The RL stage: rollout, rewards, learn, log and checkpoint, once per iteration."""
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
+    watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
     started = time.monotonic()
     with (
         rollouts(run) as rollout,
@@ -405,7 +420,19 @@ def reinforce(
                 run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
             )
             bar.advance(info=f"success {record['success']:.2f}")
+            if watch is not None and paused(run, watch, iteration, ran, console):
+                break
     export_policy(policy, run.folder / "rl_policy")
+
+
+def paused(run: Run, watch: AutoPause, iteration: int, ran: Sequence[Ran], console: Console) -> bool:
+    """Feed the iteration's rollouts to auto-pause; True (logged, said) once it pauses the run."""
+    sessions = [run.store.get(r.session_id) for r in ran]
+    if not watch.observe(f"rl-{iteration}", compute(sessions), sessions):
+        return False
+    run.log.write("paused", iteration, {"metric": watch.config.metric, "history": watch.history})
+    console.print(f"paused: {watch.config.metric} fell {watch.falls} times in a row; see pause_report.json")
+    return True
 
 
 def _iteration_record(
