@@ -35,8 +35,6 @@ from sessionrl.envs.registry import REGISTRY, EnvBuildError
 from sessionrl.episodes.config import RolloutConfig
 from sessionrl.eval.autopause import AutoPauseConfig
 from sessionrl.eval.levels import LevelsConfig
-from sessionrl.eval.autopause import AutoPauseConfig
-from sessionrl.eval.levels import LevelsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.sources import materialise
@@ -231,22 +229,6 @@ Stage = Literal["imitation", "rl", "reflection"]
 STAGE_ORDER: tuple[Stage, ...] = ("imitation", "rl", "reflection")
 
 
-class ReflectionSection(Section):
-    """The third stage (`stages: [imitation, rl, reflection]`): reflect on failures, retry with the
-    reflection in context, train on the corrected retries (`sessionrl.train.llm.reflection`)."""
-
-    tasks: int = Field(default=32, ge=1, description="Training tasks the RL policy attempts for failures.")
-    held_out: int = Field(default=30, ge=1, description="Report-split tasks whose failures measure CU.")
-    trainer: SFTConfig = Field(default_factory=SFTConfig, description="SFT on corrected retries.")
-    root_cause_weight: tuple[float, float] = Field(
-        default=(0.1, 0.2), description="Weight of the root-cause prediction loss (L5), first to last step."
-    )
-
-
-Stage = Literal["imitation", "rl", "reflection"]
-STAGE_ORDER: tuple[Stage, ...] = ("imitation", "rl", "reflection")
-
-
 class StructuredSection(Section):
     """A structured trainer: imitation of the expert's plans, then the trainer's rounds."""
 
@@ -365,19 +347,6 @@ class RunConfig(Section):
     reflection: ReflectionSection = Field(
         default_factory=ReflectionSection, description="The reflection stage (when `stages` names it)."
     )
-    levels: LevelsConfig = Field(
-        default_factory=LevelsConfig,
-        description="Capability-level thresholds; `gate` lists what RL waits for.",
-    )
-    auto_pause: AutoPauseConfig | None = Field(
-        default=None, description="Pause RL when a metric falls this many iterations in a row; none: never."
-    )
-    stages: tuple[Stage, ...] | None = Field(
-        default=None, description="Staged run (trainer: grpo): [imitation, rl, reflection] adds stage 3."
-    )
-    reflection: ReflectionSection = Field(
-        default_factory=ReflectionSection, description="The reflection stage (when `stages` names it)."
-    )
 
     @model_validator(mode="after")
     def _sections_fit_the_trainer(self) -> RunConfig:
@@ -394,12 +363,6 @@ class RunConfig(Section):
                 f"trainer {self.trainer} does not read {', '.join(f'`{n}:`' for n in unread)} (it reads"
                 f" {', '.join(f'`{n}:`' for n in sorted(reads))}): remove those sections or change `trainer`"
             )
-        if self.stages is not None and (self.stages != STAGE_ORDER[: len(self.stages)] or not self.stages):
-            raise ValueError(
-                f"stages must be a start of {list(STAGE_ORDER)}, in that order; got {list(self.stages)}"
-            )
-        if self.stages is not None and self.trainer is not Trainer.GRPO:
-            raise ValueError("`stages:` runs the LLM loop: use it with `trainer: grpo`")
         if self.stages is not None and (self.stages != STAGE_ORDER[: len(self.stages)] or not self.stages):
             raise ValueError(
                 f"stages must be a start of {list(STAGE_ORDER)}, in that order; got {list(self.stages)}"
@@ -448,7 +411,6 @@ __all__ = [
     "PPOSection",
     "RLSection",
     "RaySection",
-    "ReflectionSection",
     "ReflectionSection",
     "RunConfig",
     "SFTSection",
