@@ -17,7 +17,7 @@ from sessionrl.cli.store_demo import CHRONIC_NEEDLES, CHRONIC_TOOL, chronic_answ
 from sessionrl.errors import InvalidQuery
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, Session, SessionCreate, created
 from sessionrl.store import EventInput, SessionQuery, SessionStore, projector
-from sessionrl.store.dialect import TEXT_INDEX, match_phrase, text_index_problem
+from sessionrl.store.dialect import STORE_SCHEMA, TEXT_INDEX, match_phrase, text_index_problem
 from sessionrl.store.query import where
 from sessionrl.store.synthetic import ingest
 
@@ -266,7 +266,7 @@ def test_a_layout_1_store_gets_its_text_index_on_open(db_url: str, db_path: Path
     make_layout_1(db_path)
     assert raw(db_path, "PRAGMA user_version") == [(1,)]
     with SessionStore.open(db_url) as store:
-        assert raw(db_path, "PRAGMA user_version") == [(2,)]
+        assert raw(db_path, "PRAGMA user_version") == [(STORE_SCHEMA,)]
         assert store.sql("SELECT session_id, position, comment FROM feedback ORDER BY 1, 2") == before
         assert found(store, "chronic disease") == {"s0", "s3"}
         assert found(store, "慢性病") == {"s2"}

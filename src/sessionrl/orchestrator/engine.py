@@ -76,6 +76,7 @@ from sessionrl.session.events import (
     LLMCallRecorded,
     OutputSet,
     PlanSet,
+    SessionPatched,
     StateChanged,
     ToolCallRecorded,
     apply,
@@ -94,6 +95,7 @@ from sessionrl.session.model import (
     Plan,
     Session,
     SessionCreate,
+    SessionPatch,
     SessionState,
     ToolCall,
     utcnow,
@@ -119,6 +121,13 @@ class Executor(Protocol):
     async def call(self, name: str, params: Mapping[str, Any]) -> SkillResult: ...
 
 
+class Chooser(Protocol):
+    """Picks the backend that answers a session's next policy call (`sessionrl.ops` routes versions and
+    degrades with one); raising `PolicyError` fails the step, unrecorded, with that message."""
+
+    async def __call__(self, engine: Orchestrator, session: Session) -> PolicyBackend: ...
+
+
 class Orchestrator:
     """The engine. Use as `async with Orchestrator(store, executor, backends) as engine:`."""
 
@@ -128,10 +137,14 @@ class Orchestrator:
         executor: Executor,
         backends: Sequence[PolicyBackend] = (),
         config: OrchestratorConfig | None = None,
+        *,
+        chooser: Chooser | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
         self.backends = tuple(backends)
+        self.chooser = chooser
+        """Picks the backend per policy call; none: `route` over `backends`."""
         self.config = config or OrchestratorConfig()
         self.cache = SessionCache(self.config.cache_size)
         self.lanes = {
@@ -253,6 +266,12 @@ class Orchestrator:
             )
 
         return await self._once(key, run)
+
+    async def patch(self, session_id: str, patch: SessionPatch, *, key: str | None = None) -> Session:
+        """Change a session's scenario, tags or metadata (accepted in every state); return the session."""
+        ids = self._ids.ids(key)
+        event = SessionPatched(patch=patch, event_id=ids.event())
+        return await self._once(key, lambda: self._commit(session_id, lambda _: [event], ids))
 
     def route(self, session_id: str) -> PolicyBackend:
         """The backend that serves `session_id` (the same one every time, for its prompt cache)."""
@@ -459,7 +478,10 @@ class Orchestrator:
     ) -> PolicyReply | StepResult:
         """The policy's reply in `lane`, or a failed (unrecorded) step result when the backend fails."""
         try:
-            backend = self.route(session.session_id)
+            if self.chooser is None:
+                backend = self.route(session.session_id)
+            else:
+                backend = await self.chooser(self, session)
             async with self.lanes[lane].slot():
                 return await backend.generate(messages, purpose=purpose)
         except PolicyError as exc:

@@ -31,8 +31,9 @@ from typing import Any
 
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 
-STORE_SCHEMA = 2
-"""Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index)."""
+STORE_SCHEMA = 3
+"""Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index, 3 the
+operations tables)."""
 
 HOT_DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -175,6 +176,36 @@ END;
 `feedback.id` is an explicit integer key (not the implicit rowid, which VACUUM may renumber) because the
 text index `feedback_text` refers to rows by it; its triggers and `rebuild_text_index` are its only writers.
 """
+
+OPS_DDL = """
+CREATE TABLE IF NOT EXISTS policy_versions (
+    policy TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    artifact TEXT NOT NULL,
+    share REAL NOT NULL,
+    lineage TEXT NOT NULL,
+    evaluation TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (policy, version)
+);
+CREATE TABLE IF NOT EXISTS ops_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    policy TEXT,
+    version INTEGER,
+    detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ops_settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+"""
+"""Operations tables (`sessionrl.ops`): the policy registry, its log of decisions, and global switches."""
 
 TEXT_INDEX = "feedback_text"
 """The trigram full-text index over `feedback.comment` (see the module doc)."""
@@ -381,7 +412,7 @@ class SQLiteBackend:
         with self.atomic() as conn:
             if found == 1:
                 _migrate_v1(conn)
-            for statement in _statements(HOT_DDL + QUERY_DDL):
+            for statement in _statements(HOT_DDL + QUERY_DDL + OPS_DDL):
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")
 
