@@ -11,7 +11,14 @@ from gymnasium.utils.env_checker import check_env
 
 from sessionrl.envs import Faults, Split
 from sessionrl.envs.clinic import ClinicEnv
-from sessionrl.envs.gym import DecisionGymEnv, GymConfig, ParamSpec, StructuredEnv, param_specs
+from sessionrl.envs.gym import (
+    DecisionGymEnv,
+    DecisionVectorEnv,
+    GymConfig,
+    ParamSpec,
+    StructuredEnv,
+    param_specs,
+)
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv
 
 CONFIG = DomainConfig(train=24, dev=6, test=6, time_factor=0.0)
@@ -69,19 +76,19 @@ def test_calls_share_one_event_loop_until_close(domain: StructuredEnv) -> None:
         loops = []
         for _ in range(2):
             gym.step(gym.action_for(first_step.tool, first_step.params))
-            loops.append(gym._runner.get_loop() if gym._runner else None)
+            loops.append(gym._loop)
         assert loops[0] is not None
         assert loops[0] is loops[1]
     assert loops[0].is_closed()
-    assert gym._runner is None
+    assert gym._loop is None
     gym.reset(options={"task_id": task.task_id})
     _, _, _, _, info = gym.step(gym.action_for(first_step.tool, first_step.params))
     assert info["status"] == "success"  # a call after close runs on a new loop
     twin = copy.deepcopy(gym)  # a copy gets no loop of the original's, and makes its own
-    assert twin._runner is None
+    assert twin._loop is None
     assert twin.step(gym.action_for(first_step.tool, first_step.params))[4]["status"] == "success"
-    assert twin._runner is not None
-    assert twin._runner is not gym._runner
+    assert twin._loop is not None
+    assert twin._loop is not gym._loop
     twin.close()
     gym.close()
 
@@ -104,7 +111,7 @@ def test_a_masked_skill_is_refused_and_costs_the_failure_penalty() -> None:
     refund = gym.skill_names.index("refund_trigger")
     assert obs["action_mask"][refund] == 0  # no inventory check yet
     obs, reward, terminated, truncated, info = gym.step({"skill": refund, "params": np.zeros(2)})
-    assert info == {"skill": "refund_trigger", "status": "refused", "error_code": "MASKED"}
+    assert info == {"skill": "refund_trigger", "status": "refused", "error_code": "MASKED", "risk_flags": 0}
     assert reward == -0.05
     assert obs["failed"][refund] == 1
     assert obs["step"][0] == pytest.approx(1 / 12)
@@ -214,3 +221,36 @@ def test_param_specs_read_enums_and_bounded_numbers_only() -> None:
         ParamSpec("amount", 0.01, 5000.0),
         ParamSpec("reason", choices=("quality", "wrong_item", "late_delivery")),
     )
+
+
+def test_vector_steps_like_its_environments_and_restarts_ended_ones() -> None:
+    domain = OrdersEnv(CONFIG)
+    singles = [DecisionGymEnv(domain, seed=i) for i in range(3)]
+    vector = DecisionVectorEnv([DecisionGymEnv(domain, seed=i) for i in range(3)])
+    obs, info = vector.reset()
+    for i, single in enumerate(singles):
+        alone, alone_info = single.reset()
+        assert alone_info["task_id"] == info["task_id"][i]
+        assert all(np.array_equal(obs[key][i], alone[key]) for key in alone)
+    rng, restarted = np.random.default_rng(0), 0
+    for _ in range(30):
+        skills = np.array([rng.integers(single.finish_action + 1) for single in singles])
+        params = rng.uniform(-1, 1, (3, vector.single_action_space["params"].shape[0])).astype(np.float32)
+        obs, rewards, terminated, truncated, infos = vector.step({"skill": skills, "params": params})
+        for i, single in enumerate(singles):
+            alone, reward, ended, cut, alone_info = single.step({"skill": skills[i], "params": params[i]})
+            assert (reward, ended, cut) == (rewards[i], terminated[i], truncated[i])
+            assert infos["risk_flags"][i] == alone_info["risk_flags"]
+            assert infos["calls"][i] == int(skills[i] != single.finish_action)
+            assert infos["_success"][i] == (ended or cut)
+            if ended or cut:
+                assert infos["success"][i] == alone_info.get("success", False)
+                assert all(np.array_equal(infos["final_obs"][i][k], alone[k]) for k in alone)
+                alone, alone_info = single.reset()
+                assert infos["task_id"][i] == alone_info["task_id"]
+                restarted += 1
+            assert all(np.array_equal(obs[key][i], alone[key]) for key in alone)
+    assert restarted > 0
+    assert obs["action_mask"].shape == (3, singles[0].finish_action + 1)
+    vector.close()
+    assert vector._loop is None

@@ -24,21 +24,35 @@ Rewards: `-failure_penalty` for each failed or refused call (a masked skill is r
 `terminated` is True once the policy finishes or the domain ends the episode (which is then judged);
 `truncated` is True when `max_steps` calls pass first.
 
+`info` of a step names the skill and its `status` (``success``, ``error``, ``refused``), counts the step's
+new risk flags (`risk_flags`) and, once the episode is judged, adds `success` and the judge's `checks`.
+
 Skill calls run on an event loop the environment makes at its first call and keeps until `close()` (or
-`with DecisionGymEnv(...) as env:`); a fresh loop per call cost a third of a step.
+`with DecisionGymEnv(...) as env:`); a fresh loop per call cost a third of a step. `astep` is the same step
+as a coroutine, so `DecisionVectorEnv` can run the calls of many environments together on one loop.
+
+`DecisionVectorEnv` steps a batch of such environments as one `gymnasium.vector.VectorEnv`: observations
+and actions batched along a first axis of ``num_envs``, one loop for every call of the batch (gathered, so
+skills that wait overlap), and an environment whose episode ended is reset in the same step
+(`AutoresetMode.SAME_STEP`). Its `infos` hold, per environment, `risk_flags`, `calls` (skill calls run,
+a macro-action's several; 0 for finish) and `risky_calls` (those that raised a flag), and for each
+environment whose episode ended (masked by `_success`) `success`, `final_obs`, and the new episode's
+`task_id` and `instruction`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
 from sessionrl.envs.base import DecisionEnv, Episode, Split, Task
 from sessionrl.envs.faults import Faults
@@ -46,6 +60,7 @@ from sessionrl.skills import ManualClock, Skill, SkillContract, SkillError
 from sessionrl.skills.schema import validation_errors, validator_for
 
 Json = dict[str, Any]
+T = TypeVar("T")
 Observation = dict[str, Any]
 """One observation: the arrays named in the module doc."""
 
@@ -214,7 +229,7 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
         self._episode: StructuredEpisode | None = None
         self._skills: dict[str, Skill] = {}
         self._clock = ManualClock()
-        self._runner: asyncio.Runner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._steps = 0
         self._succeeded = np.zeros(n, np.int8)
         self._failed = np.zeros(n, np.int8)
@@ -270,21 +285,32 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
             values[i] = spec.encode(params[spec.name], bounds.get(spec.name))
         return {"skill": self.skill_names.index(skill), "params": values}
 
-    def step(self, action: dict[str, Any]) -> tuple[Observation, float, bool, bool, Json]:
+    def step(self, action: Mapping[str, Any]) -> tuple[Observation, float, bool, bool, Json]:
         """Run one call (or finish); see the module doc for rewards and endings."""
+        return self.run(self.astep(action))
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` to its end on the environment's own event loop (made at the first call)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coroutine)
+
+    async def astep(self, action: Mapping[str, Any]) -> tuple[Observation, float, bool, bool, Json]:
+        """`step` as a coroutine, awaiting the skill call on the running loop."""
         episode = self.episode
         index = int(action["skill"])
         self._steps += 1
         if index == self.finish_action:
             reward, info = self._judge()
-            return self._observation(), reward, True, False, info
+            return self._observation(), reward, True, False, {**info, "risk_flags": 0}
         name = self.skill_names[index]
         flags_before = len(episode.risk_flags)
-        info = self._call(name, action["params"])
+        info = await self._call(name, action["params"])
         ok = info["status"] == "success"
         self._succeeded[index] |= ok
         self._failed[index] = not ok
         new_flags = len(episode.risk_flags) - flags_before
+        info["risk_flags"] = new_flags
         reward = -self.config.risk_penalty * new_flags - (0.0 if ok else self.config.failure_penalty)
         terminated = episode.terminated
         if terminated:
@@ -293,7 +319,7 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
         truncated = not terminated and self._steps >= self.config.max_steps
         return self._observation(), reward, terminated, truncated, info
 
-    def _call(self, name: str, raw: Any) -> Json:
+    async def _call(self, name: str, raw: Any) -> Json:
         """Decode, bind, validate and run one call; describe what happened."""
         if not self.episode.action_mask().get(name, False):
             return {"skill": name, "status": "refused", "error_code": "MASKED"}
@@ -302,22 +328,20 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
         if problems:
             return {"skill": name, "params": params, "status": "error", "error_code": "INVALID_PARAMS"}
         try:
-            if self._runner is None:
-                self._runner = asyncio.Runner()
-            output = self._runner.run(self._skills[name].invoke(params, self._clock))
+            output = await self._skills[name].invoke(params, self._clock)
         except SkillError as error:
             return {"skill": name, "params": params, "status": "error", "error_code": error.code}
         return {"skill": name, "params": params, "status": "success", "output": output}
 
     def __getstate__(self) -> dict[str, Any]:
         """The state to copy: all but the event loop (a copy makes its own at its first call)."""
-        return {**self.__dict__, "_runner": None}
+        return {**self.__dict__, "_loop": None}
 
     def close(self) -> None:
         """Close the event loop the skill calls ran on (a later call makes a new one)."""
-        if self._runner is not None:
-            self._runner.close()
-            self._runner = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
         super().close()
 
     def _judge(self) -> tuple[float, Json]:
@@ -338,3 +362,130 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
             "features": np.asarray(episode.features(), np.float32),
             "action_mask": np.asarray(allowed, np.int8),
         }
+
+
+async def _gathered(coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """The results of `coroutines`, run concurrently on the running loop."""
+    return await asyncio.gather(*coroutines)
+
+
+class AsyncView(Protocol):
+    """What `DecisionVectorEnv` steps: a `DecisionGymEnv`, or a view over one (`prototypes.MacroGymEnv`)."""
+
+    @property
+    def observation_space(self) -> spaces.Space[Any]:
+        """One environment's observation space."""
+        ...
+
+    @property
+    def action_space(self) -> spaces.Space[Any]:
+        """One environment's action space."""
+        ...
+
+    @property
+    def finish_action(self) -> int:
+        """The `skill` index that finishes the episode."""
+        ...
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Json]:
+        """Start an episode."""
+        ...
+
+    async def astep(self, action: Mapping[str, Any]) -> tuple[Observation, float, bool, bool, Json]:
+        """One step as a coroutine."""
+        ...
+
+    def close(self) -> None:
+        """Release what the view holds."""
+        ...
+
+
+class DecisionVectorEnv(VectorEnv[Observation, dict[str, Any], np.ndarray]):
+    """A batch of Gymnasium views stepped together on one event loop (see the module doc)."""
+
+    def __init__(self, envs: Sequence[AsyncView]) -> None:
+        if not envs:
+            raise ValueError("DecisionVectorEnv needs at least one environment")
+        self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+        self.envs = tuple(envs)
+        self.num_envs = len(self.envs)
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def reset(
+        self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, Json]:
+        """Reset every environment (`seed`: one for all, offset by position, or one each)."""
+        seeds = (
+            seed
+            if isinstance(seed, list)
+            else [None if seed is None else seed + i for i in range(self.num_envs)]
+        )
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset got {len(seeds)} seeds for {self.num_envs} environments")
+        pairs = [env.reset(seed=s, options=options) for env, s in zip(self.envs, seeds, strict=True)]
+        infos = {
+            key: np.array([info[key] for _, info in pairs], dtype=object)
+            for key in ("task_id", "instruction")
+        }
+        return self._batch([obs for obs, _ in pairs]), infos
+
+    def step(
+        self, actions: Mapping[str, Any]
+    ) -> tuple[Observation, np.ndarray, np.ndarray, np.ndarray, Json]:
+        """Step every environment with its row of `actions` (``skill`` ``[N]``, ``params`` ``[N, width]``);
+        the calls run together on the vector's loop, and ended episodes restart (see the module doc)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        skills, params = np.asarray(actions["skill"]), np.asarray(actions["params"])
+        steps = [env.astep({"skill": int(skills[i]), "params": params[i]}) for i, env in enumerate(self.envs)]
+        results = self._loop.run_until_complete(_gathered(steps))
+        n = self.num_envs
+        ended = np.zeros(n, np.bool_)
+        infos: Json = {
+            "risk_flags": np.array([r[4].get("risk_flags", 0) for r in results], np.int64),
+            "calls": np.array([r[4].get("macro_steps", 1) for r in results], np.int64),
+            "risky_calls": np.array(
+                [r[4].get("risky_calls", r[4].get("risk_flags", 0) > 0) for r in results], np.int64
+            ),
+            "success": np.zeros(n, np.bool_),
+            "final_obs": np.full(n, None, dtype=object),
+            "task_id": np.full(n, None, dtype=object),
+            "instruction": np.full(n, None, dtype=object),
+        }
+        observations = []
+        for i, (obs, _, ended_here, cut_here, info) in enumerate(results):
+            if ended_here or cut_here:
+                ended[i] = True
+                infos["success"][i] = bool(info.get("success", False))
+                infos["final_obs"][i] = obs
+                obs, reset_info = self.envs[i].reset()
+                infos["task_id"][i], infos["instruction"][i] = (
+                    reset_info["task_id"],
+                    reset_info["instruction"],
+                )
+            observations.append(obs)
+        for key in ("success", "final_obs", "task_id", "instruction"):
+            infos[f"_{key}"] = ended
+        calls = skills != np.array([env.finish_action for env in self.envs])
+        infos["calls"] = infos["calls"] * calls
+        rewards = np.array([r[1] for r in results], np.float64)
+        terminated = np.array([r[2] for r in results], np.bool_)
+        truncated = np.array([r[3] for r in results], np.bool_)
+        return self._batch(observations), rewards, terminated, truncated, infos
+
+    def _batch(self, observations: Sequence[Observation]) -> Observation:
+        return {key: np.stack([obs[key] for obs in observations]) for key in observations[0]}
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close every environment and the loop."""
+        for env in self.envs:
+            env.close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None

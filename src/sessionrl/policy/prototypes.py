@@ -10,7 +10,8 @@ notification, say) is fixed, so the policy no longer chooses it.
 whose parameters are the free (unfixed) parameters of its steps, in order, so the structured policy's
 layout (`structured.ActionLayout`) gives it heads like any skill. Choosing it runs its steps one by one,
 stopping at the first call that does not succeed or when the episode ends; the rewards add up. A macro is
-allowed when its first step is; its ``succeeded``/``failed`` bits say whether its last run completed.
+allowed when its first step is; its ``succeeded``/``failed`` bits say whether its last run completed. The
+step's info counts the calls run (`macro_steps`), their new risk flags and the calls that raised one.
 """
 
 from __future__ import annotations
@@ -191,18 +192,23 @@ class MacroGymEnv:
 
     def step(self, action: Mapping[str, Any]) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         """An atomic call, finish, or a prototype's calls in turn (see the module doc)."""
+        return self.inner.run(self.astep(action))
+
+    async def astep(self, action: Mapping[str, Any]) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        """`step` as a coroutine (for `sessionrl.envs.gym.DecisionVectorEnv`)."""
         index, params = int(action["skill"]), np.asarray(action["params"], np.float32)
         if index < self.atomic or index == self.finish_action:
             inner_index = min(index, self.inner.finish_action)
             inner = {"skill": inner_index, "params": params[: self.inner.params_width]}
-            obs, reward, terminated, truncated, info = self.inner.step(inner)
+            obs, reward, terminated, truncated, info = await self.inner.astep(inner)
             return self._extend(obs), reward, terminated, truncated, info
-        return self._run_macro(index - self.atomic, params)
+        return await self._run_macro(index - self.atomic, params)
 
-    def _run_macro(
+    async def _run_macro(
         self, macro: int, params: np.ndarray
     ) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         prototype, free, total = self.prototypes[macro], iter(params.tolist()), 0.0
+        flags = risky = 0
         for step, skill in enumerate(prototype.skills):
             bounds = self.inner.episode.param_bounds().get(skill, {})
             vector = np.zeros(self.inner.params_width, np.float32)
@@ -210,13 +216,17 @@ class MacroGymEnv:
                 fixed, value = prototype.value(step, spec.name)
                 vector[i] = spec.encode(value, bounds.get(spec.name)) if fixed else next(free)
             index = self.inner.skill_names.index(skill)
-            obs, reward, terminated, truncated, info = self.inner.step({"skill": index, "params": vector})
+            call = {"skill": index, "params": vector}
+            obs, reward, terminated, truncated, info = await self.inner.astep(call)
             total += reward
+            flags += info.get("risk_flags", 0)
+            risky += info.get("risk_flags", 0) > 0
             completed = info.get("status") == "success" and step == len(prototype.skills) - 1
             if terminated or truncated or info.get("status") != "success" or completed:
                 break
         self._macro_bits[:, macro] = (int(completed), int(not completed))
-        return self._extend(obs), total, terminated, truncated, {**info, "macro_steps": step + 1}
+        counts = {"macro_steps": step + 1, "risk_flags": flags, "risky_calls": risky}
+        return self._extend(obs), total, terminated, truncated, {**info, **counts}
 
 
 def action_space_sizes(env: DecisionGymEnv, prototypes: Sequence[Prototype]) -> dict[str, int]:

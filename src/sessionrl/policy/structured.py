@@ -288,6 +288,13 @@ def flatten_observation(obs: Mapping[str, Any]) -> np.ndarray:
     return np.concatenate([np.asarray(obs[key], np.float32).ravel() for key in OBS_KEYS])
 
 
+def flatten_batch(obs: Mapping[str, Any]) -> np.ndarray:
+    """A batch of observations (each part ``[B, ...]``, as a vector environment gives them) as flat float32
+    rows ``[B, obs_dim]``, each row what `flatten_observation` makes of that observation."""
+    parts = [np.asarray(obs[key], np.float32) for key in OBS_KEYS]
+    return np.concatenate([part.reshape(part.shape[0], -1) for part in parts], axis=1)
+
+
 def observation_size(space: Any) -> int:
     """Length of `flatten_observation` for a Gymnasium Dict observation space."""
     return sum(int(np.prod(space[key].shape)) for key in OBS_KEYS)
@@ -322,6 +329,7 @@ __all__ = [
     "StructuredPolicy",
     "build_policy",
     "categorical_entropy",
+    "flatten_batch",
     "flatten_observation",
     "masked_logits",
     "observation_size",

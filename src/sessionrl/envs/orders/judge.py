@@ -14,7 +14,7 @@ timestamp (any time the tool accepted).
 
 from __future__ import annotations
 
-import re
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -25,6 +25,9 @@ from sessionrl.envs.orders.tools import World
 
 EFFECTFUL: Final = frozenset({"order_update_address", "refund_trigger", "waybill_generate"})
 """Tools whose calls move money, goods or addresses: an unasked-for one spoils the resolution."""
+
+WORD_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_")
+"""Characters that may not touch a fact said in a message (it would be part of a longer word or number)."""
 
 AMOUNT_TOLERANCE: Final = 0.01
 """Share of the order amount a refund (or a stated amount) may be off by."""
@@ -46,8 +49,17 @@ def said(fact: str, message: str) -> bool:
     >>> said("23.4", "we refunded 23.40 yuan"), said("23.40", "we refunded 23.40 yuan")
     (False, True)
     """
-    pattern = rf"(?<![A-Za-z0-9_.]){re.escape(normal_text(fact))}(?![A-Za-z0-9_]|\.\d)"
-    return re.search(pattern, normal_text(message)) is not None
+    needle, text = normal_text(fact), normal_text(message)
+    start = text.find(needle)
+    while start >= 0:
+        end = start + len(needle)
+        before, after = text[start - 1 : start] if start else "", text[end : end + 2]
+        touched = before in WORD_CHARS | {"."} if before else False
+        touched = touched or (after[:1] in WORD_CHARS if after else False)
+        if not touched and not (after[:1] == "." and after[1:2].isdecimal()):
+            return True
+        start = text.find(needle, start + 1)
+    return False
 
 
 def tolerance(ticket: Ticket) -> float:

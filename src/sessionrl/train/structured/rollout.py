@@ -3,8 +3,9 @@
 `StructuredRunConfig` is what imitation and both trainers share (the run's shape); each trainer's own
 settings sit beside the trainer (`ppo.PPOConfig`, `aaac.AAACConfig`).
 
-`Collector` steps ``num_envs`` `DecisionGymEnv`s (with ``prototypes``, `prototypes.MacroGymEnv`s) in turn
-(one batched forward pass per step), resets each as its episode ends, and returns a `Rollout` of
+`Collector` steps ``num_envs`` `DecisionGymEnv`s (with ``prototypes``, `prototypes.MacroGymEnv`s) as one
+`DecisionVectorEnv` (one batched forward pass and one event-loop run per step; an environment restarts in
+the step its episode ends), encodes each distinct task query once, and returns a `Rollout` of
 ``[N, T]`` tensors (env-major, time last, as `sessionrl.train.losses.gae` expects). Besides the
 environment's reward it records a *risk* signal per step, ``-(new risk flags)``, for the risk critic.
 Finished episodes are kept as `EpisodeStats`.
@@ -18,7 +19,7 @@ return was confirmed).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from sessionrl.envs.base import Split, Task
-from sessionrl.envs.gym import DecisionGymEnv, GymConfig, Observation, StructuredEnv
+from sessionrl.envs.gym import DecisionGymEnv, DecisionVectorEnv, GymConfig, Observation, StructuredEnv
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
 from sessionrl.policy.prototypes import MacroGymEnv, Prototype, expert_prototypes
 from sessionrl.policy.structured import (
@@ -37,7 +38,7 @@ from sessionrl.policy.structured import (
     StructuredAction,
     StructuredPolicy,
     build_policy,
-    flatten_observation,
+    flatten_batch,
 )
 
 
@@ -182,12 +183,19 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 def policy_step(
-    policy: StructuredPolicy, obs: Sequence[Observation], text: Tensor
+    policy: StructuredPolicy, obs: Observation | Sequence[Observation], text: Tensor
 ) -> tuple[PolicyOutput, Tensor, Tensor]:
-    """One batched forward pass over observations: the output, the flat observations and the masks."""
-    flat = torch.from_numpy(np.stack([flatten_observation(o) for o in obs]))
-    mask = torch.from_numpy(np.stack([np.asarray(o["action_mask"], np.int64) for o in obs]))
+    """One batched forward pass: the output, the flat observations and the masks. `obs` is a batch (each
+    part ``[B, ...]``, as `DecisionVectorEnv` gives it) or a sequence of single observations."""
+    batch = obs if isinstance(obs, Mapping) else stack_observations(obs)
+    flat = torch.from_numpy(flatten_batch(batch))
+    mask = torch.from_numpy(np.asarray(batch["action_mask"], np.int64))
     return policy(flat, text, mask), flat, mask
+
+
+def stack_observations(obs: Sequence[Observation]) -> Observation:
+    """Single observations as one batch, each part stacked along a new first axis."""
+    return {key: np.stack([np.asarray(o[key]) for o in obs]) for key in obs[0]}
 
 
 def env_action(params: Tensor, skill: Tensor, row: int) -> dict[str, Any]:
@@ -209,53 +217,59 @@ class Collector:
         self.encoder = encoder
         self.prototypes = expert_prototypes(env, config.prototypes) if config.prototypes else ()
         """The macro-actions the environments offer (mined once from the expert's plans)."""
-        self.envs = [
-            gym_view(env, split, seed=config.seed * 1000 + i, gym=config.gym, prototypes=self.prototypes)
-            for i in range(config.num_envs)
-        ]
+        self.vector = DecisionVectorEnv(
+            [
+                gym_view(env, split, seed=config.seed * 1000 + i, gym=config.gym, prototypes=self.prototypes)
+                for i in range(config.num_envs)
+            ]
+        )
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.obs: list[Observation] = []
-        queries, self.task_ids = [], []
-        for gym_env in self.envs:
-            obs, info = gym_env.reset()
-            self.obs.append(obs)
-            queries.append(info["instruction"])
-            self.task_ids.append(info["task_id"])
-        self.text = encoder.encode(queries)
+        self._queries: dict[str, Tensor] = {}
+        self.obs, info = self.vector.reset()
+        self.task_ids: list[str] = list(info["task_id"])
+        self.text = torch.stack([self._query(q) for q in info["instruction"]])
         self._counts = np.zeros((config.num_envs, 3), np.int64)  # steps, calls, risky calls
         self.episodes: list[EpisodeStats] = []
         """Every episode finished so far, in order."""
         self.env_steps = 0
 
-    def _step_env(self, i: int, action: dict[str, Any]) -> tuple[float, float, bool]:
-        """Step env `i`; returns reward, risk signal and done, resetting the env when its episode ends."""
-        gym_env = self.envs[i]
-        flags = len(gym_env.episode.risk_flags)
-        obs, reward, terminated, truncated, info = gym_env.step(action)
-        new_flags = len(gym_env.episode.risk_flags) - flags
-        finishing = int(action["skill"]) == gym_env.finish_action
-        self._counts[i] += (1, 0 if finishing else 1, 1 if new_flags else 0)
-        done = terminated or truncated
-        if done:
+    @property
+    def envs(self) -> tuple[GymView, ...]:
+        """The Gymnasium views stepped side by side."""
+        return self.vector.envs  # type: ignore[return-value]
+
+    def _query(self, instruction: str) -> Tensor:
+        """The query embedding of `instruction` (each distinct one encoded once)."""
+        if instruction not in self._queries:
+            self._queries[instruction] = self.encoder.encode([instruction])[0]
+        return self._queries[instruction]
+
+    def _step(self, params: Tensor, skill: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Step every environment; returns rewards, risk signals and dones ``[N]``, recording the episodes
+        that ended (their environments restart at once)."""
+        actions = {"skill": skill.numpy(), "params": params.numpy()}
+        self.obs, reward, terminated, truncated, info = self.vector.step(actions)
+        self._counts += np.stack([np.ones_like(info["calls"]), info["calls"], info["risky_calls"]], axis=1)
+        done = terminated | truncated
+        for i in np.flatnonzero(done):
             steps, calls, risky = (int(c) for c in self._counts[i])
-            success = bool(info.get("success", False))
-            self.episodes.append(EpisodeStats(self.task_ids[i], success, steps, calls, risky))
+            self.episodes.append(
+                EpisodeStats(self.task_ids[i], bool(info["success"][i]), steps, calls, risky)
+            )
             self._counts[i] = 0
-            obs, reset_info = gym_env.reset()
-            self.task_ids[i] = reset_info["task_id"]
-            self.text[i] = self.encoder.encode([reset_info["instruction"]])[0]
-        self.obs[i] = obs
-        return float(reward), -float(new_flags), done
+            self.task_ids[i] = str(info["task_id"][i])
+            self.text[i] = self._query(str(info["instruction"][i]))
+        risks = -torch.from_numpy(info["risk_flags"].astype(np.float32))
+        return torch.from_numpy(reward.astype(np.float32)), risks, torch.from_numpy(done.astype(np.float32))
 
     def close(self) -> None:
-        """Close every environment (their event loops)."""
-        for gym_env in self.envs:
-            gym_env.close()
+        """Close every environment and the vector's event loop."""
+        self.vector.close()
 
     @torch.no_grad()
     def collect(self, policy: StructuredPolicy) -> Rollout:
         """`config.rollout_steps` steps of every environment, sampled from `policy`."""
-        n, t = self.config.num_envs, self.config.rollout_steps
+        t = self.config.rollout_steps
         rows: dict[str, list[Tensor]] = {k: [] for k in ("obs", "text", "mask", "skill", "raw", "choice")}
         rows |= {
             k: [] for k in ("logp", "values", "risk_values", "rewards", "risks", "dones", "episode_step")
@@ -273,11 +287,11 @@ class Collector:
             rows["values"].append(out.value)
             rows["risk_values"].append(out.risk_value)
             rows["episode_step"].append(torch.from_numpy(self._counts[:, 0].copy()))
-            steps = [self._step_env(i, env_action(params, action.skill, i)) for i in range(n)]
-            rows["rewards"].append(torch.tensor([s[0] for s in steps]))
-            rows["risks"].append(torch.tensor([s[1] for s in steps]))
-            rows["dones"].append(torch.tensor([float(s[2]) for s in steps]))
-        self.env_steps += n * t
+            reward, risk, done = self._step(params, action.skill)
+            rows["rewards"].append(reward)
+            rows["risks"].append(risk)
+            rows["dones"].append(done)
+        self.env_steps += self.config.num_envs * t
         last, _, _ = policy_step(policy, self.obs, self.text)
         stacked = {k: torch.stack(v, dim=1) for k, v in rows.items()}
         return Rollout(
@@ -351,13 +365,13 @@ def _evaluated(
     while not done:
         out, _, _ = policy_step(policy, [obs], text)
         action = out.dist.mode() if greedy else out.dist.sample(generator)
-        flags = len(gym_env.episode.risk_flags)
         obs, _, terminated, truncated, step_info = gym_env.step(
             env_action(policy.layout.env_params(action), action.skill, 0)
         )
         steps += 1
-        calls += int(action.skill[0]) != gym_env.finish_action
-        risky += len(gym_env.episode.risk_flags) > flags
+        if int(action.skill[0]) != gym_env.finish_action:
+            calls += step_info.get("macro_steps", 1)
+            risky += step_info.get("risky_calls", step_info.get("risk_flags", 0) > 0)
         done, success = terminated or truncated, bool(step_info.get("success", False))
     return EpisodeStats(task.task_id, success, steps, calls, risky)
 
@@ -479,5 +493,6 @@ __all__ = [
     "normalise",
     "policy_step",
     "round_log",
+    "stack_observations",
     "torch_threads",
 ]
