@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 
 from sessionrl import __version__
 from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
+from sessionrl.ops.serving import Operations
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import problems
@@ -26,7 +27,7 @@ from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
-from sessionrl.service.routers import ROUTERS, gateway
+from sessionrl.service.routers import ROUTERS, gateway, policies
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
@@ -48,10 +49,13 @@ def create_app(
     skills: Sequence[Skill] | None = None,
     backends: Sequence[PolicyBackend] = (),
     chat: ChatBackend | None = None,
+    ops: Operations | None = None,
 ) -> FastAPI:
     """A service over the store at `config.db_url`, serving `skills` (default: the simulated contracts of
     `config.skills_dir`) and asking `backends` when a step needs the policy. The OpenAI-compatible
-    gateway answers with `chat`; by default, with `config.upstream_url` when set, else with `backends`."""
+    gateway answers with `chat`; by default, with `config.upstream_url` when set, else with `backends`.
+    `ops` routes policy calls to registered versions and applies the strategy mode (`sessionrl.ops`)."""
+    operations = ops or Operations(config.ops)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,7 +66,8 @@ def create_app(
             skills if skills is not None else simulated_skills(config),
             ExecutorConfig(time_factor=config.time_factor),
         )
-        engine = Orchestrator(store, executor, backends, config.orchestrator)
+        operations.open(store)
+        engine = Orchestrator(store, executor, backends, config.orchestrator, chooser=operations)
         app.state.engine = engine
         app.state.store = store  # the dashboard's pages read it
         try:
@@ -94,12 +99,14 @@ def create_app(
     app.state.limiter = RateLimiter(config.rate_per_s, config.rate_burst)
     app.state.metrics = metrics
     app.state.engine = None
+    app.state.ops = operations
     app.state.chat = chat if chat is not None else default_chat(config, backends)
     metrics.watch(lambda: app.state.engine)
     problems.install(app)
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(gateway.router)  # after ROUTERS, which are the shortcut's (see `_Service`)
+    app.include_router(policies.router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     dashboard.mount(app, UIConfig(skills_dir=config.skills_dir))

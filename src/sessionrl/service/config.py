@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionrl.ops.config import OpsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S
 
@@ -70,6 +71,9 @@ class ServiceConfig(BaseModel):
         "one (see `sessionrl.service.collector`).",
     )
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    ops: OpsConfig = Field(
+        default_factory=OpsConfig, description="Policy routing, canary rules, alerts (`sessionrl.ops`)."
+    )
     upstream_url: str | None = Field(
         default=None,
         description="An OpenAI-compatible server (such as https://host/v1) the gateway proxies to; "
