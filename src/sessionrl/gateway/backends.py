@@ -5,15 +5,16 @@ name, usage, and for our own policy the prompt and completion token ids with the
 or raises `UpstreamError` carrying the status and message the agent should see.
 
 - `PolicyChat` serves requests with the service's policy backends (a Hugging Face causal LM or the tiny
-  model): the policy writes its action language, `{"tool": ..., "params": {...}}` or `{"final": ...}`,
-  which becomes a tool call or the answer's text. The tokens it sampled are recorded as they are.
+  model): the policy writes tool calls in its format (`sessionrl.policy.toolcalls`: the tiny model's
+  action language, `{"tool": ..., "params": {...}}` or `{"final": ...}`, or `<tool_call>` JSON and the
+  model's native syntax), read into tool calls or the answer's text, as the orchestrator's episodes read
+  them. The tokens it sampled are recorded as they are.
 - `UpstreamChat` proxies to an OpenAI-compatible server and reports what its answer says.
 - `ScriptedChat` answers from a function of the request, for tests and demos; it emits real tool calls.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,7 +24,8 @@ import orjson
 
 from sessionrl.gateway.chat import ChatRequest
 from sessionrl.orchestrator.lanes import route
-from sessionrl.orchestrator.policy import PolicyBackend, PolicyError, parse_tool_call
+from sessionrl.orchestrator.policy import PolicyBackend, PolicyError
+from sessionrl.policy.toolcalls import ToolFormat, parse_reply, tool_format_of, write_call
 from sessionrl.session.model import Message, ToolRequest
 
 
@@ -100,12 +102,13 @@ class PolicyChat:
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
         backend = self._backends[route(session_id, len(self._backends))]
-        messages = [policy_view(m.to_message()) for m in request.messages]
+        fmt = tool_format_of(backend)
+        messages = [policy_view(m.to_message(), fmt) for m in request.messages]
         try:
             reply = await backend.generate(messages, purpose="chat")
         except PolicyError as exc:
             raise UpstreamError(503, str(exc)) from exc
-        text, calls = read_action(reply.text, request, seed=f"{session_id}:{len(messages)}")
+        text, calls = read_action(reply.text, request, seed=f"{session_id}:{len(messages)}", fmt=fmt)
         prompt, completion = len(reply.prompt_token_ids or ()), len(reply.token_ids or ())
         usage = {
             "prompt_tokens": prompt,
@@ -126,8 +129,8 @@ class PolicyChat:
         return [self.model]
 
 
-def policy_view(message: Message) -> Message:
-    """A message as the policy reads it: an assistant's tool calls written in its action language."""
+def policy_view(message: Message, fmt: ToolFormat = ToolFormat.ACTION) -> Message:
+    """A message as the policy reads it: an assistant's tool call written in its tool-call format `fmt`."""
     if message.role != "assistant" or not message.tool_calls or message.content:
         return message
     call = message.tool_calls[0]
@@ -135,12 +138,16 @@ def policy_view(message: Message) -> Message:
         params = orjson.loads(call.arguments)
     except orjson.JSONDecodeError:
         params = {}
-    return Message(role="assistant", content=orjson.dumps({"tool": call.name, "params": params}).decode())
+    arguments = params if isinstance(params, dict) else {}
+    return Message(role="assistant", content=write_call(fmt, call.name, arguments))
 
 
-def read_action(text: str, request: ChatRequest, *, seed: str) -> tuple[str, tuple[ToolRequest, ...]]:
-    """The policy's text as an answer: a tool call when it names a tool the request offers, the message
-    of `{"final": ...}`, or the text as it is.
+def read_action(
+    text: str, request: ChatRequest, *, seed: str, fmt: ToolFormat = ToolFormat.ACTION
+) -> tuple[str, tuple[ToolRequest, ...]]:
+    """The policy's text (tool calls in format `fmt`, read by `toolcalls.parse_reply`) as an answer: its
+    tool calls when each names a tool the request offers, the message of a final answer, or the text as
+    it is.
 
     >>> req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"function": {"name": "f"}}])
     >>> read_action('{"tool": "f", "params": {"a": 1}}', req, seed="s")[1][0].arguments
@@ -148,26 +155,11 @@ def read_action(text: str, request: ChatRequest, *, seed: str) -> tuple[str, tup
     >>> read_action('{"final": "done"}', req, seed="s")
     ('done', ())
     """
-    if request.allows_tools():
-        choice = parse_tool_call(text)
-        if choice is not None and choice.tool in request.tool_names():
-            call_id = "call_" + hashlib.blake2b(f"{seed}:{text}".encode(), digest_size=8).hexdigest()
-            arguments = orjson.dumps(choice.params).decode()
-            return "", (ToolRequest(id=call_id, name=choice.tool, arguments=arguments),)
-    final = _final(text)
-    return (final if final is not None else text), ()
-
-
-def _final(text: str) -> str | None:
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        return None
-    try:
-        data = orjson.loads(text[start : end + 1])
-    except orjson.JSONDecodeError:
-        return None
-    final = data.get("final") if isinstance(data, dict) else None
-    return final if isinstance(final, str) else None
+    reply = parse_reply(fmt, text, seed=f"{seed}:{text}")
+    offered = request.tool_names()
+    if request.allows_tools() and reply.tool_calls and all(c.name in offered for c in reply.tool_calls):
+        return reply.text, reply.tool_calls
+    return (reply.text if reply.is_final else text), ()
 
 
 class UpstreamChat:

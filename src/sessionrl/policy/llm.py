@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
+from sessionrl.policy.toolcalls import TAGGED_INSTRUCTIONS, ToolFormat, format_for
 from sessionrl.session.model import Message
 from sessionrl.skills.contract import SkillContract
 
@@ -91,13 +92,19 @@ def parse_final(text: str) -> str | None:
 
 
 def system_prompt(
-    domain_policy: str, contracts: Sequence[SkillContract], *, full_schemas: bool = True
+    domain_policy: str,
+    contracts: Sequence[SkillContract],
+    *,
+    full_schemas: bool = True,
+    fmt: ToolFormat = ToolFormat.ACTION,
 ) -> str:
-    """The system message: the domain policy, the action format, then one line per tool.
+    """The system message: the domain policy, the tool-call format `fmt`, then one line per tool.
 
     Each tool line is the contract's OpenAI schema as compact JSON, or, with ``full_schemas=False`` (for
     small models with short contexts), the same schema's name and parameter names only:
-    ``sms_send(template_id, phone, variables)``.
+    ``sms_send(template_id, phone, variables)``. The action language gets `ACTION_INSTRUCTIONS`; the other
+    formats the `<tool_call>` instructions (`toolcalls.TAGGED_INSTRUCTIONS`): an episode's policy call
+    carries messages alone, so the tools are listed here even for templates that could render them.
     """
     lines = []
     for contract in sorted(contracts, key=_name):
@@ -107,7 +114,8 @@ def system_prompt(
         else:
             function = tool["function"]
             lines.append(f"{function['name']}({', '.join(function['parameters'].get('properties', {}))})")
-    return f"{domain_policy.strip()}\n\n{ACTION_INSTRUCTIONS}\nTools:\n" + "\n".join(lines)
+    how = ACTION_INSTRUCTIONS if fmt is ToolFormat.ACTION else TAGGED_INSTRUCTIONS
+    return f"{domain_policy.strip()}\n\n{how}\nTools:\n" + "\n".join(lines)
 
 
 def _name(contract: SkillContract) -> str:
@@ -323,9 +331,13 @@ class HFPolicy:
         batching: BatchingConfig | None = None,
         *,
         version: int = 0,
+        tool_format: ToolFormat | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.tool_format = tool_format or format_for(tokenizer)
+        """How this policy writes tool calls (`sessionrl.policy.toolcalls`), by default as its chat template
+        calls for."""
         self.sampling = sampling or SamplingConfig()
         self.batching = batching or BatchingConfig()
         self.version = version
@@ -356,19 +368,33 @@ class HFPolicy:
 
     def view(self, sampling: SamplingConfig) -> HFPolicy:
         """Another backend over the same weights and version, sampling differently (greedy evaluation)."""
-        return HFPolicy(self.model, self.tokenizer, sampling, self.batching, version=self.version)
+        return HFPolicy(
+            self.model,
+            self.tokenizer,
+            sampling,
+            self.batching,
+            version=self.version,
+            tool_format=self.tool_format,
+        )
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The prompt text of a conversation, ending where the assistant's reply begins."""
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The prompt text of a conversation, ending where the assistant's reply begins.
+
+        `tools` (OpenAI tool schemas) are rendered by the chat template when the policy's format is
+        native; the other formats list tools in the system message (`system_prompt`).
+        """
         chat = [{"role": m.role, "content": m.content} for m in messages]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": list(tools)} if tools and self.tool_format is ToolFormat.NATIVE else {}
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra)
         return str(text)
 
-    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+    def encode_prompt(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of the prompt; the oldest turns after the first two messages go until it fits."""
         kept = list(messages)
         while True:
-            ids: list[int] = self.tokenizer.encode(self.render(kept), add_special_tokens=False)
+            ids: list[int] = self.tokenizer.encode(self.render(kept, tools), add_special_tokens=False)
             if len(ids) <= self.sampling.max_prompt_tokens:
                 return ids
             if len(kept) <= 3:

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 import torch
@@ -91,7 +91,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # the weights are de-quantised already: what is saved is a plain checkpoint, not a GGUF-backed one
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -9,7 +9,8 @@ a new sequence starts. Only policy tokens are trained: `loss_mask` is set on the
 and nowhere else (system prompt, request, tool output, padding).
 
 Expert sessions carry no tokens. `demonstration_turns` renders them as the conversation the policy would
-have seen and the JSON actions it should have written, with the same prompt functions the rollouts use.
+have seen and the actions it should have written (in its tool-call format), with the same prompt
+functions the rollouts use.
 
 Batches are packed to a token budget: sequences are sorted longest first and each goes into the first
 micro-batch whose padded size (rows x longest row) stays within the budget (first-fit decreasing), so
@@ -27,8 +28,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from sessionrl.policy.llm import final_action, tool_action, tool_message
+from sessionrl.policy.llm import tool_message
 from sessionrl.policy.references import Context, abstract
+from sessionrl.policy.toolcalls import ToolFormat, write_call, write_final
 from sessionrl.session.model import CallStatus, Message, Session, ToolCall
 from sessionrl.train.losses import group_advantages
 
@@ -147,31 +149,42 @@ class Reply:
     text: str
 
 
-def demonstration_replies(session: Session, system: str, max_tool_chars: int) -> list[Reply]:
-    """An expert session as the replies a policy should write: one JSON action per tool call, then the
-    final answer, each answering the conversation so far (`system` is the rollouts' system prompt).
+def demonstration_replies(
+    session: Session, system: str, max_tool_chars: int, fmt: ToolFormat = ToolFormat.ACTION
+) -> list[Reply]:
+    """An expert session as the replies a policy should write: one tool call per call, then the final
+    answer, each answering the conversation so far (`system` is the rollouts' system prompt), in the
+    tool-call format `fmt`.
 
-    Values the conversation already holds are written as references (`sessionrl.policy.references`).
+    In the action language, values the conversation already holds are written as references
+    (`sessionrl.policy.references`); the other formats, for pretrained models, write them out.
     """
     messages = [Message(role="system", content=system), Message(role="user", content=session.user_query)]
     replies: list[Reply] = []
+    action_language = fmt is ToolFormat.ACTION
     for call in session.tool_calls:
-        action = tool_action(call.tool, abstract(call.params, Context.from_messages(messages)))
+        params = abstract(call.params, Context.from_messages(messages)) if action_language else call.params
+        action = write_call(fmt, call.tool, params)
         replies.append(Reply(tuple(messages), action))
         messages += [Message(role="assistant", content=action), call_message(call, max_tool_chars)]
     if session.final_output is not None:
-        answer = final_action(abstract(session.final_output.text, Context.from_messages(messages)))
-        replies.append(Reply(tuple(messages), answer))
+        text = session.final_output.text
+        answer = abstract(text, Context.from_messages(messages)) if action_language else text
+        replies.append(Reply(tuple(messages), write_final(fmt, answer)))
     return replies
 
 
 def demonstration_turns(
-    session: Session, system: str, encoder: ChatEncoder, max_tool_chars: int
+    session: Session,
+    system: str,
+    encoder: ChatEncoder,
+    max_tool_chars: int,
+    fmt: ToolFormat = ToolFormat.ACTION,
 ) -> list[Turn]:
     """An expert session as the turns a policy should produce (`demonstration_replies`, tokenised)."""
     return [
         Turn(tuple(encoder.encode_prompt(r.messages)), tuple(encoder.encode_reply(r.text)))
-        for r in demonstration_replies(session, system, max_tool_chars)
+        for r in demonstration_replies(session, system, max_tool_chars, fmt)
     ]
 
 

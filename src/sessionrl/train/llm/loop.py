@@ -235,7 +235,9 @@ def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list
     return [
         seq
         for s in demos
-        for seq in merge_turns(demonstration_turns(s, run.system, policy, max_chars), s.session_id)
+        for seq in merge_turns(
+            demonstration_turns(s, run.system, policy, max_chars, policy.tool_format), s.session_id
+        )
     ]
 
 

@@ -29,6 +29,7 @@ from sessionrl.envs.base import DecisionEnv, Split
 from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action, with_lora
 from sessionrl.policy.tiny import build_tiny_policy
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
@@ -93,9 +94,11 @@ class Run:
 
     @property
     def system(self) -> str:
-        """The system prompt every episode of this run starts with."""
+        """The system prompt every episode of this run starts with (in the policy's tool-call format; the
+        action language before the policy exists, as a tiny model speaks it)."""
         some_task = self.env.tasks(Split.TRAIN)[0]
-        return prompt_messages(self.env, some_task, self.config.rollout)[0].content
+        fmt = self.policy.tool_format if self.policy is not None else ToolFormat.ACTION
+        return prompt_messages(self.env, some_task, self.config.rollout, fmt)[0].content
 
     def need_policy(self) -> HFPolicy:
         """The policy (built by the imitation stage, or loaded on resume)."""
