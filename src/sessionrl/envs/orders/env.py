@@ -12,15 +12,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.envs.base import ExpertPlan, Outcome, Task
+from sessionrl.envs.base import ExpertPlan, Outcome, Split, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import structured
 from sessionrl.envs.orders.expert import expert_plan
+from sessionrl.envs.orders.followups import Conversation, conversations
 from sessionrl.envs.orders.judge import judge
 from sessionrl.envs.orders.tasks import generate
 from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
 from sessionrl.envs.orders.tools import TOOLS, World
 from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
+from sessionrl.memory import MemoryStore, memory_contracts, memory_skills
+from sessionrl.skills import Skill, SkillContract
 
 Json = dict[str, Any]
 CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"
@@ -43,13 +46,38 @@ and the outcome (the new address, the amount refunded, the new waybill, or the s
 
 
 class OrdersEnv(SimulatedEnv):
-    """Seeded fulfilment tickets over eight simulated skills (see `DomainConfig`)."""
+    """Seeded fulfilment tickets over eight simulated skills (see `DomainConfig`).
+
+    With a `memory`, episodes also offer the skills `memory_search` and `memory_write` over it, shared by
+    every episode (long-term memory outlives a conversation); `conversations` gives two-turn tasks whose
+    follow-up needs what the first turn said.
+    """
 
     name = "orders"
     feature_names = structured.FEATURES
 
-    def __init__(self, config: DomainConfig | None = None) -> None:
+    def __init__(self, config: DomainConfig | None = None, *, memory: MemoryStore | None = None) -> None:
         super().__init__(config, contracts_dir=CONTRACTS_DIR, generate=generate)
+        self.memory = memory
+
+    def contracts(self) -> Sequence[SkillContract]:
+        """The eight skills' contracts, and the memory skills' when the env has a memory."""
+        own = super().contracts()
+        return own if self.memory is None else (*own, *memory_contracts())
+
+    def conversations(self, split: Split, size: int) -> tuple[tuple[Task, Task], ...]:
+        """`size` two-turn conversations of `split` (first ticket, follow-up), seeded by the config."""
+        return conversations(self.config.seed, split, size)
+
+    def expected_entities(self, task: Task) -> list[str]:
+        """Entities the request names that the expert passes to its tools, then those a follow-up must
+        remember from its first turn."""
+        from sessionrl.episodes.metadata import entities_named  # episodes imports envs: import at use
+
+        named = entities_named(task, self.expert(task))
+        conversation = Conversation.of(task)
+        remembered = conversation.remembered if conversation is not None else ()
+        return [*named, *(e for e in remembered if e not in named)]
 
     def system_prompt(self) -> str:
         """The fulfilment rules a policy follows."""
@@ -69,12 +97,17 @@ class OrdersEpisode(SimulatedEpisode[World]):
 
     def __init__(self, env: OrdersEnv, task: Task, *, seed: int, faults: Faults | None) -> None:
         world = World.open(Ticket.from_payload(task.payload))
-        super().__init__(env.contracts(), task, world, TOOLS, seed=seed, faults=faults)
+        super().__init__(SimulatedEnv.contracts(env), task, world, TOOLS, seed=seed, faults=faults)
+        self._memory = memory_skills(env.memory) if env.memory is not None else []
 
     @property
     def world(self) -> World:
         """The episode's state (read it; change it only through the skills)."""
         return self._state
+
+    def skills(self) -> Sequence[Skill]:
+        """The eight skills bound to this episode's world, then the env's memory skills (if any)."""
+        return [*super().skills(), *self._memory]
 
     @property
     def terminated(self) -> bool:

@@ -105,8 +105,9 @@ class Ticket:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Ticket:
-        """The ticket a task payload describes (see `to_payload`)."""
-        data = dict(payload)
+        """The ticket a task payload describes (see `to_payload`); a follow-up's `conversation` entry is
+        about the task, not the ticket, and is left out."""
+        data = {key: value for key, value in payload.items() if key != "conversation"}
         data["issue"] = IssueType(data["issue"])
         if data.get("status") is not None:
             data["status"] = OrderStatus(data["status"])
