@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionrl.errors import InvalidEvent
 from sessionrl.ops.rules import compile_rule
 
 
@@ -40,7 +41,10 @@ class CanaryConfig(BaseModel):
     @classmethod
     def _compiles(cls, rule: str | None) -> str | None:
         if rule is not None:
-            compile_rule(rule)
+            try:
+                compile_rule(rule)
+            except InvalidEvent as exc:  # pydantic reports ValueErrors
+                raise ValueError(exc.rule) from exc
         return rule
 
 
