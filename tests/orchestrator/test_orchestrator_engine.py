@@ -415,13 +415,13 @@ async def test_a_cancelled_waiter_leaves_the_chained_unit_and_the_other_waiters_
     engine = make_engine(skills)
     sid = await engine.init_session("q")
     release = threading.Event()
-    append_batch = store.append_batch
+    append_units = store.append_units
 
-    def held(items: Any) -> Any:
+    def held(units: Any, own: Any) -> Any:
         release.wait(10)
-        return append_batch(items)
+        return append_units(units, own)
 
-    store.append_batch = held  # type: ignore[method-assign]
+    store.append_units = held  # type: ignore[method-assign]
     first = asyncio.create_task(engine.execute_step(sid, "tool", {"tool": "notify"}))
     while sid not in engine._chained:  # the first step's unit (executing + its call) is being committed
         await asyncio.sleep(0)

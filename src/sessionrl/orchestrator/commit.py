@@ -1,9 +1,13 @@
 """Group commit: the writes of concurrent steps share one store transaction, and so one durable sync.
 
 Each step hands the committer a unit (its events, in order) and waits. One writer task takes every unit
-queued so far (up to `max_events` events), appends them with `SessionStore.append_batch` in a worker
-thread, and wakes each step with its own results. While one batch is being made durable the next one
-gathers, so under load the cost of the sync is spread over many steps; alone, a step pays it once.
+queued so far (up to `max_events` events), appends them with `SessionStore.append_units` in a worker
+thread, and wakes each step with its own results. A unit is written whole or not at all. The committer
+keeps the record of its own appends (`OwnWrites`) that a unit's basis is checked against, so a unit
+built on a session that another writer (another process, another engine) has changed since is refused
+with `StaleState` instead of written on a view that is out of date. While one batch is being made
+durable the next one gathers, so under load the cost of the sync is spread over many steps; alone, a
+step pays it once.
 
 Before it takes a batch, the writer also lets the units already on their way join it (`_gather`): it
 yields to the event loop for as long as new units keep arriving. A transaction has a fixed cost besides
@@ -22,6 +26,7 @@ from sessionrl.errors import SessionRLError
 from sessionrl.session.events import Event
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
+from sessionrl.store.writes import OwnWrites, Unit
 
 Write = tuple[str, Event, int | None]
 """One event to append: session id, event, expected version (None: append to whatever is stored)."""
@@ -36,11 +41,15 @@ class CommitterClosed(SessionRLError):
 class GroupCommitter:
     """Batches units of writes from concurrent callers into single store transactions."""
 
-    def __init__(self, store: SessionStore, *, max_events: int = 256, gather_s: float = 0.002) -> None:
+    def __init__(
+        self, store: SessionStore, *, max_events: int = 256, gather_s: float = 0.002, sessions: int = 10_000
+    ) -> None:
         self._store = store
         self._max_events = max_events
         self._gather_s = gather_s
-        self._pending: deque[tuple[Sequence[Write], asyncio.Future[Outcome]]] = deque()
+        self.own = OwnWrites(sessions)
+        """The versions this committer appended itself, per session (up to `sessions` of them)."""
+        self._pending: deque[tuple[Unit, asyncio.Future[Outcome]]] = deque()
         self._queued = 0
         """Events in `_pending`."""
         self._wake = asyncio.Event()
@@ -52,15 +61,18 @@ class GroupCommitter:
         self.events = 0
         """Events handed to the store so far."""
 
-    async def commit(self, unit: Sequence[Write]) -> Outcome:
-        """Append `unit` (in order, within one transaction) and return one result per write."""
+    async def commit(self, writes: Sequence[Write], *, basis: int | None = None) -> Outcome:
+        """Append `writes` as one unit (in order, all or none) and return one result per write.
+
+        `basis`: the version of the first write's session the unit was built on; the unit is refused with
+        `StaleState` if any writer but this committer appended to that session since."""
         if self._closed:
             raise CommitterClosed("the orchestrator is closed")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sessionrl-group-commit")
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self._pending.append((unit, future))
-        self._queued += len(unit)
+        self._pending.append((Unit(writes, basis), future))
+        self._queued += len(writes)
         self._wake.set()
         return await future
 
@@ -72,13 +84,13 @@ class GroupCommitter:
             await self._task
         self._thread.shutdown(wait=True)
 
-    def _take(self) -> list[tuple[Sequence[Write], asyncio.Future[Outcome]]]:
+    def _take(self) -> list[tuple[Unit, asyncio.Future[Outcome]]]:
         """Queued units, oldest first, up to `max_events` events (always at least one unit)."""
         taken = [self._pending.popleft()]
-        size = len(taken[0][0])
-        while self._pending and size + len(self._pending[0][0]) <= self._max_events:
+        size = len(taken[0][0].writes)
+        while self._pending and size + len(self._pending[0][0].writes) <= self._max_events:
             unit = self._pending.popleft()
-            size += len(unit[0])
+            size += len(unit[0].writes)
             taken.append(unit)
         self._queued -= size
         return taken
@@ -102,18 +114,17 @@ class GroupCommitter:
             while self._pending:
                 await self._gather()
                 taken = self._take()
-                items = [write for unit, _ in taken for write in unit]
+                units = [unit for unit, _ in taken]
+                append = self._store.append_units
                 try:
-                    results = await loop.run_in_executor(self._thread, self._store.append_batch, items)
+                    results = await loop.run_in_executor(self._thread, append, units, self.own)
                 except Exception as exc:  # the store failed as a whole (disk, closed): every caller learns it
                     for _, future in taken:
                         if not future.done():
                             future.set_exception(exc)
                     continue
                 self.batches += 1
-                self.events += len(items)
-                start = 0
-                for unit, future in taken:
+                self.events += sum(len(unit.writes) for unit in units)
+                for (_, future), outcome in zip(taken, results, strict=True):
                     if not future.done():
-                        future.set_result(results[start : start + len(unit)])
-                    start += len(unit)
+                        future.set_result(outcome)

@@ -11,9 +11,15 @@ commute); a longer unit is checked by folding it locally, then appended with cha
 so it is written whole or not at all. A unit that lost a race (`StaleState`) is rebuilt on the fresh
 session and tried again.
 
-The cache trusts that this engine is the only writer of the sessions it serves (one orchestrator per
-store); a unit that finds the store ahead of the cache still commits correctly (see above), and the
-fresh session replaces the cached one.
+Several engines may serve one store (`sessionrl serve` processes sharing a PostgreSQL database, or
+engines in one process), and any of them any session: per-session serialisation is versions with
+retry. A step is built on the cached view, and its unit names the version it was built on (its
+`basis`); the store, inside the transaction that writes it and holding the session's lock, refuses it
+(`StaleState`) if any other writer appended since, and the step is rebuilt on the session read afresh.
+The engine's own concurrent steps do not refuse each other (the committer remembers which versions it
+wrote), so tool calls still commute. Nothing is held while a tool runs, and only the store's
+transaction-scoped locks order writers, so a process that dies holds up nobody. Reads made for a
+caller (`session`) come from the store, checked against its version, not from the cache.
 
 Idempotency: a caller may pass `key`. Every id the request writes is derived from it (`StepIds`), the
 store ignores an event id it already holds, and a request whose last event is already in the log is
@@ -23,14 +29,20 @@ answered from the log without running anything again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from sessionrl.errors import InvalidEvent, InvalidTransition, SessionRLError, StaleState
 from sessionrl.orchestrator.commit import GroupCommitter
 from sessionrl.orchestrator.config import OrchestratorConfig
-from sessionrl.orchestrator.guards import check_plan, check_tool_step, missing_citations, unverified_subgoals
+from sessionrl.orchestrator.guards import (
+    StepRefusal,
+    check_plan,
+    check_tool_step,
+    missing_citations,
+    unverified_subgoals,
+)
 from sessionrl.orchestrator.lanes import Lane, route
 from sessionrl.orchestrator.policy import (
     PolicyBackend,
@@ -153,7 +165,10 @@ class Orchestrator:
             StepKind.LLM: Lane("llm", self.config.llm_lane),
         }
         self.committer = GroupCommitter(
-            store, max_events=self.config.commit_batch, gather_s=self.config.commit_gather_s
+            store,
+            max_events=self.config.commit_batch,
+            gather_s=self.config.commit_gather_s,
+            sessions=self.config.cache_size,
         )
         self._inflight: dict[str, asyncio.Future[Any]] = {}
         self._chained: dict[str, list[asyncio.Future[None]]] = {}
@@ -194,10 +209,8 @@ class Orchestrator:
         return session.session_id
 
     async def session(self, session_id: str) -> Session:
-        """The session's current read view (from the cache when it is there)."""
-        cached = self.cache.get(session_id)
-        if cached is not None:
-            return cached
+        """The session's current read view, as stored (another process may have written it since this
+        engine last did); the cache is brought up to date with it."""
         session = await asyncio.to_thread(self.store.get, session_id)
         self._remember(session)
         return session
@@ -255,15 +268,20 @@ class Orchestrator:
         final = output
 
         async def run() -> FinishResult:
-            session = await self.session(session_id)
+            session = await self._checked(session_id, expected_version)
             if key is not None and session.state in TERMINAL:
                 replayed = await self._replayed(session_id, ids)
                 if replayed is not None:
                     return finish_result(replayed)
             _check_version(session, expected_version)
-            return finish_result(
-                await self._commit(session_id, lambda s: self._finish_unit(s, final, ids), ids)
-            )
+            try:
+                committed = await self._commit(session_id, lambda s: self._finish_unit(s, final, ids), ids)
+            except InvalidTransition:  # the view was behind: another process may have run this request
+                replayed = None if key is None else await self._replayed(session_id, ids)
+                if replayed is None:
+                    raise
+                return finish_result(replayed)
+            return finish_result(committed)
 
         return await self._once(key, run)
 
@@ -290,7 +308,7 @@ class Orchestrator:
         key: str | None,
         expected_version: int | None,
     ) -> StepResult:
-        session = await self.session(session_id)
+        session = await self._checked(session_id, expected_version, fresh=_asks_policy(payload))
         if key is not None and may_be_replay(session, kind, ids, payload):
             replayed = await self._replayed(session_id, ids)
             if replayed is not None:
@@ -376,7 +394,7 @@ class Orchestrator:
                 )
             tool, params, subgoal_id = choice.tool, choice.params, choice.subgoal_id or subgoal_id
         call_id = payload.call_id or ids.call
-        refusal = check_tool_step(session, tool=tool, subgoal_id=subgoal_id, masked=self.executor.masked())
+        session, refusal = await self._guarded(session, tool, subgoal_id, self.executor.masked())
         if refusal is None:
             call = await self._run_tool(call_id, tool, params, subgoal_id)
         else:
@@ -436,7 +454,7 @@ class Orchestrator:
             free_form=self.config.free_form_tools,
         )
         assert payload.tool is not None
-        refusal = check_tool_step(session, tool=payload.tool, subgoal_id=payload.subgoal_id, masked=())
+        session, refusal = await self._guarded(session, payload.tool, payload.subgoal_id, ())
         if refusal is not None:
             update = {"status": CallStatus.REFUSED, "output": None, "error_code": refusal.reason.value}
             call = call.model_copy(update={**update, "error_message": refusal.detail})
@@ -564,14 +582,17 @@ class Orchestrator:
                 waiters.append(waiter)  # its own future: cancelling one waiter cancels no other
                 await waiter
                 continue
-            session = await self.session(session_id)
+            session = await self._view(session_id)
             if session_id not in self._chained:  # none began while the session was read from the store
                 return session
 
     async def _commit_unit(self, session: Session, events: list[Event]) -> Session:
+        """One event goes on whatever is stored if only this engine wrote since `session` (its basis);
+        several carry chained expected versions (see the module doc)."""
         sid = session.session_id
         if len(events) == 1:
-            return _raise_first(await self.committer.commit([(sid, events[0], None)]))
+            commit = self.committer.commit([(sid, events[0], None)], basis=session.state_version)
+            return _raise_first(await commit)
         local = session
         for event in events:  # raises (writing nothing) if the unit is not allowed as a whole
             local = apply(local, event)
@@ -586,9 +607,40 @@ class Orchestrator:
         else:
             self.cache.put(session)
 
+    async def _view(self, session_id: str) -> Session:
+        """The session as this engine last saw it (the cache), or as stored when it is not cached. It
+        may be behind the store; a unit built on it says so (see `_commit_unit`)."""
+        cached = self.cache.get(session_id)
+        if cached is not None:
+            return cached
+        session = await asyncio.to_thread(self.store.get, session_id)
+        self._remember(session)
+        return session
+
+    async def _checked(self, session_id: str, expected: int | None, *, fresh: bool = False) -> Session:
+        """The view a request starts from; read afresh when it is not at the version the caller expects
+        (the caller may have seen a version another process wrote), or when the step asks the policy
+        (whose prompt should show every step so far; the call costs far more than the read)."""
+        session = await self._view(session_id)
+        if fresh or (expected is not None and session.state_version != expected):
+            session = await self.session(session_id)
+        return session
+
+    async def _guarded(
+        self, session: Session, tool: str, subgoal_id: str | None, masked: Collection[str]
+    ) -> tuple[Session, StepRefusal | None]:
+        """Why the tool step may not run, judged on the stored session when the view refuses it: a view
+        that is behind may miss the sub-goals another process saw succeed (the guards only ever refuse
+        for something missing, so a view that allows the step is never wrong to)."""
+        refusal = check_tool_step(session, tool=tool, subgoal_id=subgoal_id, masked=masked)
+        if refusal is not None:
+            session = await self.session(session.session_id)
+            refusal = check_tool_step(session, tool=tool, subgoal_id=subgoal_id, masked=masked)
+        return session, refusal
+
     async def _exists(self, session_id: str) -> bool:
         try:
-            await self.session(session_id)
+            await self._view(session_id)
         except SessionRLError:
             return False
         return True
@@ -626,6 +678,15 @@ class Orchestrator:
         """Contracts the policy is shown: every skill but the masked ones."""
         masked = self.executor.masked()
         return {name: c for name, c in self.executor.contracts.items() if name not in masked}
+
+
+def _asks_policy(payload: StepPayload) -> bool:
+    """Whether the step's payload leaves the plan, the tool or the reply to the policy."""
+    if isinstance(payload, PlanPayload):
+        return payload.plan is None
+    if isinstance(payload, ToolPayload):
+        return payload.result is None and payload.tool is None
+    return payload.reply is None
 
 
 def _check_version(session: Session, expected: int | None) -> None:

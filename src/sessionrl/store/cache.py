@@ -2,7 +2,8 @@
 
 Both put only what was committed; a view older than the cached one (a slower concurrent commit) never
 replaces it. The store asks for an exact `state_version` (the one it just read), so a stale entry is never
-served; the engine, the only writer of its sessions, asks for whatever is cached.
+served; the engine asks for whatever is cached and builds on it, and the store refuses what it builds if
+another writer has moved the session on since (see `sessionrl.store.writes.OwnWrites`).
 
 >>> from sessionrl.session.model import SessionCreate
 >>> from sessionrl.session.events import apply, created

@@ -36,7 +36,17 @@ from sessionrl.store.consistency import ConsistencyReport, DigestSource
 from sessionrl.store.documents import ShardEncoder, chunks, decode_event, iso, read_documents
 from sessionrl.store.query import SessionQuery
 from sessionrl.store.records import Change, ChangeBatch, RewardRecord, SessionRow, StoredEvent
-from sessionrl.store.writes import BatchWriter, EventInput, Prepared, current, prepare
+from sessionrl.store.writes import (
+    BatchWriter,
+    EventInput,
+    OwnWrites,
+    Prepared,
+    Result,
+    Unit,
+    Write,
+    current,
+    prepare,
+)
 
 MiB = 1 << 20
 
@@ -104,32 +114,56 @@ class SessionStore:
             raise result
         return result
 
-    def append_batch(
-        self, items: Sequence[tuple[str, EventInput, int | None]]
-    ) -> list[Session | SessionRLError]:
+    def append_batch(self, items: Sequence[Write]) -> list[Result]:
         """Append many events in one transaction (one durable commit), in order.
 
         Each item gets its own result: the session it led to, or the error that rejected it (a rejected
         item writes nothing and does not stop the others).
         """
-        prepared: list[Prepared | SessionRLError] = []
-        for session_id, event, expected in items:
-            try:
-                prepared.append(prepare(session_id, event, expected, self.config.max_event_bytes))
-            except SessionRLError as exc:
-                prepared.append(exc)
-        results: list[Session | SessionRLError] = []
-        valid = [item for item in prepared if isinstance(item, Prepared)]
+        results = self.append_units([Unit([item]) for item in items])
+        return [unit[0] for unit in results]
+
+    def append_units(self, units: Sequence[Unit], own: OwnWrites | None = None) -> list[list[Result]]:
+        """Append units of events in one transaction (one durable commit), in order: one result per
+        write of each unit.
+
+        A unit is written whole or not at all: when one of its writes is refused, every write of the unit
+        gets that error and none is stored; the other units go on. `own` is the calling writer's record
+        of its own appends, which a unit's `basis` is checked against (without it a basis must be exact)
+        and which this call extends once the transaction has committed.
+
+        Every session written is locked for the transaction (`Backend.serialise`), so writers in other
+        processes take turns on it: the versions checked here are the ones the transaction writes on.
+        """
+        prepared = [self._prepare_unit(unit) for unit in units]
+        results: list[list[Result]] = []
+        valid = [item for unit in prepared if not isinstance(unit, SessionRLError) for item in unit]
         with self._db.atomic() as conn:
             self._db.serialise(conn, [session_key(item.session_id) for item in valid])
-            writer = BatchWriter(conn, self._cache, self._encoder)
+            writer = BatchWriter(conn, self._cache, self._encoder, own)
             writer.load(valid)
-            for item in prepared:
-                results.append(item if isinstance(item, SessionRLError) else _attempt(writer, item))
+            for unit, items in zip(units, prepared, strict=True):
+                if isinstance(items, SessionRLError):
+                    results.append([items] * len(unit.writes))
+                else:
+                    results.append(writer.write_unit(items, unit.basis))
             writer.flush()
         for session in writer.touched.values():
             self._cache.put(session)
+        if own is not None:
+            for sid, (before, after) in writer.versions().items():
+                own.record(sid, before, after)
         return results
+
+    def _prepare_unit(self, unit: Unit) -> list[Prepared] | SessionRLError:
+        """The unit's writes prepared, or the first error among them (which refuses the whole unit)."""
+        try:
+            return [
+                prepare(sid, event, expected, self.config.max_event_bytes)
+                for sid, event, expected in unit.writes
+            ]
+        except SessionRLError as exc:
+            return exc
 
     def save_reward(self, session_id: str, vector: dict[str, Any], ruleset_version: str) -> int:
         """Store a new reward version for a session and announce it on the change feed; return the version."""
@@ -306,10 +340,3 @@ class SessionStore:
         for sid in report.repaired:
             self._cache.drop(sid)
         return report
-
-
-def _attempt(writer: BatchWriter, item: Prepared) -> Session | SessionRLError:
-    try:
-        return writer.write(item)
-    except SessionRLError as exc:
-        return exc

@@ -1,17 +1,25 @@
 """The write path: validate an event, fold it into the current session, store log + view + outbox.
 
 Checks that need no database (parsing, size, canonical form) run in `prepare`, outside the write lock.
-`BatchWriter` then handles any number of prepared events inside one transaction; each either succeeds
-or raises its own error, having written nothing.
+`BatchWriter` then handles any number of units of prepared events inside one transaction; a unit is
+written whole or not at all, and a rejected unit leaves the others alone.
+
+Several writers may share one store (processes on one PostgreSQL database, or engines in one process).
+A writer that builds a unit on the session as it last saw it names that version as the unit's `basis`:
+the unit is refused (`StaleState`) if any other writer appended to the session since, and the writer
+rebuilds it on the fresh session. Appends the writer made itself in between are no reason to refuse
+(its own concurrent steps commute); `OwnWrites` remembers which versions those were.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, StaleState
+from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, SessionRLError, StaleState
 from sessionrl.session.events import Event, SessionCreated, apply, parse_event
 from sessionrl.session.model import SCHEMA_VERSION, Session
 from sessionrl.store.backend import Connection
@@ -29,6 +37,63 @@ from sessionrl.store.documents import (
 
 EventInput = Event | bytes | str | Mapping[str, Any]
 """An event as a model, or as raw JSON (text, bytes or a decoded mapping) to be validated."""
+
+Write = tuple[str, EventInput, int | None]
+"""One event to append: session id, event, and the version the session must be at (None: any)."""
+
+Result = Session | SessionRLError
+"""What one write led to: the session after it, or the error that refused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Writes appended together, in order, in one transaction: every one of them, or none.
+
+    `basis` is the version of the first write's session that the unit was built on: the unit is refused
+    with `StaleState` if another writer appended to that session since (see `OwnWrites`).
+    """
+
+    writes: Sequence[Write]
+    basis: int | None = None
+
+
+class OwnWrites:
+    """The versions one writer appended itself, per session: an unbroken run `(base, head]`.
+
+    A unit built on version `basis` is current when the session is still there, or when every version
+    after `basis` is this writer's own (`base <= basis`): nobody else wrote in between. A session whose
+    run was forgotten (past `capacity`, least recently used first) only accepts an exact `basis`, which
+    is never wrong, only sometimes a needless retry. Thread-safe.
+
+    >>> own = OwnWrites()
+    >>> own.record("s1", 3, 5)
+    >>> own.base("s1", 5), own.base("s1", 4)
+    (3, 4)
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._runs: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def base(self, session_id: str, stored: int) -> int:
+        """The oldest version a unit may be built on with the session at `stored`: the start of this
+        writer's own run when the run reaches `stored`, else `stored` itself."""
+        with self._lock:
+            run = self._runs.get(session_id)
+        return run[0] if run is not None and run[1] == stored else stored
+
+    def record(self, session_id: str, before: int, after: int) -> None:
+        """This writer moved the session from version `before` to `after` (one committed transaction)."""
+        with self._lock:
+            run = self._runs.get(session_id)
+            if run is not None and run[1] >= after:
+                return  # a later transaction of this writer was recorded first: keep it
+            start = run[0] if run is not None and run[1] == before else before
+            self._runs[session_id] = (start, after)
+            self._runs.move_to_end(session_id)
+            while len(self._runs) > self.capacity:
+                self._runs.popitem(last=False)
 
 
 def current(conn: Connection, cache: SessionCache, session_id: str) -> tuple[Session, bool] | None:
@@ -89,17 +154,21 @@ def prepare(session_id: str, raw: EventInput, expected: int | None, max_bytes: i
 class BatchWriter:
     """Writes prepared events inside one open transaction; `touched` holds the resulting sessions.
 
-    `load` reads what the checks need for the whole batch in a few statements; `write` then checks and folds
-    each event in memory; `flush` (call it before the transaction commits) writes the log, the outbox and
-    the materialised views with one statement per table. Few statements matter: each one hands the
+    `load` reads what the checks need for the whole batch in a few statements; `write_unit` then checks
+    and folds each unit's events in memory (undoing the unit's earlier events when a later one is
+    refused); `flush` (call it before the transaction commits) writes the log, the outbox and the
+    materialised views with one statement per table. Few statements matter: each one hands the
     interpreter lock to whatever else runs in the process, and a busy event loop makes the writer wait
     for it back.
     """
 
-    def __init__(self, conn: Connection, cache: SessionCache, encoder: ShardEncoder) -> None:
+    def __init__(
+        self, conn: Connection, cache: SessionCache, encoder: ShardEncoder, own: OwnWrites | None = None
+    ) -> None:
         self.conn = conn
         self.cache = cache
         self.encoder = encoder
+        self.own = own
         self.touched: dict[str, Session] = {}
         self._stored: dict[str, tuple[Session, bool] | None] = {}
         """Sessions as stored before the batch (None: not stored), read by `load` or on first use."""
@@ -119,6 +188,69 @@ class BatchWriter:
         sessions = list(dict.fromkeys(item.session_id for item in items))
         found = current_many(self.conn, self.cache, sessions)
         self._stored.update((sid, found.get(sid)) for sid in sessions)
+
+    def write_unit(self, items: Sequence[Prepared], basis: int | None = None) -> list[Result]:
+        """Append a unit's events in order: one result per event, or, when any is refused, that error for
+        every event of the unit and nothing of it written. `basis`: see `Unit`."""
+        if not items:
+            return []
+        mark = self._mark(items)
+        results: list[Result] = []
+        try:
+            if basis is not None:
+                self._check_basis(items[0].session_id, basis)
+            for item in items:
+                results.append(self.write(item))
+        except SessionRLError as exc:
+            self._restore(mark)
+            return [exc] * len(items)
+        return results
+
+    def versions(self) -> dict[str, tuple[int, int]]:
+        """Each touched session's version before the batch and after it."""
+        return {sid: (self._before(sid), s.state_version) for sid, s in self.touched.items()}
+
+    def _before(self, session_id: str) -> int:
+        found = self._stored.get(session_id)
+        return 0 if found is None else found[0].state_version
+
+    def _check_basis(self, session_id: str, basis: int) -> None:
+        """`StaleState` unless every version of the session after `basis` is this writer's own."""
+        session = self._session(session_id)
+        actual = 0 if session is None else session.state_version
+        before = self._before(session_id)
+        base = before if self.own is None else self.own.base(session_id, before)
+        if not base <= basis <= actual:
+            raise StaleState(session_id, basis, actual)
+
+    def _mark(self, items: Sequence[Prepared]) -> tuple[Any, ...]:
+        """What `_restore` needs to undo the unit of `items`: the batch as it is before it."""
+        sids = {item.session_id for item in items}
+        for sid in sids:
+            self._session(sid)  # read before the unit, so undoing it never re-reads
+        saved = {sid: (self.touched.get(sid), self._dirty.get(sid), sid in self._legacy) for sid in sids}
+        saved = {sid: (s, None if d is None else set(d), legacy) for sid, (s, d, legacy) in saved.items()}
+        fresh = [item.event.event_id for item in items if item.event.event_id not in self._owners]
+        return len(self._events), len(self._outbox), saved, fresh
+
+    def _restore(self, mark: tuple[Any, ...]) -> None:
+        events, outbox, saved, fresh = mark
+        del self._events[events:], self._outbox[outbox:]
+        for event_id in fresh:
+            self._owners.pop(event_id, None)
+        for sid, (session, dirty, legacy) in saved.items():
+            if session is None:
+                self.touched.pop(sid, None)
+            else:
+                self.touched[sid] = session
+            if dirty is None:
+                self._dirty.pop(sid, None)
+            else:
+                self._dirty[sid] = dirty
+            if legacy:
+                self._legacy.add(sid)
+            else:
+                self._legacy.discard(sid)
 
     def write(self, item: Prepared) -> Session:
         """Append one event; raise (having written nothing) if it is a duplicate, stale or not allowed."""
