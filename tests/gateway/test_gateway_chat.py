@@ -109,12 +109,19 @@ def test_the_errors_an_agent_meets_are_openai_errors(tmp_path: Path) -> None:
     user = [{"role": "user", "content": desk.tasks[0].instruction}]
     with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=desk.backend())) as root:
         no_session = OpenAI(base_url=f"{root}/v1", api_key=WRITER, max_retries=0)
-        with pytest.raises(openai.UnprocessableEntityError) as unnamed:
+        with pytest.raises(openai.BadRequestError) as unnamed:
             no_session.chat.completions.create(model="m", messages=user)
-        assert "X-Session-Id" in unnamed.value.response.text
+        assert (unnamed.value.code, unnamed.value.param) == ("missing_session", "X-Session-Id")
+        assert "/gateway/sessions/{session_id}/v1" in unnamed.value.message
         stranger = OpenAI(base_url=f"{root}/gateway/sessions/e-1/v1", api_key="nobody", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):
+        with pytest.raises(openai.AuthenticationError) as refused:
             stranger.chat.completions.create(model="m", messages=user)
+        assert refused.value.body == {
+            "message": "unknown token",
+            "type": "authentication_error",
+            "param": None,
+            "code": "unauthorized",
+        }
         client = OpenAI(base_url=f"{root}/gateway/sessions/e-1/v1", api_key=WRITER, max_retries=0)
         client.chat.completions.create(model="m", messages=user)
         finished = httpx.post(f"{root}/v1/sessions/e-1/finish", json={"text": "bye"}, headers=AUTH)
@@ -126,3 +133,29 @@ def test_the_errors_an_agent_meets_are_openai_errors(tmp_path: Path) -> None:
         client = OpenAI(base_url=f"{root}/gateway/sessions/e-2/v1", api_key=WRITER, max_retries=0)
         with pytest.raises(openai.InternalServerError, match="no chat backend"):
             client.chat.completions.create(model="m", messages=user)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "says"),
+    [
+        (b'{"model": "m", "messages": [', "malformed_json", "line 1, column 29 (character 28)"),
+        (b'{"model": "m", "messages": []}', "invalid_request", "messages: List should have at least 1"),
+        (b'{"messages": [{"role": "robot", "content": "hi"}]}', "invalid_request", "messages.0.role"),
+    ],
+)
+def test_a_body_the_gateway_cannot_read_is_an_openai_400_and_nothing_is_recorded(
+    tmp_path: Path, body: bytes, code: str, says: str
+) -> None:
+    backend = ScriptedChat(lambda request: ChatReply(text="ok"))
+    with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend)) as root:
+        answer = httpx.post(
+            f"{root}/gateway/sessions/bad-1/v1/chat/completions",
+            content=body,
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert answer.status_code == 400
+        assert answer.headers["content-type"] == "application/json"
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", code)
+        assert says in error["message"]
+        assert httpx.get(f"{root}/v1/sessions/bad-1", headers=AUTH).status_code == 404

@@ -143,9 +143,10 @@ def stream_events(answer: dict[str, Any], *, include_usage: bool) -> Iterator[by
     yield b"data: [DONE]\n\n"
 
 
-def error_body(message: str, kind: str, code: str) -> dict[str, Any]:
-    """An OpenAI-style error document: `{"error": {"message", "type", "param", "code"}}`."""
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error document: `{"error": {"message", "type", "param", "code"}}`; `param` names
+    the field or header at fault, when one is."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def models_page(names: list[str]) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 An agent names its session in its base URL (`/gateway/sessions/{session_id}/v1`) or, at `/v1`, in an
 `X-Session-Id` header; its API key is a sessionrl token. Each request is recorded in its session (see
 `sessionrl.gateway.capture`) and answered by the app's chat backend, as JSON or, with `stream: true`, as
-server-sent events. Errors are answered as OpenAI errors (`{"error": {...}}`), which OpenAI clients read.
+server-sent events. Every error these routes meet (a body that does not parse or validate, a missing
+session, a token refused, a named sessionrl error, a failed upstream) is answered as an OpenAI error
+(`{"error": {"message", "type", "param", "code"}}`), which OpenAI clients read; `OpenAIRoute` turns the
+framework's own errors into that shape.
 
 These routes are not among `ROUTERS`: the app includes them after the others, and the shortcut (which
 serves the session API's writes) leaves them to the framework.
@@ -13,11 +16,15 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from sessionrl.errors import SessionRLError
 from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
@@ -25,13 +32,44 @@ from sessionrl.gateway.capture import ID, open_session, record_llm, record_tool_
 from sessionrl.gateway.chat import ChatRequest, completion, error_body, models_page, stream_events
 from sessionrl.service import problems
 from sessionrl.service.deps import JSONAnswer, Reader, Writer, engine_of
+from sessionrl.service.problems import ProblemError, malformed_json
 
-router = APIRouter(tags=["gateway"])
+SESSION_HEADER = "X-Session-Id"
+NO_SESSION = (
+    "name the session to record in: use the base URL /gateway/sessions/{session_id}/v1, "
+    f"or send an {SESSION_HEADER} header to /v1"
+)
+
+
+class OpenAIRoute(APIRoute):
+    """A route whose framework errors (validation, authentication, rate limits, named errors) are
+    answered as OpenAI errors rather than problem documents, since its callers are OpenAI clients."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return invalid_request(exc)
+            except ProblemError as exc:
+                return openai_error(exc.status, exc.detail, error_type(exc.status), exc.code, exc.headers)
+            except SessionRLError as exc:
+                return named_error(exc)
+            except HTTPException as exc:  # such as a body that is not UTF-8
+                code = problems.HTTP_CODES.get(exc.status_code, "http_error")
+                return openai_error(exc.status_code, str(exc.detail), error_type(exc.status_code), code)
+
+        return answer
+
+
+router = APIRouter(tags=["gateway"], route_class=OpenAIRoute)
 
 SessionHeader = Annotated[
     str,
     Header(
-        alias="X-Session-Id",
+        alias=SESSION_HEADER,
         pattern=ID.pattern,
         description="The session to record in (opened on first use), when the base URL does not name one.",
     ),
@@ -59,8 +97,8 @@ OPENAI_ERROR = {
 def answers(*openai_statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries of a gateway route: the answer (JSON, or server-sent events), OpenAI-style errors
     (an upstream's own error status is passed on), and the problems the framework answers with."""
-    documented = problems.responses(400, 401, 403, 413, 422, 429)
-    for status in openai_statuses:
+    documented = problems.responses(413)  # the body limit answers before any route
+    for status in (400, 401, 403, 422, 429, *openai_statuses):
         entry = documented.setdefault(
             status, {"description": problems.TITLES.get(status, "Error"), "content": {}}
         )
@@ -72,7 +110,7 @@ def answers(*openai_statuses: int) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": "The completion", "content": ok}, **documented}
 
 
-CHAT_ANSWERS = answers(400, 404, 409, 413, 422, 500, 502, 503)
+CHAT_ANSWERS = answers(404, 409, 500, 502, 503)
 
 
 @router.post(
@@ -111,7 +149,7 @@ MODELS_ANSWERS: dict[int | str, dict[str, Any]] = {
     "/gateway/sessions/{session_id}/v1/models",
     summary="Models, in a session's base URL",
     response_class=Response,
-    responses={**MODELS_ANSWERS, **problems.responses(400, 401, 403, 422, 429)},
+    responses={**MODELS_ANSWERS, **answers()},
 )
 async def models_in_session(session_id: SessionId, request: Request, principal: Reader) -> Response:
     """The models the gateway serves."""
@@ -122,7 +160,7 @@ async def models_in_session(session_id: SessionId, request: Request, principal: 
     "/v1/models",
     summary="Models the gateway serves",
     response_class=Response,
-    responses={**MODELS_ANSWERS, **problems.responses(401, 403, 429)},
+    responses={**MODELS_ANSWERS, **answers()},
 )
 async def models(request: Request, principal: Reader) -> Response:
     """The models the gateway serves."""
@@ -169,14 +207,43 @@ async def chat(request: Request, session_id: str, body: ChatRequest) -> Response
     return JSONAnswer(orjson.dumps(answer))
 
 
-def openai_error(status: int, message: str, kind: str, code: str) -> Response:
+def openai_error(
+    status: int,
+    message: str,
+    kind: str,
+    code: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    param: str | None = None,
+) -> Response:
     """An OpenAI-style error answer."""
-    return JSONAnswer(orjson.dumps(error_body(message, kind, code)), status)
+    return JSONAnswer(orjson.dumps(error_body(message, kind, code, param)), status, headers=headers)
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error type of a status."""
+    kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+    return kinds.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
 def named_error(exc: SessionRLError) -> Response:
     """A named sessionrl error as an OpenAI-style error, with the status the session API gives it."""
     known = ((status, code) for kind, status, code in problems.STATUS if isinstance(exc, kind))
     status, code = next(known, (500, "internal"))
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return openai_error(status, str(exc), kind, code)
+    return openai_error(status, str(exc), error_type(status), code)
+
+
+def invalid_request(exc: RequestValidationError) -> Response:
+    """A request the route could not read, as OpenAI answers one (400, `invalid_request_error`): where
+    its JSON stopped parsing, that it names no session, or which fields are wrong and why."""
+    unreadable = malformed_json(exc)
+    if unreadable is not None:
+        return openai_error(400, unreadable, "invalid_request_error", "malformed_json")
+    errors = exc.errors()
+    if any(
+        e.get("type") == "missing" and tuple(e.get("loc", ())) == ("header", SESSION_HEADER) for e in errors
+    ):
+        return openai_error(400, NO_SESSION, "invalid_request_error", "missing_session", param=SESSION_HEADER)
+    fields = [".".join(str(p) for p in tuple(e.get("loc", ()))[1:]) or "body" for e in errors]
+    detail = "; ".join(f"{f}: {e.get('msg', 'invalid')}" for f, e in zip(fields, errors, strict=True))
+    return openai_error(400, detail[:2000], "invalid_request_error", "invalid_request", param=fields[0])
