@@ -19,7 +19,8 @@ runner = CliRunner()
 ENGLISH = "correct diagnosis, but did not mention excluding anemia of chronic disease"
 QUESTION_SQL = """
 SELECT s.session_id FROM sessions s
-WHERE s.session_id IN (SELECT session_id FROM feedback WHERE comment LIKE '%{needle}%')
+WHERE s.session_id IN (SELECT session_id FROM comment_terms WHERE term = '{needle}'
+                       UNION SELECT session_id FROM feedback WHERE comment LIKE '%{needle}%')
   AND s.session_id IN (
     SELECT session_id FROM tool_calls GROUP BY session_id
     HAVING SUM(CASE WHEN tool = 'crp_test_request' THEN 1 ELSE 0 END) < 0.3 * COUNT(*))
@@ -50,15 +51,14 @@ def db(tmp_path: Path) -> str:
     return url
 
 
-@pytest.mark.parametrize(
-    ("needle", "expected"), [("慢性病", ["sess_abc123"]), ("chronic disease", ["sess_en"])]
-)
-def test_the_typed_query_and_sql_agree_on_the_seed_question(
-    db: str, needle: str, expected: list[str]
+@pytest.mark.parametrize("needle", ["chronic disease", "慢性病"])
+def test_the_typed_query_and_sql_return_the_seed_for_its_question_in_both_languages(
+    db: str, needle: str
 ) -> None:
-    args = ["sessions", "query", "--db", db, "--json", "--comment-contains", needle]
+    args = ["sessions", "query", "--db", db, "--json", "--comment-mentions", needle]
     typed = runner.invoke(app, [*args, "--tool-share", "crp_test_request<0.3"])
     assert typed.exit_code == 0, typed.output
+    expected = ["sess_abc123", "sess_en"]  # the seed (Chinese comment) and its English twin
     assert [r["session_id"] for r in map(orjson.loads, typed.stdout.splitlines())] == expected
     sql = runner.invoke(
         app, ["sessions", "query", "--db", db, "--json", "--sql", QUESTION_SQL.format(needle=needle)]
@@ -66,8 +66,26 @@ def test_the_typed_query_and_sql_agree_on_the_seed_question(
     assert sql.exit_code == 0, sql.output
     assert [r["session_id"] for r in map(orjson.loads, sql.stdout.splitlines())] == expected
     with SessionStore.open(db) as store:
-        everyone = store.query(SessionQuery(comment_contains=needle))
-    assert len(everyone) == len(expected) + (needle == "慢性病")  # the CRP-heavy twin mentions it too
+        everyone = store.query(SessionQuery(comment_mentions=needle))
+    assert len(everyone) == 3  # the CRP-heavy twin mentions it too, but orders CRP half the time
+
+
+@pytest.mark.parametrize(
+    ("needle", "expected"), [("慢性病", ["sess_abc123", "sess_crp"]), ("chronic disease", ["sess_en"])]
+)
+def test_comment_contains_stays_a_literal_substring_test(db: str, needle: str, expected: list[str]) -> None:
+    with SessionStore.open(db) as store:
+        rows = store.query(SessionQuery(comment_contains=needle, order_by="session_id"))
+    assert [r.session_id for r in rows] == expected
+
+
+def test_the_glossary_view_lists_each_comment_s_terms_in_both_languages(db: str) -> None:
+    with SessionStore.open(db) as store:
+        rows = store.sql("SELECT term FROM comment_terms WHERE session_id = 'sess_abc123' ORDER BY term")
+    terms = {r["term"] for r in rows}
+    # 诊断正确，但未提及需排除慢性病贫血: diagnosis, chronic disease and anemia, each in both languages
+    assert {"chronic disease", "慢性病", "anemia", "贫血", "diagnosis", "诊断"} <= terms
+    assert "refund" not in terms
 
 
 def test_a_tool_share_bound_counts_each_session_s_own_calls(db: str) -> None:

@@ -267,6 +267,10 @@ def query(
     ] = None,
     feedback_type: Annotated[FeedbackType | None, typer.Option(help="Feedback of this type.")] = None,
     comment_contains: Annotated[str | None, typer.Option(help="Feedback comment contains this text.")] = None,
+    comment_mentions: Annotated[
+        str | None,
+        typer.Option(help="Feedback comment contains this text, or its translation for a glossary term."),
+    ] = None,
     min_score: Annotated[float | None, typer.Option(help="Feedback score at least this.")] = None,
     max_score: Annotated[float | None, typer.Option(help="Feedback score at most this.")] = None,
     created_after: Annotated[datetime | None, typer.Option(help="Created at or after (UTC).")] = None,
@@ -282,12 +286,13 @@ def query(
     """Sessions matching typed filters (feedback filters hold for one same feedback item), or raw SQL.
 
     SQL sees the query tables `sessions`, `session_tags`, `tool_calls`, `llm_calls`, `feedback`,
-    `rewards` and the log `events`; statements that would write are refused.
+    `rewards`, the log `events` and the glossary's views `glossary` and `comment_terms`; statements that
+    would write are refused.
     """
     filters = {
         "state": state, "scenario": scenario, "tags": tuple(tag or ()), "user_id": user, "tool_called": tool,
         "tool_failed": failed_tool, "tool_share": _tool_share(tool_share), "feedback_type": feedback_type,
-        "comment_contains": comment_contains,
+        "comment_contains": comment_contains, "comment_mentions": comment_mentions,
         "min_score": min_score, "max_score": max_score,
         "created_after": _utc(created_after), "created_before": _utc(created_before),
     }  # fmt: skip

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
+from sessionrl.store.glossary import DROP_VIEWS, view_ddl
 
 STORE_SCHEMA = 3
 """Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index, 3 the
@@ -410,9 +411,13 @@ class SQLiteBackend:
             rule = f"its store layout {found} is newer than this version's ({STORE_SCHEMA})"
             raise InvalidStoreURL(self.url or str(self.location.path), rule)
         with self.atomic() as conn:
+            for statement in DROP_VIEWS:  # created again below, over the tables as they end up
+                conn.execute(statement)
             if found == 1:
                 _migrate_v1(conn)
             for statement in _statements(HOT_DDL + QUERY_DDL + OPS_DDL):
+                conn.execute(statement)
+            for statement in view_ddl("LIKE"):  # the glossary's views, as this version spells them
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")
 

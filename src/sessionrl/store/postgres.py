@@ -46,6 +46,7 @@ import psycopg
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.backend import Connection
 from sessionrl.store.dialect import check_read_only_text, contains_pattern
+from sessionrl.store.glossary import view_ddl
 
 LAYOUT = 2
 """Layout version of the store's tables on PostgreSQL, kept in `store_meta` (SQLite's has its own; 2 added
@@ -276,6 +277,8 @@ class PostgresBackend:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
                 self.writer.execute(DDL)
                 conn.execute(TEXT_INDEX_DDL)
+                for statement in view_ddl("ILIKE", ' COLLATE "C"'):  # see sessionrl.store.glossary
+                    conn.execute(statement)
                 conn.execute(
                     "INSERT INTO store_meta (key, value) VALUES ('layout', ?)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",

@@ -5,8 +5,10 @@ A `SessionQuery` compiles to one WHERE clause on `sessions s` whose side conditi
 (through its index where there is one) rather than once per session, so a question's cost follows the
 rows it matches rather than the number of sessions stored. `comment_contains` is spelled by the backend
 (`Backend.feedback_conditions`); SQLite's finds its feedback rows through the trigram index
-`feedback_text` (see `sessionrl.store.dialect`) rather than by scanning every comment. The same question
-written by hand against `store.sql` gives the same answer.
+`feedback_text` (see `sessionrl.store.dialect`) rather than by scanning every comment. `comment_mentions`
+looks for each spelling the bilingual glossary gives its needle (`sessionrl.store.glossary`) the same way.
+The same question written by hand against `store.sql` gives the same answer (for `comment_mentions`,
+through the `comment_terms` view).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.store.backend import Backend, Connection
 from sessionrl.store.documents import iso
+from sessionrl.store.glossary import spellings
 from sessionrl.store.projector import COLUMNS
 from sessionrl.store.records import SessionRow
 
@@ -59,9 +62,9 @@ class ToolShare(BaseModel):
 class SessionQuery(BaseModel):
     """Which sessions to return. Unset filters match everything; set ones must all hold.
 
-    The feedback filters (`feedback_type`, `comment_contains`, `min_score`, `max_score`) must all hold
-    for the same piece of feedback. A `comment_contains` of three characters or more is looked up in the
-    trigram text index; a shorter one scans the comments.
+    The feedback filters (`feedback_type`, `comment_contains`, `comment_mentions`, `min_score`,
+    `max_score`) must all hold for the same piece of feedback. A `comment_contains` of three characters
+    or more is looked up in the trigram text index; a shorter one scans the comments.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,6 +81,11 @@ class SessionQuery(BaseModel):
     feedback_type: FeedbackType | None = None
     comment_contains: str | None = Field(
         default=None, min_length=1, description="Feedback comment contains this text (ASCII case ignored)."
+    )
+    comment_mentions: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Feedback comment contains this text or, for a glossary term, its translation.",
     )
     min_score: float | None = Field(default=None, description="Feedback score at least this.")
     max_score: float | None = Field(default=None, description="Feedback score at most this.")
@@ -143,6 +151,13 @@ def _feedback(q: SessionQuery, backend: Backend, conds: list[str], params: list[
     kind = q.feedback_type.value if q.feedback_type is not None else None
     inner, values = backend.feedback_conditions(kind, q.comment_contains)
     params.extend(values)
+    if q.comment_mentions is not None:
+        alternatives = []
+        for spelling in spellings(q.comment_mentions):
+            conds_one, values = backend.feedback_conditions(None, spelling)
+            alternatives.append(" AND ".join(conds_one))
+            params.extend(values)
+        inner.append("(" + " OR ".join(f"({a})" for a in alternatives) + ")")
     if q.min_score is not None:
         inner.append("score >= ?")
         params.append(q.min_score)
