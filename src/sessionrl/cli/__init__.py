@@ -8,6 +8,8 @@ from typer.core import TyperOption
 
 from sessionrl.cli import demo, store_demo
 from sessionrl.cli.envs import app as envs_app
+from sessionrl.cli.loop import loop_command
+from sessionrl.cli.policies import app as policies_app
 from sessionrl.cli.rewards import app as rewards_app
 from sessionrl.cli.schema import app as schema_app
 from sessionrl.cli.serve import serve
@@ -39,8 +41,10 @@ app.add_typer(sessions_app, name="sessions")
 store_app.command("demo")(store_demo.command)
 app.add_typer(store_app, name="store")
 app.add_typer(envs_app, name="envs")
+app.add_typer(policies_app, name="policies")
 app.command("demo")(demo.command)
 app.command("serve")(serve)
 app.command("train")(train_command)
 app.command("eval")(eval_command)
+app.command("loop")(loop_command)
 app.command("ui")(ui)
