@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
+from sessionrl.policy.sampling import PrefixCache, sample_batch
 from sessionrl.policy.toolcalls import TAGGED_INSTRUCTIONS, ToolFormat, format_for
 from sessionrl.session.model import Message
 from sessionrl.skills.contract import SkillContract
@@ -251,7 +252,6 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor
     return ids, mask
 
 
-@torch.inference_mode()
 def sample(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -260,58 +260,17 @@ def sample(
     stop_ids: frozenset[int],
     config: SamplingConfig,
     generator: torch.Generator,
+    prefix: PrefixCache | None = None,
 ) -> list[Sample]:
-    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch.
+    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch; a prompt
+    prefix the batch shares is computed once and kept in `prefix` (`sessionrl.policy.sampling`).
 
     Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
     The stop token, when reached, is the last id of a sample.
     """
-    device = next(model.parameters()).device
-    ids, mask = (t.to(device) for t in left_pad(prompts, pad_id))
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache, logits = out.cache, out.logits[:, -1]
-    active = list(range(len(prompts)))
-    tokens: list[list[int]] = [[] for _ in prompts]
-    logps: list[list[float]] = [[] for _ in prompts]
-    stop = torch.tensor(sorted(stop_ids), device=device)
-    for _ in range(config.max_new_tokens):
-        chosen, chosen_logp = _draw(logits, config, generator)
-        for row, (tok, lp) in enumerate(zip(chosen.tolist(), chosen_logp.tolist(), strict=True)):
-            tokens[active[row]].append(tok)
-            logps[active[row]].append(lp)
-        going = ~torch.isin(chosen, stop)
-        if not bool(going.any()):
-            break
-        if not bool(going.all()):
-            keep = going.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            chosen, mask, positions = chosen[keep], mask[keep], positions[keep]
-            active = [active[i] for i in keep.tolist()]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
-        positions = positions[:, -1:] + 1
-        out = model(
-            input_ids=chosen[:, None],
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-        )
-        cache, logits = out.cache, out.logits[:, -1]
-    return [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logps, strict=True)]
-
-
-def _draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Next token per row and its log-probability under the distribution it was drawn from."""
-    logits = logits.float()
-    if config.greedy:
-        logp = torch.log_softmax(logits, dim=-1)
-        chosen = logp.argmax(dim=-1)
-    else:
-        logp = torch.log_softmax(logits / config.temperature, dim=-1)
-        draws = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)
-        chosen = draws.to(logits.device)
-    return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1)
+    return sample_batch(
+        model, prompts, pad_id=pad_id, stop_ids=stop_ids, config=config, generator=generator, prefix=prefix
+    )
 
 
 # the backend
@@ -343,6 +302,8 @@ class HFPolicy:
         self.version = version
         """Policy version stamped on every reply; the trainer raises it after each update."""
         self.generator = torch.Generator().manual_seed(self.sampling.seed)
+        self.prefix_cache = PrefixCache()
+        """The shared prompt prefix kept across batches (views over the same weights share it)."""
         self.stop_ids = _stop_ids(model, tokenizer)
         self._batcher: Batcher[list[int], PolicyReply] = Batcher(
             self.sample_prompts, self.batching.max_batch, self.batching.gather_ms
@@ -367,8 +328,9 @@ class HFPolicy:
         return cls(model, tokenizer, sampling, batching)
 
     def view(self, sampling: SamplingConfig) -> HFPolicy:
-        """Another backend over the same weights and version, sampling differently (greedy evaluation)."""
-        return HFPolicy(
+        """Another backend over the same weights, version and kept prefix, sampling differently (greedy
+        evaluation)."""
+        other = HFPolicy(
             self.model,
             self.tokenizer,
             sampling,
@@ -376,6 +338,8 @@ class HFPolicy:
             version=self.version,
             tool_format=self.tool_format,
         )
+        other.prefix_cache = self.prefix_cache
+        return other
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The prompt text of a conversation, ending where the assistant's reply begins.
@@ -425,6 +389,7 @@ class HFPolicy:
                 stop_ids=self.stop_ids,
                 config=self.sampling,
                 generator=self.generator,
+                prefix=self.prefix_cache,
             )
         finally:
             self.model.train(was_training)
