@@ -164,7 +164,8 @@ def main() -> None:
     size = sum(p.numel() for p in policy.model.parameters()) / 1e6
     print(
         f"model {args.model} ({size:.1f}M parameters, loaded in {load_s:.1f} s);"
-        f" {env_name} prompts ({prompt}): {len(batch)} of {min(lengths)}-{max(lengths)} tokens sharing a prefix of {shared_len};"
+        f" {env_name} prompts ({prompt}): {len(batch)} of {min(lengths)}-{max(lengths)} tokens"
+        f" sharing a prefix of {shared_len};"
         f" {args.new_tokens} new tokens at most; {torch.get_num_threads()} threads"
     )
     print(f"{'sampler':<28}{'seconds':>10}{'tokens':>10}{'tokens/s':>12}")
