@@ -38,9 +38,16 @@ class OrdersDesk:
     """The orders domain as an agent sees it (OpenAI function tools, and an episode per task to run them
     in), with a scripted model answering a task's k-th turn with the expert's k-th tool call."""
 
-    def __init__(self, n_tasks: int, split: Split = Split.TEST) -> None:
-        self.env: DecisionEnv = build("orders")
-        self.tasks: Sequence[Task] = self.env.tasks(split)[:n_tasks]
+    def __init__(
+        self,
+        n_tasks: int,
+        split: Split = Split.TEST,
+        *,
+        env: DecisionEnv | None = None,
+        select: Callable[[Task], bool] = lambda task: True,
+    ) -> None:
+        self.env: DecisionEnv = env if env is not None else build("orders")
+        self.tasks: Sequence[Task] = [t for t in self.env.tasks(split) if select(t)][:n_tasks]
         self.tools = [c.to_openai_tool() for c in self.env.contracts()]
         self._by_instruction = {t.instruction: t for t in self.tasks}
 
@@ -54,6 +61,11 @@ class OrdersDesk:
             return asyncio.run(skills[name].invoke(arguments, clock))
 
         return episode, call_tool
+
+    def metadata(self, task: Task) -> dict[str, str]:
+        """What the agent tells the gateway about its session: the environment and task, which let
+        training replay the task (GRPO on captured sessions)."""
+        return {"env": "orders", "task_id": task.task_id}
 
     def reply(self, request: ChatRequest) -> ChatReply:
         """The expert's next call for the request's task, or its final message once every call is made."""
@@ -110,7 +122,14 @@ def main() -> None:
         for task in desk.tasks:
             episode, call_tool = desk.episode(task)
             client = OpenAI(base_url=f"{root}/gateway/sessions/{task.task_id}/v1", api_key=token)
-            final = run_agent(client, task.instruction, desk.tools, call_tool, model="scripted-expert")
+            final = run_agent(
+                client,
+                task.instruction,
+                desk.tools,
+                call_tool,
+                model="scripted-expert",
+                metadata=desk.metadata(task),
+            )
             ok = episode.success([final])
             solved += ok
             rating = {"type": "human_rating", "score": 5 if ok else 2, "annotator": "demo"}

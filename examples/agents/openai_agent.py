@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from openai import OpenAI
@@ -33,12 +33,15 @@ def run_agent(
     model: str = "sessionrl-policy",
     system: str | None = None,
     max_turns: int = 16,
+    metadata: Mapping[str, str] | None = None,
 ) -> str:
-    """Ask the model, run the tools it calls, send their results back, until it answers in text."""
+    """Ask the model, run the tools it calls, send their results back, until it answers in text.
+    `metadata` (OpenAI's request metadata) goes with every request."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": task})
+    extra = {"metadata": dict(metadata)} if metadata else {}
     for _ in range(max_turns):
-        response = client.chat.completions.create(model=model, messages=messages, tools=list(tools))
+        response = client.chat.completions.create(model=model, messages=messages, tools=list(tools), **extra)
         message = response.choices[0].message
         if not message.tool_calls:
             return message.content or ""

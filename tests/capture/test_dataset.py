@@ -1,5 +1,5 @@
 """Captured sessions as training sequences: recorded tokens used as they are, the chat template otherwise,
-and each session that fails the integrity check dropped with its reason."""
+and each session that fails the integrity check dropped with its reason; the tasks they let GRPO replay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sessionrl.capture.dataset import captured_sequences, stored_sessions
+from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stored_sessions
+from sessionrl.envs.base import Split
+from sessionrl.envs.registry import build
 from sessionrl.session import SessionCreate, created
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
 from sessionrl.store import SessionStore
@@ -98,3 +100,36 @@ def test_stored_sessions_are_selected_with_the_typed_filters(tmp_path: Path) -> 
             store.append(sid, created(SessionCreate(user_query="q", session_id=sid, tags=(tag,))))
     assert [s.session_id for s in stored_sessions(url, {"tags": ["gateway"]})] == ["a", "c"]
     assert [s.session_id for s in stored_sessions(url, {}, limit=1)] == ["a"]
+
+
+def test_only_training_tasks_the_environment_really_has_are_replayed() -> None:
+    env = build("orders", train=4, dev=1, test=1)
+    first, second = env.tasks(Split.TRAIN)[:2]
+    held_out = env.tasks(Split.TEST)[0]
+
+    def captured(sid: str, query: str, **metadata: str) -> Session:
+        return Session(
+            session_id=sid, trace_id="0" * 32, user_query=query, metadata=metadata,
+            created_at=NOW, updated_at=NOW,
+        )  # fmt: skip
+
+    sessions = [
+        captured("a", first.instruction, env="orders", task_id=first.task_id),
+        captured("again", first.instruction, task_id=first.task_id),
+        captured("b", second.instruction, env="orders", task_id=second.task_id),
+        captured("none", "hi"),
+        captured("retail", first.instruction, env="retail", task_id=first.task_id),
+        captured("test", held_out.instruction, task_id=held_out.task_id),
+        captured("other", "another question", task_id=second.task_id),
+        captured("missing", "q", task_id="orders-train-9999"),
+    ]
+    replay = replayable_tasks(sessions, env, "orders")
+    assert [t.task_id for t in replay.tasks] == [first.task_id, second.task_id]
+    reasons = dict(replay.skipped)
+    assert reasons == {
+        "none": "its metadata names no task_id",
+        "retail": "it ran in environment 'retail', not 'orders'",
+        "test": f"task {held_out.task_id} is in the test split; only training tasks are replayed",
+        "other": f"task {second.task_id} here is not the task it captured (another instruction)",
+        "missing": "orders has no task 'orders-train-9999'",
+    }

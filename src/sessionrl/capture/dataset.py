@@ -7,6 +7,11 @@ policy's chat template and its reply is tokenised (`ChatEncoder`), both written 
 language as the gateway's `PolicyChat` reads and writes it: a tool call as `{"tool": ..., "params": ...}`,
 an answer as `{"final": ...}`. Failed model calls are left out.
 
+A captured session whose metadata names its environment's task (`task_id`, and `env` when given: the
+gateway keeps the metadata of the request that opened the session) lets GRPO replay that task
+(`replayable_tasks`): only training tasks, and only when the task's instruction is the session's query, so
+a task id read against an environment built with other settings is never mistaken for another task.
+
 The check, per session: every recorded call's tokens and log-probabilities line up; every sequence's ids,
 loss mask and log-probabilities have one length; the mask covers exactly the model's own tokens; and no
 trained reply repeats a tool's output. A session failing any of these is dropped whole, with the reason.
@@ -20,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from sessionrl.envs.base import DecisionEnv, Split, Task
 from sessionrl.gateway.backends import policy_view
 from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.session.model import CallStatus, LLMCall, Session
@@ -138,3 +144,53 @@ def check_sequences(sequences: Sequence[TokenSequence], turns: Sequence[Turn]) -
         raise Unfit(f"the loss mask covers {trained} tokens but the model produced {produced}")
     if produced == 0:
         raise Unfit("the model's replies are empty")
+
+
+TASK_KEY = "task_id"
+"""The session metadata key naming the environment's task the session worked on."""
+ENV_KEY = "env"
+"""The session metadata key naming that task's environment."""
+
+
+@dataclass
+class Replay:
+    """The tasks captured sessions let an environment replay, and each session skipped with its reason."""
+
+    tasks: list[Task] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def replayable_tasks(sessions: Sequence[Session], env: DecisionEnv, env_name: str) -> Replay:
+    """The training tasks of `env` (registered as `env_name`) that the sessions name, each once, in the
+    order first named; a session whose task cannot be replayed is skipped with the reason (`why_not`)."""
+    tasks = {t.task_id: (split, t) for split in Split for t in env.tasks(split)}
+    replay, seen = Replay(), set()
+    for session in sessions:
+        reason = why_not(session, tasks, env_name)
+        if reason is not None:
+            replay.skipped.append((session.session_id, reason))
+            continue
+        task = tasks[session.metadata[TASK_KEY]][1]
+        if task.task_id not in seen:
+            seen.add(task.task_id)
+            replay.tasks.append(task)
+    return replay
+
+
+def why_not(session: Session, tasks: Mapping[str, tuple[Split, Task]], env_name: str) -> str | None:
+    """Why `session` cannot replay a task of `tasks` (the environment's, by id, with their splits): it
+    names none, names another environment, a task not there or outside the training split, or a task
+    whose instruction is not the session's query; None when it can."""
+    task_id, named_env = session.metadata.get(TASK_KEY), session.metadata.get(ENV_KEY)
+    if not isinstance(task_id, str):
+        return f"its metadata names no {TASK_KEY}"
+    if named_env is not None and named_env != env_name:
+        return f"it ran in environment {named_env!r}, not {env_name!r}"
+    if task_id not in tasks:
+        return f"{env_name} has no task {task_id!r}"
+    split, task = tasks[task_id]
+    if split is not Split.TRAIN:
+        return f"task {task_id} is in the {split.value} split; only training tasks are replayed"
+    if task.instruction != session.user_query:
+        return f"task {task_id} here is not the task it captured (another instruction)"
+    return None

@@ -1,10 +1,11 @@
 """How a chat request through the gateway becomes steps of its session.
 
 A request names its session; the session opens on first use (allowing the agent's own tools, which no
-contract here describes). The `tool` messages the agent sends back (matched by `tool_call_id` to the
-tool calls of an earlier answer) become recorded tool steps, once each, with the time from the answer to
-this request as their latency. Then the model call itself becomes a recorded LLM step, answered or
-failed, whose id is the completion's id: feedback can name it, or a tool call's id, later.
+contract here describes), carrying the `metadata` of the request that opened it. The `tool` messages the
+agent sends back (matched by `tool_call_id` to the tool calls of an earlier answer) become recorded tool
+steps, once each, with the time from the answer to this request as their latency. Then the model call
+itself becomes a recorded LLM step, answered or failed, whose id is the completion's id: feedback can name
+it, or a tool call's id, later.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ MAX_QUERY = 100_000
 
 
 async def open_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> Session:
-    """The session `session_id`, opened on first use with the request's first user message as its query."""
+    """The session `session_id`, opened on first use with the request's first user message as its query
+    and the request's metadata (OpenAI's string pairs) beside the gateway's own keys."""
     with contextlib.suppress(NotFound):
         return await engine.session(session_id)
     query = next((m.text for m in request.messages if m.role == "user"), "") or "(no user message)"
@@ -38,7 +40,12 @@ async def open_session(engine: Orchestrator, session_id: str, request: ChatReque
         session_id=session_id,
         user_query=query[:MAX_QUERY],
         tags=("gateway",),
-        metadata={FREE_FORM_KEY: True, "captured_by": "gateway", "model": request.model},
+        metadata={
+            **(request.metadata or {}),
+            FREE_FORM_KEY: True,
+            "captured_by": "gateway",
+            "model": request.model,
+        },
     )
     with contextlib.suppress(InvalidTransition):  # a concurrent first request opened it
         await engine.init_session(create, key=f"gateway-open {session_id}")

@@ -71,6 +71,12 @@ class ChatRequest(_Lenient):
     tool_choice: Any = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = Field(
+        default=None,
+        max_length=16,
+        description="OpenAI's request metadata; the request that opens a session gives it to the session "
+        "(such as {env, task_id}, which let training replay the session's task).",
+    )
 
     def tool_names(self) -> frozenset[str]:
         """The names of the function tools the request offers."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sessionrl.capture.dataset import captured_sequences, stored_sessions
+from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
@@ -173,15 +173,16 @@ def record_demonstrations(run: Run, console: Console | None = None) -> list[Sess
     return [run.store.get(r.session_id) for r in ran if r.success]
 
 
-def rl_specs(run: Run, iteration: int) -> list[EpisodeSpec]:
-    """K episodes for each of the iteration's training tasks (drawn by a generator named by the iteration).
+def rl_specs(run: Run, iteration: int, pool: Sequence[Task] | None = None) -> list[EpisodeSpec]:
+    """K episodes for each of the iteration's training tasks (drawn by a generator named by the iteration)
+    from `pool` (the captured sessions' tasks), or by default from the environment's training tasks.
 
     The K episodes of a group share their environment seed, so the same calls meet the same faults: what
     tells the group's rewards apart is what the policy did (common random numbers for the baseline).
     """
     cfg = run.config
-    tasks: Sequence[Task] = run.env.tasks(Split.TRAIN)
-    if cfg.rl.unseen_tasks:
+    tasks: Sequence[Task] = run.env.tasks(Split.TRAIN) if pool is None else pool
+    if cfg.rl.unseen_tasks and pool is None:
         tasks = tasks[cfg.sft.demos :]
         if not tasks:
             raise ValueError(f"rl.unseen_tasks: no training tasks past the first {cfg.sft.demos} demos")
@@ -253,6 +254,24 @@ def captured(
     if not data.sequences:
         raise ValueError(f"none of the {len(sessions)} captured sessions can be trained on")
     return data.sequences
+
+
+def replayed_tasks(run: Run, console: Console) -> list[Task]:
+    """The training tasks the captured sessions of `sft.store` name, which GRPO replays; each session
+    that cannot be replayed is printed and counted with its reason."""
+    source = run.config.sft.store
+    assert source is not None
+    sessions = stored_sessions(source.db, source.filters, source.limit)
+    replay = replayable_tasks(sessions, run.env, run.config.env.name)
+    for session_id, reason in replay.skipped:
+        console.print(f"not replayed: captured session {session_id}: {reason}")
+    run.log.write("replay", run.state.step, {"tasks": len(replay.tasks), "skipped": len(replay.skipped)})
+    if not replay.tasks:
+        raise ValueError(
+            f"none of the {len(sessions)} captured sessions names a training task of {run.config.env.name} "
+            "to replay (send OpenAI request metadata {env, task_id} with the session's first request)"
+        )
+    return replay.tasks
 
 
 def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
@@ -389,6 +408,7 @@ def reinforce(
     """The RL stage: rollout, rewards, learn, log and checkpoint, once per iteration."""
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
+    pool = replayed_tasks(run, console) if cfg.sft.store is not None else None
     watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
     started = time.monotonic()
     with (
@@ -400,7 +420,7 @@ def reinforce(
                 break
             tick = time.monotonic()
             # rollout
-            ran = rollout(rl_specs(run, iteration), policy)
+            ran = rollout(rl_specs(run, iteration, pool), policy)
             # rewards
             reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
             run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)
