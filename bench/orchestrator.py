@@ -12,6 +12,11 @@
    connections each, each on the sessions it opened. Nothing routes a session's requests between them,
    so their sum is the most a second process on the same store could add on this machine. Two bare
    endpoints loaded the same way, in alternating windows, are the ceiling of two processes.
+4. With `--pair --pg` (instead of 1-3): one process against two on one PostgreSQL store, in alternating
+   windows: the one takes all connections, then it and a second process take half each. Each process
+   steps sessions the other opened, so every one of them is served by a process that did not create
+   it. The bench starts a durable PostgreSQL (fsync on, as SQLite's synchronous=FULL) in a temporary
+   folder (as the `postgres` user when run as root), or uses the database `--db postgresql://...` names.
 
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection); `make bench`
 installs it (Debian: `apt-get install wrk`). Without it the bench stops, unless `--without-wrk` lets a raw
@@ -44,7 +49,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -400,7 +405,7 @@ def server(args: list[str], port: int) -> Iterator[int]:
         proc.wait(timeout=30)
 
 
-def sessionrl_server(folder: Path, skill: str, port: int, db: Path | None = None) -> list[str]:
+def sessionrl_server(folder: Path, skill: str, port: int, db: Path | str | None = None) -> list[str]:
     skills = folder / f"skills-{port}"
     skills.mkdir()
     (skills / "skill.yaml").write_text(skill)
@@ -507,6 +512,60 @@ def run_pair(folder: Path, rounds: int, window_s: float) -> dict[str, float]:
     }
 
 
+@contextmanager
+def postgres(url: str | None) -> Iterator[str]:
+    """The database `url` names, or a durable PostgreSQL started for the bench in a temporary folder."""
+    if url is not None:
+        yield url
+        return
+    from sessionrl.store.postgres_server import LocalPostgres, find_bin_dir
+
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        sys.exit("--pg: PostgreSQL is not installed (no initdb); install it or pass --db postgresql://...")
+    with LocalPostgres(bin_dir, durable=True) as server:
+        import psycopg
+
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE bench")
+        yield server.url("bench")
+
+
+def run_pg(folder: Path, rounds: int, window_s: float, url: str | None) -> dict[str, float]:
+    """One `sessionrl serve` process against two on one PostgreSQL store, in alternating windows (a
+    warm-up pair of windows first); each process steps the sessions the other opened."""
+    from sessionrl.store import SessionStore
+
+    ports = (free_port(), free_port())
+    with postgres(url) as db, ExitStack() as stack, ThreadPoolExecutor(2) as pool:
+        SessionStore.open(db).close()  # the tables exist before two processes open the store at once
+        for port in ports:
+            stack.enter_context(server(sessionrl_server(folder, FAST_SKILL, port, db), port))
+        opened = [asyncio.run(create_sessions(port, STEP_SESSIONS // 2)) for port in ports]
+        served = [opened[1], opened[0]]
+
+        def window(n: int, part: int) -> dict[str, float]:
+            def load(i: int) -> dict[str, float]:
+                paths = [f"/v1/sessions/{sid}/steps" for sid in served[i][part :: 2 * (rounds + 1)]]
+                return wrk_load(folder, ports[i], paths, window_s, connections=CONCURRENCY // n)
+
+            both = list(pool.map(load, range(n)))
+            return {"rps": sum(w["rps"] for w in both), "p99_ms": max(w["p99_ms"] for w in both)}
+
+        one = [window(1, 2 * r) for r in range(rounds + 1)]
+        pair = [window(2, 2 * r + 1) for r in range(rounds + 1)]
+    speedups = [p["rps"] / o["rps"] for o, p in zip(one[1:], pair[1:], strict=True)]
+    return {
+        "pg_one_steps_per_s": median(one[1:], "rps"),
+        "pg_one_p99_ms": median(one[1:], "p99_ms"),
+        "pg_pair_steps_per_s": median(pair[1:], "rps"),
+        "p99_ms": median(pair[1:], "p99_ms"),
+        "pair_speedup": statistics.median(speedups),
+        "pair_speedup_min": min(speedups),
+        "pair_speedup_max": max(speedups),
+    }
+
+
 def median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -542,6 +601,12 @@ def main() -> None:
         help="Also load two server processes on one store file, half the sessions each (needs wrk).",
     )
     parser.add_argument(
+        "--pg",
+        action="store_true",
+        help="With --pair: only one process against two on one PostgreSQL store (see the module doc).",
+    )
+    parser.add_argument("--db", help="With --pg: the PostgreSQL database to use (postgresql://...).")
+    parser.add_argument(
         "--without-wrk",
         action="store_true",
         help="Where wrk is missing, load with the asyncio client (it shares the cores with the server).",
@@ -562,6 +627,9 @@ def main() -> None:
         )
     client = "wrk" if generator == "wrk" else "the asyncio client (wrk is not installed; it costs more CPU)"
     print(f"load generator: {client}")
+    if args.pg:
+        main_pg(args.db, rounds, window, load)
+        return
     with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
         folder = Path(tmp)
         steps = run_steps(folder, rounds, window)
@@ -599,6 +667,23 @@ def main() -> None:
         )
     figures = {k: round(v, 4) for k, v in {**steps, **pair, **slow, "load_average": load}.items()}
     print(json.dumps({**figures, "load_generator": generator}))
+
+
+def main_pg(url: str | None, rounds: int, window_s: float, load: float) -> None:
+    """The `--pair --pg` run: its line of text, then its JSON line."""
+    if load_generator() != "wrk":
+        sys.exit("--pg needs wrk: `make bench` installs it (Debian: sudo apt-get install wrk)")
+    with tempfile.TemporaryDirectory(prefix="sessionrl-bench-") as tmp:
+        pg = run_pg(Path(tmp), rounds, window_s, url)
+    print(
+        f"PostgreSQL ({rounds} windows of {window_s:.0f} s each, medians): one process"
+        f" {pg['pg_one_steps_per_s']:.0f}/s (p99 {pg['pg_one_p99_ms']:.1f} ms), two processes"
+        f" {pg['pg_pair_steps_per_s']:.0f}/s (p99 {pg['p99_ms']:.1f} ms, the worse process's) ->"
+        f" {pg['pair_speedup']:.2f}x (windows {pg['pair_speedup_min']:.2f}-{pg['pair_speedup_max']:.2f}x)",
+        flush=True,
+    )
+    figures = {k: round(v, 4) for k, v in {**pg, "load_average": load}.items()}
+    print(json.dumps({**figures, "load_generator": "wrk"}))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """A throwaway PostgreSQL server in a temporary folder, for tests and benchmarks (`LocalPostgres`).
 
 It listens on a Unix socket inside its folder only (no TCP port), trusts local connections, and is
-tuned for speed over durability (`fsync=off`): it is for data that may be lost with the machine, never
-for a store that matters. PostgreSQL refuses to run as root, so when this process is root the server
+tuned for speed over durability (`fsync=off`) unless started `durable` (as a benchmark that compares it
+with SQLite's synchronous commits must): it is for data that may be lost with the machine, never for a
+store that matters. PostgreSQL refuses to run as root, so when this process is root the server
 runs as the `postgres` user, who is given the folder.
 
     with LocalPostgres(find_bin_dir()) as server:
@@ -22,14 +23,11 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
-SETTINGS = (
-    "listen_addresses=''",
-    "fsync=off",
-    "synchronous_commit=off",
-    "full_page_writes=off",
-    "max_connections=200",
-)
-"""Server settings: no TCP, and no waiting on the disk (see the module doc)."""
+SETTINGS = ("listen_addresses=''", "max_connections=200")
+"""Server settings: no TCP."""
+
+FAST = ("fsync=off", "synchronous_commit=off", "full_page_writes=off")
+"""Settings of a server that is not `durable`: no waiting on the disk."""
 
 OS_USER = "postgres"
 """The account the server runs under when this process is root."""
@@ -47,8 +45,9 @@ def find_bin_dir() -> Path | None:
 class LocalPostgres:
     """Start with `with LocalPostgres(bin_dir) as server:`; `server.url(db)` names a database on it."""
 
-    def __init__(self, bin_dir: Path, user: str = OS_USER) -> None:
+    def __init__(self, bin_dir: Path, user: str = OS_USER, *, durable: bool = False) -> None:
         self.bin_dir = bin_dir
+        self.durable = durable
         self.as_root = os.geteuid() == 0
         self.os_user = user if self.as_root else pwd.getpwuid(os.geteuid()).pw_name
         self.folder = Path(tempfile.mkdtemp(prefix="sessionrl-pg-"))
@@ -70,7 +69,8 @@ class LocalPostgres:
             "initdb", "-D", str(self.data), "-U", self.os_user, "--auth=trust", "--encoding=UTF8",
             "--locale=C.UTF-8", "--no-sync",
         )  # fmt: skip
-        options = " ".join([f"-k {self.folder}", *(f"-c {s}" for s in SETTINGS)])
+        settings = SETTINGS if self.durable else (*SETTINGS, *FAST)
+        options = " ".join([f"-k {self.folder}", *(f"-c {s}" for s in settings)])
         log = str(self.folder / "server.log")
         self._run("pg_ctl", "start", "-w", "-D", str(self.data), "-l", log, "-o", options)
 
