@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sessionrl.session import Session
     from sessionrl.train.config import RunConfig
     from sessionrl.train.llm.loop import TrainResult
+    from sessionrl.train.llm.reflection import StagesResult
     from sessionrl.train.structured.run import StructuredResult
 
 
@@ -37,6 +38,8 @@ def train_command(
     from sessionrl.train.config import RunConfig
     from sessionrl.train.dispatch import run_trainer
     from sessionrl.train.llm.checkpoint import Stage
+    from sessionrl.train.llm.loop import TrainResult
+    from sessionrl.train.llm.reflection import StagesResult
     from sessionrl.train.structured.run import StructuredResult
 
     console = Console()
@@ -48,13 +51,17 @@ def train_command(
         result = run_trainer(run_config, resume=resume, console=console)
     evaluation = run_config.evaluation
     title = f"{run_config.env.name} · {evaluation.split} · {evaluation.tasks} tasks"
-    if isinstance(result, StructuredResult):
-        _print_structured(console, result, title)
-    else:
-        _print_llm(console, result, title)
+    staged = result if isinstance(result, StagesResult) else None
+    trained = staged.train if staged is not None else result
+    if isinstance(trained, StructuredResult):
+        _print_structured(console, trained, title)
+    elif isinstance(trained, TrainResult):
+        _print_llm(console, trained, title)
+    if staged is not None:
+        _print_stages(console, staged, title)
     console.print(f"trainer: {run_config.trainer}; run folder: {run_config.run_dir}")
-    if not isinstance(result, StructuredResult) and result.stage is Stage.STOPPED:
-        _stopped_at_the_gate(result, run_config)
+    if isinstance(trained, TrainResult) and trained.stage is Stage.STOPPED:
+        _stopped_at_the_gate(trained, run_config)
 
 
 def _plan(config: RunConfig) -> str:
@@ -102,6 +109,18 @@ def _print_llm(console: Console, result: TrainResult, title: str) -> None:
         console.print(curve_table(result.curve))
     console.print(metrics_table({label: e.metrics for label, e in result.report.items()}, title=title))
     console.print(f"stage: {result.stage}")
+
+
+def _print_stages(console: Console, result: StagesResult, title: str) -> None:
+    """A staged run: the five dimensions and the levels after each stage, and the held-out uplift."""
+    from sessionrl.eval.report import dimensions_table, levels_table
+
+    console.print(dimensions_table({r.stage: r.dimensions() for r in result.stages}, title=title))
+    console.print(levels_table({r.stage: r.levels for r in result.stages}, title=f"{title} · levels"))
+    if result.uplift is not None:
+        u = result.uplift
+        cu = "-" if u.cu is None else f"{u.cu:+.3f}"
+        console.print(f"CU on {u.failures} held-out failures: {cu} (McNemar p={u.p_value:.3f})")
 
 
 def _print_structured(console: Console, result: StructuredResult, title: str) -> None:

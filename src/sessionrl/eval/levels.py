@@ -142,8 +142,8 @@ def execution(sessions: Sequence[Session], config: LevelsConfig) -> LevelResult:
     """L1: tool-call success over every call, and how many kinds of tool were called."""
     calls = [c for s in sessions for c in s.tool_calls]
     kinds = len({c.tool for c in calls})
-    if not calls:
-        return _result(Level.L1, None, config.l1_tcsr, 0, False, "no tool call")
+    if not calls:  # an agent that never acts has not shown it can
+        return LevelResult(Level.L1, 0.0, config.l1_tcsr, False, 0, "no tool call")
     rate = sum(c.status == CallStatus.SUCCESS for c in calls) / len(calls)
     ok = rate >= config.l1_tcsr and kinds >= config.l1_min_tools
     return _result(Level.L1, rate, config.l1_tcsr, len(calls), ok, f"{kinds} kinds of tool")

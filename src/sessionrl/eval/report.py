@@ -65,3 +65,24 @@ def levels_table(columns: Mapping[str, LevelReport], title: str = "Capability le
 def _level_cell(value: float | None, passed: bool | None) -> str:
     verdict = "-" if passed is None else "pass" if passed else "FAIL"
     return f"{_fmt(value)} {verdict}"
+
+
+DIMENSIONS: tuple[tuple[str, str], ...] = (
+    ("tcsr", "tool-call success (TCSR)"),
+    ("dvr", "plan DAG validity (DVR)"),
+    ("er5", "entity recall@5 (ER@5)"),
+    ("cu", "correction uplift (CU)"),
+    ("spt", "steps per task (SPT)"),
+)
+"""The five evaluation dimensions, in the seed's order."""
+
+
+def dimensions_table(columns: Mapping[str, Mapping[str, float | None]], title: str = "Dimensions") -> Table:
+    """The five dimensions side by side, one column per stage (or policy); `-` where unmeasured."""
+    table = Table(title=title)
+    table.add_column("dimension")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for key, label in DIMENSIONS:
+        table.add_row(label, *(_fmt(values.get(key)) for values in columns.values()))
+    return table

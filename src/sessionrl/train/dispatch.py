@@ -6,6 +6,9 @@
     ppo    structured imitation, then PPO                   sessionrl.train.structured.run.train_structured
     aaac   structured imitation, then AAAC                  sessionrl.train.structured.run.train_structured
 
+A config with `stages:` runs the grpo loop stage by stage (`sessionrl.train.llm.reflection.train_stages`;
+`[imitation, rl, reflection]` adds reflection as stage 3) and reports each stage.
+
 Each writes under `config.run_dir` (config.yaml, metrics.jsonl, the exported policies) and ends with an
 evaluation of what it exported. Only the LLM loop (`sft`, `grpo`) keeps checkpoints, so only it resumes.
 """
@@ -17,6 +20,7 @@ from rich.console import Console
 from sessionrl.train.config import RunConfig, Trainer
 from sessionrl.train.llm.loop import TrainResult, train, train_sft
 from sessionrl.train.llm.preferences import train_dpo
+from sessionrl.train.llm.reflection import StagesResult, train_stages
 from sessionrl.train.structured.run import StructuredResult, train_structured
 
 RESUMABLE = frozenset({Trainer.SFT, Trainer.GRPO})
@@ -25,13 +29,17 @@ RESUMABLE = frozenset({Trainer.SFT, Trainer.GRPO})
 
 def run_trainer(
     config: RunConfig, *, resume: bool = False, console: Console | None = None
-) -> TrainResult | StructuredResult:
+) -> TrainResult | StructuredResult | StagesResult:
     """Run (or, with `resume`, continue) the trainer `config` names; see the module doc."""
     console = console or Console()
     if resume and config.trainer not in RESUMABLE:
         raise ValueError(
             f"trainer {config.trainer} keeps no checkpoint to resume; only sft and grpo runs resume"
         )
+    if config.stages is not None:
+        if resume:
+            raise ValueError("a staged run (`stages:`) does not resume; start it in a new run_dir")
+        return train_stages(config, console=console)
     match config.trainer:
         case Trainer.SFT:
             return train_sft(config, resume=resume, console=console)

@@ -1,0 +1,343 @@
+"""The third training stage, reflection, and the staged run `stages: [imitation, rl, reflection]`.
+
+    try       the RL policy attempts `reflection.tasks` training tasks
+    reflect   each failure gets a reflection record from the judge's offline extractor (stored as feedback)
+    correct   the expert replays each failed task with the reflection in its request: corrected retries
+    train     SFT on the corrected retries (and the imitation demonstrations, so nothing is forgotten), plus
+              a root-cause prediction loss: after a failed transcript and `ROOT_CAUSE_QUESTION`, the
+              answer `root cause: <cause>`, weighted from `root_cause_weight[0]` to `[1]` (the L5 weight,
+              0.1 → 0.2) over the stage's steps ──▶ reflection_policy/
+    measure   correction uplift on held-out failures: the RL policy's failures on the report split, each
+              retried once by the RL policy without a reflection and once by the reflection policy with
+              it, on the same seeds (so the same faults); CU is the difference of their success rates
+
+`train_stages` runs imitation and RL (the grpo loop), then this stage, and reports after each stage the
+five dimensions (TCSR, DVR, ER@5, CU, SPT) and the capability levels on the report split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from torch import Tensor
+
+from sessionrl.envs.base import Split, Task, stream_seed
+from sessionrl.episodes import EpisodeSpec, expert, progress, run_episodes
+from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.eval.curriculum import expert_steps
+from sessionrl.eval.levels import LevelReport, assess
+from sessionrl.eval.metrics import AgentMetrics, success_rate, task_success
+from sessionrl.eval.significance import mcnemar_p
+from sessionrl.policy.llm import HFPolicy
+from sessionrl.reflection import (
+    ROOT_CAUSE_QUESTION,
+    Reflection,
+    RootCause,
+    reflect,
+    root_cause_answer,
+    with_reflection,
+)
+from sessionrl.session import FeedbackAdded, Message, Session
+from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.data import (
+    ChatEncoder,
+    MicroBatch,
+    TokenSequence,
+    Turn,
+    demonstration_replies,
+    merge_turns,
+)
+from sessionrl.train.llm.loop import (
+    SEED_BITS,
+    TrainResult,
+    demonstrations,
+    evaluate,
+    once_per_task,
+    train,
+)
+from sessionrl.train.llm.run import Run, evaluation_view, export_policy, open_run
+from sessionrl.train.llm.sft import SFTTrainer
+from sessionrl.train.llm.update import token_logprobs
+
+# episodes
+
+
+def attempt(
+    run: Run,
+    policy: HFPolicy,
+    tasks: Sequence[Task],
+    label: str,
+    stream: str,
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Session]:
+    """One greedy episode of `policy` per task (evaluation faults, seeded by `stream` and the task), in
+    sessions `<label>-<task id>`; `extra` adds metadata by task id."""
+    cfg = run.config
+    view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
+    faults = cfg.faults.fixed(cfg.faults.eval_rate)
+    specs = once_per_task(cfg.seed, tasks, stream, label, faults, {"stage": "reflection", "label": label})
+    extra = extra or {}
+    specs = [dataclasses.replace(s, metadata={**s.metadata, **extra.get(s.task.task_id, {})}) for s in specs]
+    batch = run_episodes(run.env, specs, PolicyAgent(view, policy.version), run.store, cfg.rollout)
+    return [run.store.get(r.session_id) for r in asyncio.run(batch)]
+
+
+def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Reflection]]:
+    """Each failed session with the judge's reflection on it, which is also stored as its feedback."""
+    tasks = {t.task_id: t for split in Split for t in run.env.tasks(split)}
+    out = []
+    for session in sessions:
+        task = tasks[str(session.metadata["task_id"])]
+        reflection = reflect(session, run.env.expert(task))
+        if reflection is not None:
+            run.store.append(session.session_id, FeedbackAdded(feedback=reflection.as_feedback()))
+            out.append((session, reflection))
+    return out
+
+
+def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) -> list[Session]:
+    """The expert's replays of the failed tasks with their reflections in the request; the solved ones."""
+    tasks = {t.task_id: t for t in run.env.tasks(Split.TRAIN)}
+    specs = [
+        EpisodeSpec(
+            with_reflection(tasks[str(s.metadata["task_id"])], r),
+            session_id=f"corrected-{s.session_id}",
+            seed=stream_seed(run.config.seed, "corrected", s.session_id, bits=SEED_BITS),
+            metadata={"stage": "reflection", "retry_of": s.session_id, "reflected": True},
+        )
+        for s, r in failed
+    ]
+    batch = run_episodes(run.env, specs, expert(run.env), run.store, run.config.rollout)
+    return [run.store.get(r.session_id) for r in asyncio.run(batch) if r.success]
+
+
+# data
+
+
+def transcript(session: Session, system: str, max_tool_chars: int) -> list[Message]:
+    """A session as the conversation the policy saw: system, request, each action and tool answer, and
+    the final answer when there was one."""
+    replies = demonstration_replies(session, system, max_tool_chars)
+    if not replies:
+        return [Message(role="system", content=system), Message(role="user", content=session.user_query)]
+    return [*replies[-1].messages, Message(role="assistant", content=replies[-1].text)]
+
+
+def root_cause_turn(
+    session: Session, cause: RootCause, system: str, encoder: ChatEncoder, max_tool_chars: int
+) -> Turn:
+    """The failed session's transcript, `ROOT_CAUSE_QUESTION`, then the answer naming `cause`."""
+    messages = transcript(session, system, max_tool_chars)
+    messages.append(Message(role="user", content=ROOT_CAUSE_QUESTION))
+    answer = encoder.encode_reply(root_cause_answer(cause))
+    return Turn(tuple(encoder.encode_prompt(messages)), tuple(answer))
+
+
+def root_cause_sequences(
+    run: Run, policy: HFPolicy, failed: Sequence[tuple[Session, Reflection]]
+) -> list[TokenSequence]:
+    """A root-cause turn (`root_cause_turn`) for each failure, as training sequences."""
+    max_chars = run.config.rollout.max_tool_chars
+    return [
+        seq
+        for session, reflection in failed
+        for seq in merge_turns(
+            [root_cause_turn(session, reflection.root_cause, run.system, policy, max_chars)],
+            session.session_id,
+        )
+    ]
+
+
+def weighted(sequences: Sequence[TokenSequence], weight: float) -> list[TokenSequence]:
+    """`sequences` with `weight` on every trained token (in `advantages`, which `ReflectionTrainer` reads
+    as per-token loss weights: negative marks the root-cause head's tokens)."""
+    return [
+        dataclasses.replace(s, advantages=tuple(weight if m else 0.0 for m in s.loss_mask)) for s in sequences
+    ]
+
+
+def root_cause_weight(step: int, steps: int, span: tuple[float, float]) -> float:
+    """The root-cause loss weight at `step` of `steps`: linear from `span[0]` to `span[1]`.
+
+    >>> [round(root_cause_weight(s, 3, (0.1, 0.2)), 3) for s in range(3)]
+    [0.1, 0.15, 0.2]
+    """
+    start, end = span
+    return start if steps <= 1 else start + (end - start) * step / (steps - 1)
+
+
+class ReflectionTrainer(SFTTrainer):
+    """SFT whose tokens carry weights: `advantages` > 0 for corrected retries and demonstrations,
+    < 0 (its absolute value the weight) for root-cause answers; the loss is the weighted mean NLL."""
+
+    def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+        """Weighted NLL over policy tokens, with the NLL of each part reported apart."""
+        nll = -token_logprobs(self.model, micro)
+        mask = micro.loss_mask
+        weight = micro.advantages.abs() * mask
+        loss = (nll * weight).sum() / mask.sum().clamp_min(1)
+        seen = nll.detach()
+        cause = mask & (micro.advantages < 0)
+        retry = mask & (micro.advantages > 0)
+        parts = {
+            "retry_nll": float((seen * retry).sum() / retry.sum().clamp_min(1)),
+            "root_cause_nll": float((seen * cause).sum() / cause.sum().clamp_min(1)),
+        }
+        return loss, parts
+
+
+# the stage
+
+
+@dataclass(frozen=True, slots=True)
+class Uplift:
+    """Correction uplift on held-out failures (see the module doc)."""
+
+    failures: int
+    without: tuple[Session, ...]
+    with_reflection: tuple[Session, ...]
+    untrained_with_reflection: tuple[Session, ...]
+    """The RL policy's retries with the reflection: what the reflection alone does, untrained."""
+
+    @property
+    def cu(self) -> float | None:
+        """Success with reflection (stage 3) minus success without (stage 2); None without failures."""
+        if not self.failures:
+            return None
+        return success_rate(self.with_reflection) - success_rate(self.without)
+
+    @property
+    def p_value(self) -> float:
+        """McNemar's p of the paired retries."""
+        pairs = list(zip(self.without, self.with_reflection, strict=True))
+        first_only = sum(task_success(a) is True and task_success(b) is not True for a, b in pairs)
+        second_only = sum(task_success(b) is True and task_success(a) is not True for a, b in pairs)
+        return mcnemar_p(first_only, second_only)
+
+
+def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
+    """Try, reflect, correct and train (see the module doc); exports `reflection_policy/` and returns what
+    the stage used and its last losses."""
+    cfg, rc, policy = run.config, run.config.reflection, run.need_policy()
+    tried = attempt(run, policy, run.env.tasks(Split.TRAIN)[: rc.tasks], "s3-try", "s3-try")
+    failed = reflect_on(run, tried)
+    retries = corrected_retries(run, failed)
+    demos = [s for s in run.store.iter_sessions() if s.metadata.get("stage") == "demo" and task_success(s)]
+    examples = weighted(demonstrations(run, policy, [*retries, *demos]), 1.0)
+    causes = root_cause_sequences(run, policy, failed)
+    trainer = ReflectionTrainer(policy.model, rc.trainer, policy.tokenizer.pad_token_id)
+    record: dict[str, Any] = {"tried": len(tried), "failed": len(failed), "corrected": len(retries)}
+    run.log.write("reflection", 0, record)
+    with progress(console, "reflection", rc.trainer.steps) as bar:
+        for step in range(rc.trainer.steps):
+            # batch: corrected retries and demonstrations, then root-cause answers at this step's weight
+            rng = random.Random(stream_seed(cfg.seed, "reflection", step, bits=SEED_BITS))
+            batch = rng.sample(examples, min(rc.trainer.batch_sessions, len(examples)))
+            weight = root_cause_weight(step, rc.trainer.steps, rc.root_cause_weight)
+            batch += weighted(rng.sample(causes, min(rc.trainer.batch_sessions, len(causes))), -weight)
+            # update
+            stats = trainer.step(batch)
+            # log
+            record = {"loss": stats.loss, **stats.parts, "root_cause_weight": weight}
+            run.log.write("reflection", step, record)
+            bar.advance(info=f"loss {stats.loss:.3f}")
+    export_policy(policy, run.folder / "reflection_policy")
+    return record
+
+
+def held_out_uplift(run: Run, stage2: HFPolicy, stage3: HFPolicy) -> Uplift:
+    """CU on the RL policy's failures among the first `reflection.held_out` report-split tasks."""
+    cfg = run.config
+    tasks = run.env.tasks(cfg.evaluation.split)[: cfg.reflection.held_out]
+    first = attempt(run, stage2, tasks, "cu-first", "eval")
+    failed = reflect_on(run, first)
+    by_id = {t.task_id: t for t in tasks}
+    plain = [by_id[str(s.metadata["task_id"])] for s, _ in failed]
+    reflected = [with_reflection(by_id[str(s.metadata["task_id"])], r) for s, r in failed]
+
+    def marks(flag: bool) -> dict[str, dict[str, Any]]:
+        return {str(s.metadata["task_id"]): {"retry_of": s.session_id, "reflected": flag} for s, _ in failed}
+
+    without = attempt(run, stage2, plain, "cu-retry", "cu-retry", marks(False))
+    with_ = attempt(run, stage3, reflected, "cu-reflected", "cu-retry", marks(True))
+    untrained = attempt(run, stage2, reflected, "cu-reflected-rl", "cu-retry")
+    return Uplift(len(failed), tuple(without), tuple(with_), tuple(untrained))
+
+
+# the staged run
+
+
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    """A stage's policy on the report split: its metrics, CU (measured after reflection only), levels."""
+
+    stage: str
+    metrics: AgentMetrics
+    cu: float | None
+    levels: LevelReport
+
+    def dimensions(self) -> dict[str, float | None]:
+        """The five dimensions."""
+        m = self.metrics
+        return {"tcsr": m.tcsr, "dvr": m.dvr, "er5": m.er5, "cu": self.cu, "spt": m.spt}
+
+
+@dataclass(frozen=True, slots=True)
+class StagesResult:
+    """A staged run: the grpo loop's result, each stage's report, and the held-out uplift."""
+
+    train: TrainResult
+    stages: tuple[StageReport, ...]
+    uplift: Uplift | None
+
+
+def train_stages(config: RunConfig, *, console: Console | None = None) -> StagesResult:
+    """Imitation and RL (`train`), then reflection when `config.stages` names it and RL ran; a report
+    after each stage (see the module doc)."""
+    console = console or Console()
+    result = train(config, console=console)
+    steps = expert_steps(config.env.build())
+    reports = [
+        StageReport(stage, e.metrics, None, assess(e.sessions, config.levels, steps_of=steps))
+        for stage, label in (("imitation", "sft"), ("rl", "rl"))
+        if (e := result.report.get(label)) is not None
+    ]
+    if config.stages is None or "reflection" not in config.stages or "rl" not in result.report:
+        return StagesResult(result, tuple(reports), None)
+    with open_run(config) as run:
+        load = (run.folder / "rl_policy", config.rl.sampling, config.batching)
+        run.policy = HFPolicy.load(*load)
+        reflection_stage(run, console)
+        uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy)
+        final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, "reflection")
+        sessions = [*final.sessions, *uplift.without, *uplift.with_reflection]
+        levels = assess(sessions, config.levels, steps_of=steps)
+        reports.append(StageReport("reflection", final.metrics, uplift.cu, levels))
+        for report in reports:
+            run.log.write("stages", 0, {"of": report.stage, **report.dimensions(), **report.levels.as_dict()})
+    return StagesResult(result, tuple(reports), uplift)
+
+
+__all__ = [
+    "ReflectionTrainer",
+    "StageReport",
+    "StagesResult",
+    "Uplift",
+    "attempt",
+    "corrected_retries",
+    "held_out_uplift",
+    "reflect_on",
+    "reflection_stage",
+    "root_cause_sequences",
+    "root_cause_turn",
+    "root_cause_weight",
+    "train_stages",
+    "transcript",
+    "weighted",
+]
