@@ -1,10 +1,10 @@
 """A quick yes for plain JSON Schemas: the per-call check of parameters and outputs without jsonschema.
 
 `quick_check(schema)` turns a schema written with the common keywords (types, properties, required,
-additional properties, items, bounds, lengths, string enums, anyOf/allOf) into a predicate built once.
-Its promise is one-sided: when it says yes, jsonschema (2020-12) says yes too; when it says no, the
+additional properties, items, bounds, lengths, patterns, string enums, anyOf/allOf) into a predicate built
+once. Its promise is one-sided: when it says yes, jsonschema (2020-12) says yes too; when it says no, the
 caller asks jsonschema, which decides and words the errors. A schema with any other keyword (`format`,
-`pattern`, `$ref`, `oneOf`, `not`, ...) gets None: it is checked by jsonschema alone.
+`$ref`, `oneOf`, `not`, ...) gets None: it is checked by jsonschema alone.
 
 >>> accepts = quick_check({"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}})
 >>> accepts({"n": 2}), accepts({"n": 2.0}), accepts({"n": 4}), accepts({"n": True})
@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
@@ -93,6 +94,11 @@ def _keyword(key: str, value: Any, schema: Mapping[str, Any]) -> Check | None:
         return lambda v: not isinstance(v, list) or all(item(x) for x in v)
     if key in ("enum", "const"):
         return _choice(value if key == "enum" else [value])
+    if key == "pattern":
+        if not isinstance(value, str):
+            raise _Unsupported
+        compiled = re.compile(value)  # jsonschema also searches with Python's re
+        return lambda v: not isinstance(v, str) or compiled.search(v) is not None
     if key in ("anyOf", "allOf"):
         if not isinstance(value, list) or not value:
             raise _Unsupported
