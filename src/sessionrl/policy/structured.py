@@ -28,6 +28,7 @@ levels `losses.quantile_midpoints`; its value is then their lower-tail CVaR at `
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from sessionrl.envs.gym import ParamSpec
 from sessionrl.policy.graph import GraphEncoder, ObservationLayout, observation_graphs
@@ -94,21 +96,52 @@ class ActionLayout:
 
     def owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, H]`` masks of the numeric and the choice heads that belong to each row's skill."""
-        numeric = torch.tensor([s for s, _ in self.numeric], dtype=torch.long, device=skill.device)
-        choices = torch.tensor([s for s, _, _ in self.choices], dtype=torch.long, device=skill.device)
-        return skill[:, None] == numeric[None, :], skill[:, None] == choices[None, :]
+        index = layout_index(self)
+        return skill[:, None] == index.numeric_skill[None, :], skill[:, None] == index.choice_skill[None, :]
 
     def env_params(self, action: StructuredAction) -> Tensor:
         """``[B, width]`` parameter vectors for the environment: ``tanh(u)`` for numbers, bin centres for
         choices, each in its skill's slot; slots the skill does not use stay 0."""
+        index = layout_index(self)
         params = torch.zeros((action.skill.shape[0], self.width), device=action.raw.device)
         own_num, own_choice = self.owned(action.skill)
-        for h, (_, slot) in enumerate(self.numeric):
-            params[:, slot] += torch.tanh(action.raw[:, h]) * own_num[:, h]
-        for h, (_, slot, k) in enumerate(self.choices):
-            centre = -1.0 + (2.0 * action.choice[:, h].to(params.dtype) + 1.0) / k
-            params[:, slot] += centre * own_choice[:, h]
-        return params
+        params.index_add_(1, index.numeric_slot, torch.tanh(action.raw) * own_num)
+        centre = -1.0 + (2.0 * action.choice.to(params.dtype) + 1.0) / index.choice_size
+        return params.index_add_(1, index.choice_slot, centre * own_choice)
+
+
+@dataclass(frozen=True)
+class LayoutIndex:
+    """An `ActionLayout` as index tensors: each head's skill and slot, each choice head's size, and where
+    choice head ``h``'s option ``j`` sits in the flat choice logits (`pad`, ``[H, K_max]``; the value
+    ``sum(k)`` points at a padding column of ``-inf``)."""
+
+    numeric_skill: Tensor
+    numeric_slot: Tensor
+    choice_skill: Tensor
+    choice_slot: Tensor
+    choice_size: Tensor
+    pad: Tensor
+
+
+@functools.cache
+def layout_index(layout: ActionLayout) -> LayoutIndex:
+    """The index tensors of `layout`, built once per layout."""
+    sizes = [k for _, _, k in layout.choices]
+    widest, total = max(sizes, default=1), sum(sizes)
+    pad = torch.full((len(sizes), widest), total, dtype=torch.long)
+    start = 0
+    for h, k in enumerate(sizes):
+        pad[h, :k] = torch.arange(start, start + k)
+        start += k
+    return LayoutIndex(
+        numeric_skill=torch.tensor([s for s, _ in layout.numeric], dtype=torch.long),
+        numeric_slot=torch.tensor([slot for _, slot in layout.numeric], dtype=torch.long),
+        choice_skill=torch.tensor([s for s, _, _ in layout.choices], dtype=torch.long),
+        choice_slot=torch.tensor([slot for _, slot, _ in layout.choices], dtype=torch.long),
+        choice_size=torch.tensor(sizes, dtype=torch.float32),
+        pad=pad,
+    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +177,11 @@ def categorical_entropy(logits: Tensor) -> Tensor:
 
 
 class StructuredDist:
-    """The policy's action distribution for a batch of states (see the module doc)."""
+    """The policy's action distribution for a batch of states (see the module doc).
+
+    The choice heads' logits are laid out as one ``[B, H, K_max]`` tensor (options past a head's ``k`` are
+    ``-inf``), so every choice head samples, scores and adds its entropy in one tensor operation.
+    """
 
     def __init__(
         self, layout: ActionLayout, skill_logits: Tensor, mean: Tensor, log_std: Tensor, choice_logits: Tensor
@@ -153,49 +190,39 @@ class StructuredDist:
         self.skill_logits = skill_logits
         self.mean = mean
         self.std = log_std.exp().expand_as(mean)
-        self.choice_logits = list(torch.split(choice_logits, [k for _, _, k in layout.choices], dim=-1))
+        pad = layout_index(layout).pad.to(choice_logits.device)
+        padded = F.pad(choice_logits, (0, 1), value=float("-inf"))
+        self.choice_logits = padded[:, pad.reshape(-1)].reshape(choice_logits.shape[0], *pad.shape)
+        """``[B, H, K_max]`` logits of every choice head."""
 
     def sample(self, generator: torch.Generator | None = None) -> StructuredAction:
         """Draw one action per state (masked skills have probability 0)."""
         skill = torch.multinomial(self.skill_logits.softmax(-1), 1, generator=generator).squeeze(-1)
         noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype)
         raw = self.mean + self.std * noise.to(self.mean.device)
-        picks = [
-            torch.multinomial(c.softmax(-1), 1, generator=generator).squeeze(-1) for c in self.choice_logits
-        ]
-        return StructuredAction(skill, raw, self._stack(picks, skill))
+        uniform = torch.rand(self.choice_logits.shape, generator=generator, dtype=self.choice_logits.dtype)
+        gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))  # Gumbel-max: one draw per head
+        picks = (self.choice_logits + gumbel.to(self.choice_logits.device)).argmax(-1)
+        return StructuredAction(skill, raw, picks)
 
     def mode(self) -> StructuredAction:
         """The most likely action per state (greedy evaluation)."""
-        skill = self.skill_logits.argmax(-1)
-        return StructuredAction(
-            skill, self.mean, self._stack([c.argmax(-1) for c in self.choice_logits], skill)
-        )
-
-    def _stack(self, picks: list[Tensor], skill: Tensor) -> Tensor:
-        if not picks:
-            return torch.zeros((skill.shape[0], 0), dtype=torch.long, device=skill.device)
-        return torch.stack(picks, dim=-1)
+        return StructuredAction(self.skill_logits.argmax(-1), self.mean, self.choice_logits.argmax(-1))
 
     def log_prob(self, action: StructuredAction) -> Tensor:
         """``[B]`` log-probability of each action: its skill plus its skill's own parameters."""
         logp = torch.log_softmax(self.skill_logits, -1).gather(-1, action.skill[:, None]).squeeze(-1)
         own_num, own_choice = self.layout.owned(action.skill)
         gauss = -0.5 * ((action.raw - self.mean) / self.std) ** 2 - self.std.log() - 0.5 * LOG_2PI
-        logp = logp + (gauss * own_num).sum(-1)
-        for h, logits in enumerate(self.choice_logits):
-            chosen = torch.log_softmax(logits, -1).gather(-1, action.choice[:, h : h + 1]).squeeze(-1)
-            logp = logp + chosen * own_choice[:, h]
-        return logp
+        chosen = torch.log_softmax(self.choice_logits, -1).gather(-1, action.choice[..., None]).squeeze(-1)
+        return logp + (gauss * own_num).sum(-1) + (chosen * own_choice).sum(-1)
 
     def entropy(self, skill: Tensor) -> Tensor:
         """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
         own_num, own_choice = self.layout.owned(skill)
         gauss = 0.5 + 0.5 * LOG_2PI + self.std.log()
-        total = categorical_entropy(self.skill_logits) + (gauss * own_num).sum(-1)
-        for h, logits in enumerate(self.choice_logits):
-            total = total + categorical_entropy(logits) * own_choice[:, h]
-        return total
+        choices = categorical_entropy(self.choice_logits) * own_choice
+        return categorical_entropy(self.skill_logits) + (gauss * own_num).sum(-1) + choices.sum(-1)
 
 
 def _trunk(inputs: int, hidden: int) -> nn.Sequential:
@@ -322,6 +349,7 @@ __all__ = [
     "LOG_STD_RANGE",
     "OBS_KEYS",
     "ActionLayout",
+    "LayoutIndex",
     "PolicyOutput",
     "StateKind",
     "StructuredAction",
@@ -331,6 +359,7 @@ __all__ = [
     "categorical_entropy",
     "flatten_batch",
     "flatten_observation",
+    "layout_index",
     "masked_logits",
     "observation_size",
 ]

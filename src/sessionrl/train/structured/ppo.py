@@ -146,7 +146,7 @@ def train_clipped(
     `policy` and `on_log` are as for `train_ppo`.
     """
     policy, encoder, collector = build_run(env, cfg, policy)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=update.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=update.lr, eps=1e-5, foreach=True)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch_threads(cfg.threads), closing(collector):
         history, updates, beta = [], 0, 0.0
@@ -181,7 +181,7 @@ def train_clipped(
                     loss = loss + update.value_coef * critics - update.entropy_coef * entropy
                     optimizer.zero_grad(set_to_none=True)
                     torch.autograd.backward(loss)
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), update.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), update.max_grad_norm, foreach=True)
                     optimizer.step()
                     updates += 1
                     stats = (pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction)
