@@ -99,7 +99,7 @@ async def test_a_parked_session_resumes_after_a_restart_without_losing_an_event(
         async with serving(make_app(url, ops, backends=[ScriptedBackend([])])) as client:
             waiting = (await client.get("/v1/policies/takeover")).json()
             assert [(w["session_id"], w["trace_id"]) for w in waiting] == [("s1", before["trace_id"])]
-            step = {"kind": "tool", "payload": {"tool": "refund", "subgoal_id": "b"}}
+            step = {"kind": "tool", "tool": "refund", "subgoal_id": "b"}
             resumed = await client.post("/v1/policies/takeover/s1/steps", json={"step": step, "by": "ana"})
             assert resumed.status_code == 200, resumed.text
             assert resumed.json()["ok"]
@@ -108,7 +108,7 @@ async def test_a_parked_session_resumes_after_a_restart_without_losing_an_event(
             assert after["metadata"]["takeover"]["resumed_by"] == "ana"
             assert [c["tool"] for c in after["tool_calls"]] == ["find", "refund"]
             refused = await client.post("/v1/policies/takeover/s1/steps", json={"step": step})
-            assert refused.status_code == 422  # no longer parked
+            assert refused.status_code == 409  # no longer parked
             finished = await client.post("/v1/sessions/s1/finish", json={"text": "refunded"})
             assert finished.status_code == 200, finished.text
     with SessionStore.open(url) as store:

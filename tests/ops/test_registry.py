@@ -64,3 +64,19 @@ def test_the_strategy_mode_is_a_logged_setting(ops_store: SessionStore) -> None:
     assert current_mode(registry) is StrategyMode.RULES
     (entry,) = registry.log(kind="setting")
     assert entry.detail == {"key": "strategy_mode", "value": "rules", "reason": "incident 7"}
+
+
+def test_a_repeated_key_returns_the_first_answer_and_changes_nothing(ops_store: SessionStore) -> None:
+    registry = PolicyRegistry(ops_store)
+    first = registry.register("orders", "a", key="k1")
+    assert registry.register("orders", "a", key="k1") == first
+    assert len(registry.versions("orders")) == 1
+    registry.register("orders", "b")
+    production = registry.promote("orders", 1, Stage.PRODUCTION, key="k2")
+    canary = registry.promote("orders", 2, Stage.CANARY, share=0.1, key="k3")
+    assert registry.promote("orders", 2, Stage.CANARY, share=0.1, key="k3") == canary
+    assert registry.rollback("orders", reason="r", key="k4") == production
+    assert registry.rollback("orders", reason="r", key="k4") == production  # not a second rollback
+    assert [e.kind for e in registry.log(kind="rolled_back")] == ["rolled_back"]
+    with pytest.raises(InvalidEvent):
+        registry.register("orders@v2", "x")  # a name that would read as a version tag

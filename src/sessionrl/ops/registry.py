@@ -22,13 +22,14 @@ so the log says who moved what, when and why. Global switches (the strategy mode
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
@@ -112,6 +113,12 @@ class LogEntry(BaseModel):
     detail: dict[str, Any]
 
 
+POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+"""What a policy's name may be (it appears in session tags as `<policy>@v<version>`)."""
+
+_IDEMPOTENT = "idempotency:"
+"""Prefix of the `ops_settings` rows remembering the answers to requests with an idempotency key."""
+
 _COLUMNS = "policy, version, kind, stage, artifact, share, lineage, evaluation, created_at, updated_at"
 
 
@@ -125,10 +132,15 @@ def _version(row: tuple[Any, ...]) -> PolicyVersion:
         artifact=artifact,
         share=float(share),
         lineage=Lineage.model_validate_json(lineage),
-        evaluation=orjson.loads(evaluation),
+        evaluation=json.loads(evaluation),
         created_at=datetime.fromisoformat(created),
         updated_at=datetime.fromisoformat(updated),
     )
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    """JSON text of a mapping from a caller (the standard encoder: integers of any size; others as text)."""
+    return json.dumps(dict(value), default=str, ensure_ascii=False)
 
 
 def log_line(
@@ -137,7 +149,7 @@ def log_line(
     """Append one line to the operations log, inside the caller's transaction."""
     conn.execute(
         "INSERT INTO ops_log (at, kind, policy, version, detail) VALUES (?, ?, ?, ?, ?)",
-        (iso(utcnow()), kind, policy, version, orjson.dumps(dict(detail), default=str).decode()),
+        (iso(utcnow()), kind, policy, version, _json(detail)),
     )
 
 
@@ -195,7 +207,7 @@ class PolicyRegistry:
             ).fetchall()
         return [
             LogEntry(
-                id=int(i), at=datetime.fromisoformat(at), kind=k, policy=p, version=v, detail=orjson.loads(d)
+                id=int(i), at=datetime.fromisoformat(at), kind=k, policy=p, version=v, detail=json.loads(d)
             )
             for i, at, k, p, v, d in rows
         ]
@@ -210,13 +222,17 @@ class PolicyRegistry:
         kind: str = "llm",
         lineage: Lineage | None = None,
         evaluation: Mapping[str, Any] | None = None,
+        key: str | None = None,
     ) -> PolicyVersion:
-        """Add the next version of `policy` as a candidate, and log it."""
-        if not policy or len(policy) > 200:
-            raise InvalidEvent("policy", "must be 1 to 200 characters")
+        """Add the next version of `policy` as a candidate, and log it. A repeat of `key` returns the
+        version the first call registered."""
+        if not POLICY_NAME.match(policy):
+            raise InvalidEvent("policy", f"must match {POLICY_NAME.pattern}, got {policy[:40]!r}")
         lineage = lineage or Lineage()
         now = iso(utcnow())
-        with self._write(policy) as conn:
+        with self._write(policy, key) as (conn, done):
+            if done is not None:
+                return done
             row = conn.execute(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM policy_versions WHERE policy = ?", (policy,)
             ).fetchone()
@@ -231,24 +247,34 @@ class PolicyRegistry:
                     artifact,
                     0.0,
                     lineage.model_dump_json(),
-                    orjson.dumps(dict(evaluation or {}), default=str).decode(),
+                    _json(evaluation or {}),
                     now,
                     now,
                 ),
             )
             log_line(conn, "registered", policy, version, {"artifact": artifact, **lineage.model_dump()})
-            return self._get(conn, policy, version)
+            return self._answer(conn, key, self._get(conn, policy, version))
 
     def promote(
-        self, policy: str, version: int, to: Stage, *, share: float | None = None, reason: str = ""
+        self,
+        policy: str,
+        version: int,
+        to: Stage,
+        *,
+        share: float | None = None,
+        reason: str = "",
+        key: str | None = None,
     ) -> PolicyVersion:
         """Move a version to `to` (canary with `share`, or production); the version it replaces there (the
-        previous canary, or the production version) is retired. Logged with `reason`."""
+        previous canary, or the production version) is retired. Logged with `reason`. A repeat of `key`
+        returns the first call's answer and moves nothing."""
         if to not in (Stage.CANARY, Stage.PRODUCTION):
             raise InvalidEvent("to", f"promote moves a version to canary or production, not {to}")
         if to is Stage.CANARY and not (share is not None and 0.0 < share <= 1.0):
             raise InvalidEvent("share", f"a canary needs a share in (0, 1], got {share}")
-        with self._write(policy) as conn:
+        with self._write(policy, key) as (conn, done):
+            if done is not None:
+                return done
             current = self._get(conn, policy, version)
             if to not in TRANSITIONS[current.stage] or current.stage is Stage.RETIRED:
                 raise InvalidStage(policy, version, current.stage, to)
@@ -257,44 +283,45 @@ class PolicyRegistry:
             if to is Stage.PRODUCTION and current.stage is not Stage.CANARY:
                 for canary in self._stage_rows(conn, policy, Stage.CANARY):
                     self._move(conn, canary, Stage.RETIRED, 0.0, f"v{version} went to production")
-            return self._move(conn, current, to, share or 0.0, reason)
+            return self._answer(conn, key, self._move(conn, current, to, share or 0.0, reason))
 
     def retire(self, policy: str, version: int, *, reason: str = "") -> PolicyVersion:
         """Retire a version (a candidate nobody wants, or a canary that is stopped)."""
-        with self._write(policy) as conn:
+        with self._write(policy) as (conn, _):
             current = self._get(conn, policy, version)
             if Stage.RETIRED not in TRANSITIONS[current.stage]:
                 raise InvalidStage(policy, version, current.stage, Stage.RETIRED)
             return self._move(conn, current, Stage.RETIRED, 0.0, reason)
 
-    def rollback(self, policy: str, *, reason: str) -> PolicyVersion:
+    def rollback(self, policy: str, *, reason: str, key: str | None = None) -> PolicyVersion:
         """Undo the last release of `policy`: stop its canary when there is one (routing to it stops);
         otherwise retire production and bring back the version that was in production before it.
-        Returns the version serving production afterwards (`NotFound` when none can)."""
-        with self._write(policy) as conn:
+        Returns the version serving production afterwards (`NotFound` when none can). A repeat of `key`
+        returns the first call's answer and undoes nothing more."""
+        with self._write(policy, key) as (conn, done):
+            if done is not None:
+                return done
             canaries = self._stage_rows(conn, policy, Stage.CANARY)
+            production = self._stage_rows(conn, policy, Stage.PRODUCTION)
+            if not production:
+                raise NotFound("production version of policy", policy)
             if canaries:
                 self._move(conn, canaries[0], Stage.RETIRED, 0.0, reason, kind="rolled_back")
-                production = self._stage_rows(conn, policy, Stage.PRODUCTION)
-                if not production:
-                    raise NotFound("production version of policy", policy)
-                return production[0]
-            current = self._stage_rows(conn, policy, Stage.PRODUCTION)
-            if not current:
-                raise NotFound("production version of policy", policy)
-            earlier = self._previous_production(conn, policy, current[0].version)
+                return self._answer(conn, key, production[0])
+            earlier = self._previous_production(conn, policy, production[0].version)
             if earlier is None:
                 raise NotFound("earlier production version of policy", policy)
-            self._move(conn, current[0], Stage.RETIRED, 0.0, reason, kind="rolled_back")
-            return self._move(conn, earlier, Stage.PRODUCTION, 0.0, f"restored: {reason}")
+            self._move(conn, production[0], Stage.RETIRED, 0.0, reason, kind="rolled_back")
+            restored = self._move(conn, earlier, Stage.PRODUCTION, 0.0, f"restored: {reason}")
+            return self._answer(conn, key, restored)
 
     def set_evaluation(self, policy: str, version: int, evaluation: Mapping[str, Any]) -> PolicyVersion:
         """Replace a version's evaluation (after a gate or an A/B analysis)."""
-        with self._write(policy) as conn:
+        with self._write(policy) as (conn, _):
             self._get(conn, policy, version)
             conn.execute(
                 "UPDATE policy_versions SET evaluation = ?, updated_at = ? WHERE policy = ? AND version = ?",
-                (orjson.dumps(dict(evaluation), default=str).decode(), iso(utcnow()), policy, version),
+                (_json(evaluation), iso(utcnow()), policy, version),
             )
             log_line(conn, "evaluated", policy, version, dict(evaluation))
             return self._get(conn, policy, version)
@@ -325,11 +352,29 @@ class PolicyRegistry:
     # plumbing
 
     @contextmanager
-    def _write(self, policy: str) -> Iterator[Connection]:
-        """A write transaction holding the policy's lock (other processes changing it wait)."""
+    def _write(
+        self, policy: str, key: str | None = None
+    ) -> Iterator[tuple[Connection, PolicyVersion | None]]:
+        """A write transaction holding the policy's lock (other processes changing it wait), with the
+        answer already given to a request of idempotency `key` (None when it is new, or no key)."""
         with self._db.atomic() as conn:
             self._db.serialise(conn, [f"policy:{policy}"])
-            yield conn
+            done = None
+            if key is not None:
+                row = conn.execute(
+                    "SELECT value FROM ops_settings WHERE key = ?", (_IDEMPOTENT + key,)
+                ).fetchone()
+                done = None if row is None else PolicyVersion.model_validate_json(row[0])
+            yield conn, done
+
+    def _answer(self, conn: Connection, key: str | None, answer: PolicyVersion) -> PolicyVersion:
+        """Remember the answer to a request of idempotency `key` (in the caller's transaction)."""
+        if key is not None:
+            conn.execute(
+                "INSERT INTO ops_settings (key, value, updated_at) VALUES (?, ?, ?)",
+                (_IDEMPOTENT + key, answer.model_dump_json(), iso(utcnow())),
+            )
+        return answer
 
     def _get(self, conn: Connection, policy: str, version: int) -> PolicyVersion:
         row = conn.execute(
@@ -353,7 +398,7 @@ class PolicyRegistry:
             (policy,),
         ).fetchall()
         for version, detail in rows:
-            if int(version) != current and orjson.loads(detail).get("to") == Stage.PRODUCTION.value:
+            if int(version) != current and json.loads(detail).get("to") == Stage.PRODUCTION.value:
                 found = self._get(conn, policy, int(version))
                 if found.stage is Stage.RETIRED:
                     return found

@@ -10,20 +10,21 @@ import asyncio
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from sessionrl.errors import InvalidEvent
+from sessionrl.errors import InvalidTransition
 from sessionrl.ops.analysis import Comparison, compare_versions
-from sessionrl.ops.registry import Lineage, LogEntry, PolicyVersion, Stage
+from sessionrl.ops.registry import POLICY_NAME, Lineage, LogEntry, PolicyVersion, Stage
 from sessionrl.ops.serving import Operations
 from sessionrl.ops.strategy import StrategyMode, current_mode, set_mode
 from sessionrl.ops.takeover import NEEDS_HUMAN, is_parked, resume_patch
 from sessionrl.orchestrator.results import StepResult
 from sessionrl.service import problems
-from sessionrl.service.deps import Reader, Writer, engine_of
+from sessionrl.service.deps import IdempotencyKey, Reader, Writer, engine_of, scoped_key
+from sessionrl.session.model import Plan
 from sessionrl.store import SessionQuery
-from sessionrl.wire import StepRequest
+from sessionrl.wire import PlanPayload, ToolPayload
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -45,7 +46,9 @@ class PromoteIn(Body_):
     """Move a version to canary (with its share) or production."""
 
     to: Literal["canary", "production"]
-    share: float | None = Field(default=None, gt=0.0, le=1.0, description="A canary's share of sessions.")
+    share: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="A canary's share of sessions; default: the config's."
+    )
     reason: str = Field(default="", max_length=2000)
 
 
@@ -66,10 +69,26 @@ class StrategyOut(Body_):
     mode: StrategyMode
 
 
-class TakeoverStep(Body_):
-    """The step a person takes for a parked session: an explicit plan, tool call or recorded reply."""
+class HumanPlan(Body_):
+    """A person gives the session its plan."""
 
-    step: StepRequest
+    kind: Literal["plan"]
+    plan: Plan
+
+
+class HumanTool(Body_):
+    """A person names the next tool call; the service runs it."""
+
+    kind: Literal["tool"]
+    tool: str = Field(min_length=1, max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict)
+    subgoal_id: str | None = Field(default=None, max_length=64)
+
+
+class TakeoverStep(Body_):
+    """The step a person takes for a parked session (the policy is not asked)."""
+
+    step: Annotated[HumanPlan | HumanTool, Field(discriminator="kind")]
     by: str = Field(default="human", min_length=1, max_length=200, description="Who took the step.")
 
 
@@ -86,6 +105,10 @@ def ops_of(request: Request) -> Operations:
 
 
 ERRORS = problems.responses(401, 403, 404, 409, 422, 429)
+WRITE_ERRORS = problems.responses(400, 401, 403, 404, 409, 413, 422, 429)
+MAX_VERSION = 1 << 31
+PolicyName = Annotated[str, Path(pattern=POLICY_NAME.pattern, description="The policy's name.")]
+VersionNumber = Annotated[int, Path(ge=1, lt=MAX_VERSION, description="A version of the policy.")]
 
 
 @router.get("", response_model=list[PolicyVersion], responses=ERRORS)
@@ -96,48 +119,71 @@ async def list_versions(
     return await asyncio.to_thread(ops_of(request).registry.versions, policy)
 
 
-@router.post("/{policy}/versions", status_code=201, response_model=PolicyVersion, responses=ERRORS)
-async def register(policy: str, body: RegisterIn, request: Request, principal: Writer) -> PolicyVersion:
+@router.post("/{policy}/versions", status_code=201, response_model=PolicyVersion, responses=WRITE_ERRORS)
+async def register(
+    policy: PolicyName,
+    body: RegisterIn,
+    request: Request,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> PolicyVersion:
     """Register the next version of `policy` as a candidate."""
-    registry = ops_of(request).registry
+    registry, key = ops_of(request).registry, scoped_key(principal, request, idempotency_key)
     return await asyncio.to_thread(
         lambda: registry.register(
-            policy, body.artifact, kind=body.kind, lineage=body.lineage, evaluation=body.evaluation
+            policy, body.artifact, kind=body.kind, lineage=body.lineage, evaluation=body.evaluation, key=key
         )
     )
 
 
 @router.get("/{policy}/versions/{version}", response_model=PolicyVersion, responses=ERRORS)
-async def show(policy: str, version: int, request: Request, principal: Reader) -> PolicyVersion:
+async def show(
+    policy: PolicyName, version: VersionNumber, request: Request, principal: Reader
+) -> PolicyVersion:
     """One version, with its lineage and evaluation."""
     return await asyncio.to_thread(ops_of(request).registry.get, policy, version)
 
 
-@router.post("/{policy}/versions/{version}/promote", response_model=PolicyVersion, responses=ERRORS)
+@router.post("/{policy}/versions/{version}/promote", response_model=PolicyVersion, responses=WRITE_ERRORS)
 async def promote(
-    policy: str, version: int, body: PromoteIn, request: Request, principal: Writer
+    policy: PolicyName,
+    version: VersionNumber,
+    body: PromoteIn,
+    request: Request,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
 ) -> PolicyVersion:
-    """Start a canary, or put a version in production (what it replaces there is retired)."""
-    registry = ops_of(request).registry
+    """Start a canary (on `share`, by default the config's), or put a version in production (what it
+    replaces there is retired)."""
+    ops, key = ops_of(request), scoped_key(principal, request, idempotency_key)
+    share = (body.share or ops.config.canary.share) if body.to == "canary" else None
     return await asyncio.to_thread(
-        lambda: registry.promote(policy, version, Stage(body.to), share=body.share, reason=body.reason)
+        lambda: ops.registry.promote(
+            policy, version, Stage(body.to), share=share, reason=body.reason, key=key
+        )
     )
 
 
-@router.post("/{policy}/rollback", response_model=PolicyVersion, responses=ERRORS)
-async def rollback(policy: str, body: RollbackIn, request: Request, principal: Writer) -> PolicyVersion:
+@router.post("/{policy}/rollback", response_model=PolicyVersion, responses=WRITE_ERRORS)
+async def rollback(
+    policy: PolicyName,
+    body: RollbackIn,
+    request: Request,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> PolicyVersion:
     """Stop the canary, or bring back the previous production version; answers the one in production."""
-    registry = ops_of(request).registry
-    return await asyncio.to_thread(lambda: registry.rollback(policy, reason=body.reason))
+    registry, key = ops_of(request).registry, scoped_key(principal, request, idempotency_key)
+    return await asyncio.to_thread(lambda: registry.rollback(policy, reason=body.reason, key=key))
 
 
 @router.get("/{policy}/compare", response_model=Comparison, responses=ERRORS)
 async def compare(
-    policy: str,
+    policy: PolicyName,
     request: Request,
     principal: Reader,
-    a: Annotated[int, Query(description="The baseline version.")],
-    b: Annotated[int, Query(description="The version compared with it.")],
+    a: Annotated[int, Query(ge=1, lt=MAX_VERSION, description="The baseline version.")],
+    b: Annotated[int, Query(ge=1, lt=MAX_VERSION, description="The version compared with it.")],
     since: datetime | None = None,
     until: datetime | None = None,
     scenario: str | None = None,
@@ -155,7 +201,7 @@ async def log(
     principal: Reader,
     kind: str | None = None,
     policy: str | None = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, lt=1 << 62)] = 0,
 ) -> list[LogEntry]:
     """The operations log: stage changes, canary checks, loop decisions, switches, alerts."""
     registry = ops_of(request).registry
@@ -168,7 +214,7 @@ async def strategy(request: Request, principal: Reader) -> StrategyOut:
     return StrategyOut(mode=await asyncio.to_thread(current_mode, ops_of(request).registry))
 
 
-@router.put("/strategy", response_model=StrategyOut, responses=ERRORS)
+@router.put("/strategy", response_model=StrategyOut, responses=WRITE_ERRORS)
 async def switch_strategy(body: StrategyIn, request: Request, principal: Writer) -> StrategyOut:
     """Switch every session to `mode` from its next step on (no restart)."""
     registry = ops_of(request).registry
@@ -189,28 +235,35 @@ async def parked(request: Request, principal: Reader) -> list[Parked]:
 
 
 @router.post(
-    "/takeover/{session_id}/steps", response_model=StepResult, responses=problems.responses(404, 409, 422)
+    "/takeover/{session_id}/steps",
+    response_model=StepResult,
+    responses=WRITE_ERRORS,
 )
 async def human_step(
-    session_id: str, body: Annotated[TakeoverStep, Body()], request: Request, principal: Writer
+    session_id: str,
+    body: Annotated[TakeoverStep, Body()],
+    request: Request,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
 ) -> StepResult:
     """A person's step for a parked session: it runs as given (the policy is not asked), then the session
-    is no longer parked."""
+    is no longer parked. A session that is not parked is a 409."""
     engine = engine_of(request)
-    payload = body.step.payload
-    asks_policy = {"plan": "plan", "tool": "tool", "llm": "reply"}[body.step.kind]
-    if getattr(payload, asks_policy) is None:
-        raise InvalidEvent(
-            f"step.payload.{asks_policy}", "a person's step must say it (the policy is not asked)"
-        )
     session = await engine.session(session_id)
     if not is_parked(session):
-        raise InvalidEvent("session_id", f"session {session_id!r} is not parked for a human")
-    result = await engine.execute_step(session_id, body.step.kind, payload)
+        raise InvalidTransition(session_id, session.state, "takeover step (the session is not parked)")
+    step = body.step
+    payload: PlanPayload | ToolPayload = (
+        PlanPayload(plan=step.plan)
+        if isinstance(step, HumanPlan)
+        else ToolPayload(tool=step.tool, params=step.params, subgoal_id=step.subgoal_id)
+    )
+    key = scoped_key(principal, request, idempotency_key)
+    result = await engine.execute_step(session_id, step.kind, payload, key=key)
     await engine.patch(session_id, resume_patch(await engine.session(session_id), body.by))
     await asyncio.to_thread(
         ops_of(request).registry.record,
         "resumed",
-        {"session_id": session_id, "trace_id": session.trace_id, "by": body.by, "kind": body.step.kind},
+        {"session_id": session_id, "trace_id": session.trace_id, "by": body.by, "kind": step.kind},
     )
     return result

@@ -1,0 +1,70 @@
+"""The policies API and CLI: statuses of bad stage changes and unknown versions, idempotency keys, and the
+CLI commands over the same store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ops_support import make_app, serving
+from typer.testing import CliRunner
+
+from sessionrl.cli import app as cli
+from sessionrl.ops.config import OpsConfig
+
+
+async def test_the_api_registers_promotes_and_answers_with_named_statuses(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
+        key = {"Idempotency-Key": "reg-1"}
+        first = await client.post("/v1/policies/orders/versions", json={"artifact": "runs/a"}, headers=key)
+        again = await client.post("/v1/policies/orders/versions", json={"artifact": "runs/a"}, headers=key)
+        assert (first.status_code, again.status_code) == (201, 201)
+        assert again.json() == first.json()
+        assert first.json()["stage"] == "candidate"
+        promote = "/v1/policies/orders/versions/1/promote"
+        assert (await client.post(promote, json={"to": "production"})).json()["stage"] == "production"
+        assert (await client.post(promote, json={"to": "canary"})).status_code == 409  # production → canary
+        assert (
+            await client.post("/v1/policies/orders/versions/7/promote", json={"to": "canary"})
+        ).status_code == 404
+        await client.post("/v1/policies/orders/versions", json={"artifact": "runs/b"})
+        canary = await client.post("/v1/policies/orders/versions/2/promote", json={"to": "canary"})
+        assert canary.json()["share"] == 0.05  # the config's default share
+        assert (await client.post("/v1/policies/orders/rollback", json={})).status_code == 422  # no reason
+        rolled = await client.post("/v1/policies/orders/rollback", json={"reason": "drill"})
+        assert rolled.json()["version"] == 1
+        listed = (await client.get("/v1/policies", params={"policy": "orders"})).json()
+        assert [(v["version"], v["stage"]) for v in listed] == [(1, "production"), (2, "retired")]
+        compared = (await client.get("/v1/policies/orders/compare", params={"a": 1, "b": 2})).json()
+        assert (compared["n_a"], compared["n_b"]) == (0, 0)
+        kinds = [e["kind"] for e in (await client.get("/v1/policies/log")).json()]
+        assert kinds.count("rolled_back") == 1
+
+
+def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'ops.db'}"
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(cli, [*args, "--db", db])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "registered orders v1" in run("policies", "register", "orders", "runs/a", "--run-dir", "runs/a")
+    run("policies", "register", "orders", "runs/b")
+    assert "orders v1 is production" in run("policies", "promote", "orders", "1")
+    assert "on 20% of sessions" in run("policies", "promote", "orders", "2", "--canary", "0.2")
+    rows = [json.loads(line) for line in run("policies", "list", "--json").splitlines()]
+    assert [(r["version"], r["stage"], r["share"]) for r in rows] == [
+        (1, "production", 0.0),
+        (2, "canary", 0.2),
+    ]
+    assert json.loads(run("policies", "show", "orders", "1"))["lineage"]["run_dir"] == "runs/a"
+    assert "success" in run("policies", "compare", "orders", "1", "2")
+    assert "strategy_mode: rules" in run("policies", "strategy", "rules", "--reason", "drill")
+    assert "strategy_mode: rules" in run("policies", "strategy")
+    assert "serves production" in run("policies", "rollback", "orders", "--reason", "worse")
+    failed = runner.invoke(cli, ["policies", "promote", "orders", "2", "--db", db])
+    assert failed.exit_code == 1
+    assert "retired" in failed.output
