@@ -28,7 +28,7 @@ from sessionrl.ops.config import CanaryConfig, OpsConfig
 from sessionrl.ops.loop import Loop, LoopConfig
 from sessionrl.ops.registry import Lineage, PolicyRegistry, Stage
 from sessionrl.ops.routing import ROUTE_KEY, choose
-from sessionrl.ops.serving import Operations, RoutedChat
+from sessionrl.ops.serving import Operations, route_gateway
 from sessionrl.session.model import ToolRequest
 from sessionrl.store import SessionStore
 
@@ -166,7 +166,7 @@ async def test_the_loop_canaries_a_better_version_and_a_broken_one_is_rolled_bac
         )
         operations = Operations(ops)
         app = make_app(url, ops, operations=operations)
-        app.state.chat = RoutedChat(operations, lambda: app.state.engine, lambda v: VersionChat(v.version))
+        route_gateway(app, lambda version: VersionChat(version.version))
         async with serving(app) as client:
             # 1. v1 serves everything; 2. the verdicts come late
             first = await traffic(client, "a", 20)

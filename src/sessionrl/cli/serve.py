@@ -13,9 +13,11 @@ from typing import Annotated
 
 import typer
 import uvicorn
+import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
+from sessionrl.ops.serving import route_gateway
 from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.service.collector import FULL_GC_EVERY_S
@@ -85,6 +87,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    ops: Annotated[
+        Path | None,
+        typer.Option(
+            "--ops",
+            help="Operations config (YAML, `sessionrl.ops.config.OpsConfig`): the registry policy the gateway"
+            " and the steps are routed to, canary rules, the alert webhook, fallback plans.",
+        ),
+    ] = None,
     proxy_headers: Annotated[
         bool,
         typer.Option(
@@ -111,6 +121,8 @@ def serve(
     }
     if tokens is not None:
         fields["tokens"] = parse_tokens(tokens)
+    if ops is not None:
+        fields["ops"] = yaml.safe_load(ops.read_text()) or {}
     config = ServiceConfig.from_env(**fields)
     if not config.tokens:
         token = secrets.token_urlsafe(24)
@@ -122,6 +134,8 @@ def serve(
 
         backends.append(HFPolicy.load(policy))
     app = create_app(config, backends=backends)
+    if ops is not None and upstream is None:
+        route_gateway(app)
     server = ListeningServer(
         uvicorn.Config(
             app,

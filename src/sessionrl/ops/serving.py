@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sessionrl.gateway.backends import ChatBackend, ChatReply, PolicyChat, UpstreamError
 from sessionrl.gateway.chat import ChatRequest
@@ -179,3 +180,8 @@ class RoutedChat:
     async def models(self) -> list[str]:
         """The policy's name as the one model served."""
         return [self.ops.config.policy]
+
+
+def route_gateway(app: Any, chats: ChatLoader | None = None) -> None:
+    """Make a service's gateway answer through operations (`RoutedChat` over the app's `Operations`)."""
+    app.state.chat = RoutedChat(app.state.ops, lambda: app.state.engine, chats)
