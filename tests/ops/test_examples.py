@@ -22,4 +22,8 @@ def test_the_service_example_is_an_ops_config() -> None:
 def test_the_loop_example_is_a_loop_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # its paths are the repository's, as the README runs it
     config = LoopConfig.load("examples/ops-loop.yaml")
-    assert (config.threshold, config.thresholds, config.ops.canary.min_sessions) == (0.05, {"timeout": 0.1}, 20)
+    assert (config.threshold, config.thresholds, config.ops.canary.min_sessions) == (
+        0.05,
+        {"timeout": 0.1},
+        20,
+    )

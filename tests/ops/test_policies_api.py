@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ops_support import make_app, serving
+from ops_support import TOKEN, make_app, serving
 from typer.testing import CliRunner
 
 from sessionrl.cli import app as cli
@@ -68,3 +68,22 @@ def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
     failed = runner.invoke(cli, ["policies", "promote", "orders", "2", "--db", db])
     assert failed.exit_code == 1
     assert "retired" in failed.output
+
+
+async def test_the_dashboard_shows_versions_parked_sessions_and_the_log(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
+        await client.post(
+            "/v1/policies/orders/versions", json={"artifact": "runs/a", "lineage": {"note": "first"}}
+        )
+        await client.post("/v1/policies/orders/versions/1/promote", json={"to": "production"})
+        await client.put("/v1/policies/strategy", json={"mode": "rules", "reason": "drill"})
+        login = await client.post("/ui/login", data={"token": TOKEN, "next": "/ui/policies"})
+        assert login.status_code == 303
+        html = (await client.get("/ui/policies", cookies=login.cookies)).text
+        assert '<b class="mode">rules</b>' in html
+        assert "runs/a" in html
+        assert "first" in html
+        assert "drill" in html  # the switch's log line
+        only = (await client.get("/ui/policies", params={"kind": "stage"}, cookies=login.cookies)).text
+        assert "drill" not in only

@@ -25,7 +25,7 @@ from sessionrl.service.config import Scope
 from sessionrl.skills import load_contracts
 from sessionrl.skills.contract import Sla
 from sessionrl.store import SessionStore
-from sessionrl.ui import sessions, training
+from sessionrl.ui import policies, sessions, training
 from sessionrl.ui.auth import COOKIE, LOGIN_PATH, LoginRequired, login_url, principal_of, safe_next
 from sessionrl.ui.config import UIConfig
 
@@ -53,6 +53,7 @@ def mount(app: FastAPI, config: UIConfig | None = None) -> None:
     app.include_router(login_router())
     app.include_router(sessions.router)
     app.include_router(training.router)
+    app.include_router(policies.router)
     app.add_exception_handler(LoginRequired, _to_login)  # type: ignore[arg-type]
     mount_docs(app)
 
