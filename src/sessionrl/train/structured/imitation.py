@@ -142,20 +142,28 @@ def demonstrations(
 def clone(
     policy: StructuredPolicy, demos: Demonstrations, config: ImitationConfig, seed: int = 0
 ) -> list[float]:
-    """Fit `policy` to `demos` by maximum likelihood; returns the mean loss of every epoch."""
+    """Fit `policy` to `demos` by maximum likelihood; returns the mean loss of every epoch.
+
+    The learning rate follows a cosine from `config.lr` down to 0 over the run: the parameter heads must
+    land within the judge's tolerance (a refund within 1% of the order amount), which a constant rate
+    keeps stepping over.
+    """
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
     size = demos.obs.shape[0]
+    count = max(1, size // config.batch_size)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=config.epochs * count)
     losses = []
     for _ in range(config.epochs):
         total = 0.0
-        parts = minibatches(size, max(1, size // config.batch_size), generator)
+        parts = minibatches(size, count, generator)
         for idx in parts:
             out = policy(demos.obs[idx], demos.text[idx], demos.mask[idx])
             loss = -out.dist.log_prob(demos.action[idx]).mean()
             optimizer.zero_grad(set_to_none=True)
             torch.autograd.backward(loss)
             optimizer.step()
+            schedule.step()
             total += loss.item()
         losses.append(total / len(parts))
     return losses
