@@ -71,5 +71,6 @@ class OpsConfig(BaseModel):
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Canary analysis rules.")
     plan_templates: dict[str, tuple[TemplateStep, ...]] = Field(
         default_factory=dict,
-        description="Fallback plans by scenario, for sessions whose environment has no expert.",
+        description="Fallback plans by scenario (`default`: for any other session), for sessions whose"
+        " environment has no expert.",
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sessionrl.gateway.backends import ChatBackend, ChatReply, PolicyChat, UpstreamError
+from sessionrl.gateway.capture import open_session
 from sessionrl.gateway.chat import ChatRequest
 from sessionrl.ops.alerts import send_alert
 from sessionrl.ops.config import OpsConfig
@@ -157,7 +158,7 @@ class RoutedChat:
         engine = self.engine()
         if engine is None:
             raise UpstreamError(503, "the service is not running")
-        session = await engine.session(session_id)
+        session = await open_session(engine, session_id, request)  # a first request opens it here
         try:
             decision = await self.ops.decide(engine, session)
         except PolicyError as exc:

@@ -27,6 +27,8 @@ from sessionrl.ops.registry import PolicyRegistry
 from sessionrl.orchestrator.policy import PolicyReply
 from sessionrl.session.model import Message, Plan, Session
 
+DEFAULT_TEMPLATE = "default"
+"""The plan template of sessions whose scenario has none (gateway sessions have no scenario)."""
 MODE_KEY = "strategy_mode"
 """The `ops_settings` key of the switch."""
 
@@ -76,11 +78,14 @@ def expert_plan(session: Session) -> ExpertPlan | None:
 
 
 def fallback_plan(session: Session, config: OpsConfig) -> ExpertPlan | None:
-    """The rule-based plan for a session: its env's expert plan, else the template of its scenario."""
+    """The rule-based plan for a session: its env's expert plan, else the template of its scenario, else
+    the `default` template."""
     plan = expert_plan(session)
     if plan is not None:
         return plan
-    template = config.plan_templates.get(session.scenario or "")
+    template = config.plan_templates.get(session.scenario or "") or config.plan_templates.get(
+        DEFAULT_TEMPLATE
+    )
     if not template:
         return None
     steps = tuple(
