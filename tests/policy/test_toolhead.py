@@ -14,10 +14,10 @@ from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_ac
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.policy.toolhead import (
     FINAL,
+    HeadGuide,
     ToolHead,
     accuracy,
     fit_tool_head,
-    guided_prompt,
     prompt_states,
     tool_examples,
 )
@@ -80,12 +80,27 @@ def test_prompt_states_ignore_left_padding(policy: HFPolicy) -> None:
     assert torch.allclose(alone[0], batched[0], atol=1e-5)
 
 
-def test_guided_prompt_ends_with_the_chosen_tool(policy: HFPolicy) -> None:
+def test_the_guide_imposes_the_heads_tool_before_the_lm_writes(policy: HFPolicy) -> None:
     messages = chat("Is it in stock?")
-    ids = guided_prompt(policy, messages, "inventory_check")
+    head = ToolHead(CONFIG.hidden_size, TOOLS)
+    with torch.no_grad():  # a head that always prefers refund_trigger, unless a mask forbids it
+        head.score.weight.zero_()
+        head.score.bias.copy_(torch.tensor([0.0, 5.0, 1.0]))
+    allowed: list[str] = ["refund_trigger"]
+    guided = policy.view(SamplingConfig(temperature=0.0, max_new_tokens=6))
+    guided.guide = HeadGuide(guided, head, allowed=lambda _: allowed)
     plain = policy.encode_prompt(messages)
+    ids, start = guided.guided_prompt(messages)
+    assert start == '{"tool":"refund_trigger","params":'
     assert ids[: len(plain)] == plain
-    assert policy.tokenizer.decode(ids[len(plain) :]) == '{"tool":"inventory_check","params":'
+    assert guided.tokenizer.decode(ids[len(plain) :]) == start
+    [reply] = guided.generate_now([messages])
+    assert reply.text.startswith(start)
+    assert reply.prompt_token_ids == tuple(ids)
+    allowed.clear()  # nothing allowed but final: the mask overrides the head's preference
+    [reply] = guided.generate_now([messages])
+    assert reply.text.startswith('{"final":')
+    assert policy.guide is None  # the guide sits on the view only
 
 
 def test_examples_come_from_step_calls_whose_reply_is_an_action() -> None:

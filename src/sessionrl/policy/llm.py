@@ -52,6 +52,11 @@ ACTION_INSTRUCTIONS = (
 X = TypeVar("X")
 Y = TypeVar("Y")
 
+ReplyGuide = Callable[[Sequence[Message], Sequence[int]], str]
+"""Given a conversation and its encoded prompt, the text the reply must start with ("" for none). The
+policy appends it to the prompt and the model writes the rest (`sessionrl.policy.toolhead.HeadGuide`
+imposes the tool its head chose, so the model writes only the parameters)."""
+
 
 # the action language
 
@@ -310,6 +315,8 @@ class HFPolicy:
         )
         self.calls = 0
         """Conversations answered so far."""
+        self.guide: ReplyGuide | None = None
+        """Forces the start of every reply when set (see `ReplyGuide`)."""
 
     @classmethod
     def load(
@@ -339,6 +346,7 @@ class HFPolicy:
             tool_format=self.tool_format,
         )
         other.prefix_cache = self.prefix_cache
+        other.guide = self.guide
         return other
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
@@ -373,9 +381,19 @@ class HFPolicy:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return [*ids, int(self.tokenizer.eos_token_id)]
 
+    def guided_prompt(self, messages: Sequence[Message]) -> tuple[list[int], str]:
+        """The prompt's ids, extended by the start the `guide` imposes on the reply, and that start."""
+        prompt = self.encode_prompt(messages)
+        start = self.guide(messages, prompt) if self.guide is not None else ""
+        if start:
+            prompt += self.tokenizer.encode(start, add_special_tokens=False)
+        return prompt, start
+
     def generate_now(self, conversations: Sequence[Sequence[Message]]) -> list[PolicyReply]:
         """Answer several conversations as one batch, right now (blocking)."""
-        return self.sample_prompts([self.encode_prompt(c) for c in conversations])
+        guided = [self.guided_prompt(c) for c in conversations]
+        replies = self.sample_prompts([prompt for prompt, _ in guided])
+        return [_started(reply, start) for reply, (_, start) in zip(replies, guided, strict=True)]
 
     def sample_prompts(self, prompts: Sequence[Sequence[int]]) -> list[PolicyReply]:
         """Continue several encoded prompts as one batch (blocking); the model is left as it was found."""
@@ -410,12 +428,18 @@ class HFPolicy:
 
     async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
         """Answer one conversation, batched with whatever other sessions ask at the same time."""
-        return await self._batcher.submit(self.encode_prompt(messages))
+        prompt, start = self.guided_prompt(messages)
+        return _started(await self._batcher.submit(prompt), start)
 
     @property
     def batches(self) -> int:
         """Batches sampled through `generate` so far."""
         return self._batcher.batches
+
+
+def _started(reply: PolicyReply, start: str) -> PolicyReply:
+    """`reply` with its text preceded by the `start` a guide imposed (those tokens sit in the prompt)."""
+    return reply.model_copy(update={"text": start + reply.text}) if start else reply
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:

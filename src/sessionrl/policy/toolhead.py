@@ -3,8 +3,9 @@
 The LM acts in `llm.tool_action`'s language, ``{"tool":"NAME","params":{...}}`` or ``{"final":"..."}``.
 The head reads the hidden state of the prompt's last token (the final layer, `prompt_states`) and scores
 every tool and *final* (`ToolHead.classes`). Masked classes (tools whose preconditions fail) get ``-inf``
-before the softmax. Its choice is then imposed on the LM by `guided_prompt`: the prompt is extended with
-``{"tool":"NAME","params":`` so the model generates only the parameters; for *final* with ``{"final":``.
+before the softmax. `HeadGuide` imposes its choice on the LM (the policy's `llm.ReplyGuide` hook): the
+prompt is extended with ``{"tool":"NAME","params":`` so the model generates only the parameters; for
+*final* with ``{"final":``, and the reply's text starts with that prefix.
 
 `tool_examples` draws the training examples from stored sessions, the same ones imitation learns from:
 each recorded policy call whose reply was a tool call or a final answer, labelled with that choice.
@@ -13,7 +14,7 @@ each recorded policy call whose reply was a tool call or a final answer, labelle
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -121,10 +122,33 @@ def forced_prefix(choice: str) -> str:
     return tool_action(choice, {})[: -len("{}}")]
 
 
-def guided_prompt(policy: HFPolicy, messages: Sequence[Message], choice: str) -> list[int]:
-    """The encoded prompt followed by `forced_prefix(choice)`'s tokens (no stop token)."""
-    prefix: list[int] = policy.tokenizer.encode(forced_prefix(choice), add_special_tokens=False)
-    return [*policy.encode_prompt(messages), *prefix]
+class HeadGuide:
+    """The head as the LM's `llm.ReplyGuide` (install it as ``policy.guide = HeadGuide(policy, head)``):
+    before every reply it scores the prompt's last hidden state, masks the classes `allowed` rules out
+    for the conversation (all allowed when None), and imposes `forced_prefix` of the best class."""
+
+    def __init__(
+        self,
+        policy: HFPolicy,
+        head: ToolHead,
+        allowed: Callable[[Sequence[Message]], Sequence[str]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.head = head
+        self.allowed = allowed
+
+    @torch.no_grad()
+    def choose(
+        self, prompts: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]] | None = None
+    ) -> list[str]:
+        """The head's class for each encoded prompt (masked by `allowed` names per row when given)."""
+        mask = self.head.mask(allowed) if allowed is not None else None
+        best = self.head(prompt_states(self.policy, prompts), mask).argmax(-1)
+        return [self.head.classes[i] for i in best.tolist()]
+
+    def __call__(self, messages: Sequence[Message], prompt: Sequence[int]) -> str:
+        allowed = [self.allowed(messages)] if self.allowed is not None else None
+        return forced_prefix(self.choose([prompt], allowed)[0])
 
 
 def accuracy(chosen: Sequence[str | None], labels: Sequence[str]) -> float:
@@ -136,12 +160,12 @@ def accuracy(chosen: Sequence[str | None], labels: Sequence[str]) -> float:
 
 __all__ = [
     "FINAL",
+    "HeadGuide",
     "ToolExample",
     "ToolHead",
     "accuracy",
     "fit_tool_head",
     "forced_prefix",
-    "guided_prompt",
     "prompt_states",
     "reply_class",
     "tool_examples",
