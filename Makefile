@@ -6,7 +6,7 @@ RUN    := $(VENV)/.installed
 DEV    := $(VENV)/.installed-dev
 BENCH  := $(VENV)/.installed-bench
 
-.PHONY: demo test check bench wrk fmt clean model
+.PHONY: demo test check bench chaos wrk fmt clean model
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ $(MODEL): $(DEV)
 	touch $@
 
 model: $(MODEL)
+
+# Long (not part of make test): SIGKILL writers and servers on SQLite and PostgreSQL, fuzz the service.
+# Smaller: $(PY) bench/chaos.py --kill-trials 50 --serve-kills 5 --fuzz-cases 500
+chaos: $(BENCH)
+	nice -n 10 $(PY) bench/chaos.py
 
 wrk:
 	@command -v wrk >/dev/null || { echo "installing wrk (Debian) for bench/orchestrator.py"; \
