@@ -3,6 +3,7 @@ shared store exactly once, and training goes on."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -33,7 +34,7 @@ from sessionrl.train.llm.loop import train
 from sessionrl.train.llm.sft import SFTConfig
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'sessionrl[cluster]')")
-from sessionrl.cluster.ray_rollout import ACTOR_PREFIX, RayRollout  # noqa: E402
+from sessionrl.cluster.ray_rollout import ABANDONED, ACTOR_PREFIX, RayRollout  # noqa: E402
 
 ITERATIONS, TASKS, GROUP = 3, 2, 2
 EPISODE = re.compile(r"(rl-\d{4}-.+-\d+)(\.\d+)?")
@@ -81,8 +82,9 @@ def kill_a_worker_once_iteration_1_starts(url: str, killed: list[str]) -> None:
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_loses_no_episode_and_counts_none_twice(
-    tmp_path: Path, ray_cluster: None, shared_store_url: str
+    tmp_path: Path, ray_cluster: None, shared_store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="sessionrl.cluster.ray_rollout")
     killed: list[str] = []
     seen: list[list[str]] = []
     killer = threading.Thread(target=kill_a_worker_once_iteration_1_starts, args=(shared_store_url, killed))
@@ -103,7 +105,10 @@ def test_a_worker_killed_mid_run_loses_no_episode_and_counts_none_twice(
     assert len(seen[-1]) == 2
     assert any(int(name.rsplit(".", 1)[1]) > 2 for name in seen[-1]), seen
 
-    # every episode (iteration, task, k) ran to its verdict exactly once; a cut-off attempt has none
+    assert f"rollout worker {killed[0]} died; replaced by" in caplog.text
+
+    # every episode (iteration, task, k) ran to its verdict exactly once; a cut-off attempt has none and
+    # was closed as abandoned
     with SessionStore.open(shared_store_url) as store:
         judged: Counter[str] = Counter()
         store_ids = store.session_ids()
@@ -112,6 +117,10 @@ def test_a_worker_killed_mid_run_loses_no_episode_and_counts_none_twice(
             if match and task_success(store.get(sid)) is not None:
                 judged[match.group(1)] += 1
                 assert store.reward(sid).vector["long_term_reward"] is not None
+            elif match:
+                cut = store.get(sid)
+                assert ABANDONED in cut.tags, sid
+                assert cut.state.value in ("rejected", "finished")
     assert len(judged) == ITERATIONS * TASKS * GROUP
     assert set(judged.values()) == {1}
 

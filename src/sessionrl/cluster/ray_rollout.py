@@ -11,16 +11,19 @@ Staleness: weights are published every `publish_every` policy versions, and a ro
 weights more than `rl.max_lag` versions behind the trainer (the feed drops staler sessions anyway).
 
 A worker that dies (its process killed, its machine gone) is replaced by a fresh actor and the episodes
-it was handed are handed to another. Episode session ids are deterministic, and the driver's `settle`
-skips an episode whose session already holds its verdict and gives an episode cut off midway a fresh id,
-so no episode is lost and none is counted twice; the cut-off session stays open without a verdict, and
-no reward or trainer ever reads it.
+it was handed are handed to another; each replacement is logged (`logging`, this module's logger) with
+the episodes handed out again. Episode session ids are deterministic, and the driver's `settle` skips an
+episode whose session already holds its verdict and gives an episode cut off midway a fresh id, so no
+episode is lost and none is counted twice. Before they are handed out again, the cut-off sessions are
+closed as abandoned (`abandon`): `rejected`, with the reason, tagged `abandoned`, and their metadata
+naming the dead worker; no reward or trainer reads a session without a verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,10 +36,21 @@ from ray.exceptions import RayActorError
 from sessionrl.envs.base import stream_seed
 from sessionrl.episodes import EpisodeSpec, Ran, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.errors import NotFound, SessionRLError
+from sessionrl.eval.metrics import task_success
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.policy.tiny import default_placement
+from sessionrl.session.events import Event, SessionPatched, StateChanged
+from sessionrl.session.lifecycle import ACTIVE
+from sessionrl.session.model import SessionPatch, SessionState
 from sessionrl.store import SessionStore
+from sessionrl.store.writes import Unit
 from sessionrl.train.config import RaySection, RunConfig
+
+log = logging.getLogger(__name__)
+
+ABANDONED = "abandoned"
+"""The tag (and metadata key) of a session whose episode was cut off by its worker's death."""
 
 ACTOR_PREFIX = "sessionrl-rollout"
 """Workers are named `<prefix>-<slot>.<generation>`: a replacement takes its slot under a new generation."""
@@ -98,6 +112,10 @@ class RayRollout:
         self._generation = 0
         self.replaced = 0
         """Workers replaced after they died, over this object's life."""
+        self.abandoned: list[str] = []
+        """Sessions closed as abandoned because their worker died, over this object's life."""
+        self.names: list[str] = []
+        """Each slot's worker's actor name."""
         self.published: Published | None = None
         self.workers = [self._start(slot) for slot in range(self.settings.workers)]
 
@@ -105,6 +123,10 @@ class RayRollout:
         self._generation += 1
         actor = ray.remote(num_cpus=self.settings.cpus_per_worker, max_restarts=0)(RolloutWorker)
         name = f"{ACTOR_PREFIX}-{slot}.{self._generation}"
+        if slot < len(self.names):
+            self.names[slot] = name
+        else:
+            self.names.append(name)
         return actor.options(name=name).remote(self.config, self._replica, slot, self._generation)
 
     def publish(self, policy: HFPolicy) -> Published:
@@ -146,7 +168,9 @@ class RayRollout:
             try:
                 done[request] = ray.get(ready)
             except RayActorError:
+                dead = self.names[slot]
                 self._replace(slot, replaced_before)
+                self._abandon(requests[request], dead)
                 queue.appendleft(request)
             idle.append(slot)
         return [ran for request in range(len(requests)) for ran in done[request]]
@@ -160,6 +184,20 @@ class RayRollout:
         ray.kill(self.workers[slot], no_restart=True)
         self.workers[slot] = self._start(slot)
         self.replaced += 1
+
+    def _abandon(self, specs: Sequence[EpisodeSpec], dead: str) -> None:
+        """Close the dead worker's cut-off sessions as abandoned and log the replacement."""
+        reason = f"rollout worker {dead} died"
+        with SessionStore.open(self.config.store_url) as store:
+            closed = [sid for spec in specs for sid in abandon(store, spec, reason)]
+        self.abandoned.extend(closed)
+        log.warning(
+            "%s; replaced by %s; %d episode(s) handed out again; sessions abandoned: %s",
+            reason,
+            ", ".join(n for n in self.names if n.startswith(dead.rsplit(".", 1)[0] + ".")),
+            len(specs),
+            ", ".join(closed) or "none",
+        )
 
     def close(self) -> None:
         """Stop the workers, and Ray itself when this object started it."""
@@ -176,4 +214,34 @@ class RayRollout:
         self.close()
 
 
-__all__ = ["ACTOR_PREFIX", "Published", "RayRollout", "RolloutWorker", "StaleWeights"]
+def abandon(store: SessionStore, spec: EpisodeSpec, reason: str) -> list[str]:
+    """Close every attempt of `spec`'s episode that has no verdict and is not yet abandoned (`<id>`,
+    `<id>.1`, ... as `settle` names them): tag it, note `reason` in its metadata, and reject it if it is
+    still active, all in one unit. Returns the ids closed. Call only once nothing writes them any more."""
+    first = spec.session_id
+    if first is None:
+        return []
+    closed = []
+    for attempt in range(1000):
+        sid = f"{first}.{attempt}" if attempt else first
+        try:
+            session = store.get(sid)
+        except NotFound:
+            break
+        if task_success(session) is not None or ABANDONED in session.tags:
+            continue
+        patch = SessionPatch(
+            tags=(*session.tags, ABANDONED), metadata={**session.metadata, ABANDONED: reason}
+        )
+        events: list[Event] = [SessionPatched(patch=patch)]
+        if session.state in ACTIVE:
+            events.append(StateChanged(state=SessionState.REJECTED, reason=f"{ABANDONED}: {reason}"))
+        version = session.state_version
+        writes = [(sid, event, version + i) for i, event in enumerate(events)]
+        [results] = store.append_units([Unit(writes)])
+        if not isinstance(results[0], SessionRLError):
+            closed.append(sid)
+    return closed
+
+
+__all__ = ["ABANDONED", "ACTOR_PREFIX", "Published", "RayRollout", "RolloutWorker", "StaleWeights", "abandon"]
