@@ -1,0 +1,200 @@
+"""A real pretrained model through the whole path: SmolLM2-135M-Instruct on τ-bench retail and on orders.
+
+For each domain, from `examples/retail-smollm2.yaml` (the file `sessionrl train` runs), in stages:
+
+1. zero-shot: the model as shipped, evaluated greedily on the test tasks;
+2. SFT: LoRA imitation of expert sessions recorded on the training tasks (all of them recorded);
+3. GRPO on training tasks, after the gate;
+4. the SFT and the RL policy each evaluated on the same test tasks as zero-shot.
+
+Every evaluation reports task success, TCSR, ER@5, SPT and the failure attribution. Everything lands
+under `--out` (one run folder per domain and stage); a finished stage writes `<stage>.json`, and
+`--resume` continues an interrupted bench from there: finished stages are read back, an interrupted
+training run resumes from its checkpoint, and evaluation episodes already judged are not run again.
+
+The full bench (115 test tasks, 500 demonstrations) takes hours on 2 cores; `--limit` runs every stage
+small (`--limit 5` evaluates 5 test tasks, imitates 16 demonstrations for 8 steps, runs one GRPO
+iteration of 2 tasks x 2). The flags after it set each size alone. The time each stage took is printed,
+from the run's own metrics log.
+
+Last line: one JSON object with `retail_zero_shot`, `retail_sft`, `retail_rl`, `retail_sft_tcsr`,
+`retail_rl_tcsr`, `orders_zero_shot`, `orders_sft`, `orders_rl` (task success), `minutes` and the sizes run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from sessionrl.envs.base import Split
+from sessionrl.eval.metrics import AgentMetrics
+from sessionrl.eval.report import metrics_table
+from sessionrl.train.config import EnvSection, RunConfig
+from sessionrl.train.llm.loop import evaluate, train
+from sessionrl.train.llm.run import build_policy, open_run
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "retail-smollm2.yaml"
+STAGES = ("zero_shot", "sft", "rl")
+
+
+def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> RunConfig:
+    """The example's run for `env` under `out/env`, at the sizes the flags ask for."""
+    options = {"data": args.data} if env == "retail" and args.data else {}
+    cfg = base.model_copy(
+        update={"run_dir": out / env / "train", "env": EnvSection(name=env, options=options)}
+    )
+    sft, rl, evaluation = cfg.sft, cfg.rl, cfg.evaluation
+    sft = sft.model_copy(
+        update={
+            "demos": args.demos or sft.demos,
+            "trainer": dataclasses.replace(
+                sft.trainer,
+                steps=args.sft_steps or sft.trainer.steps,
+                batch_sessions=args.sft_batch or sft.trainer.batch_sessions,
+                warmup_steps=min(
+                    sft.trainer.warmup_steps, max((args.sft_steps or sft.trainer.steps) // 4, 1)
+                ),
+            ),
+        }
+    )
+    rl = rl.model_copy(
+        update={
+            "iterations": args.rl_iterations if args.rl_iterations is not None else rl.iterations,
+            "tasks_per_iteration": args.rl_tasks or rl.tasks_per_iteration,
+            "trainer": dataclasses.replace(rl.trainer, group_size=args.group or rl.trainer.group_size),
+        }
+    )
+    evaluation = evaluation.model_copy(
+        update={
+            "tasks": args.eval_tasks or evaluation.tasks,
+            "gate_tasks": args.gate_tasks or evaluation.gate_tasks,
+        }
+    )
+    return RunConfig.model_validate(
+        cfg.model_copy(update={"sft": sft, "rl": rl, "evaluation": evaluation}).model_dump()
+    )
+
+
+def zero_shot(cfg: RunConfig) -> AgentMetrics:
+    """The shipped model (no adapters) on the evaluation's test tasks, in its own run folder."""
+    cfg = cfg.model_copy(update={"run_dir": cfg.run_dir.parent / "zero_shot"})
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
+    with open_run(cfg) as run:
+        run.policy = build_policy(cfg, [], run.folder / "base")
+        return evaluate(run, run.policy, cfg.evaluation.split, cfg.evaluation.tasks, "zero_shot").metrics
+
+
+def timeline(run_dir: Path, since: float) -> list[tuple[str, float]]:
+    """When each stage of a training run finished its work, in seconds after `since`, from metrics.jsonl:
+    the demonstrations, the last imitation step, each evaluation, the last RL iteration."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    marks: dict[str, float] = {}
+    for line in path.read_bytes().splitlines():
+        record = orjson.loads(line)
+        label = record["stage"] if record["stage"] != "eval" else f"eval {record.get('label')}"
+        marks[label] = record["time"] - since
+    return sorted(marks.items(), key=lambda item: item[1])
+
+
+def metrics_from(data: dict[str, Any]) -> AgentMetrics:
+    """An evaluation's metrics back from `AgentMetrics.as_dict`."""
+    pass_k = {int(k.split("^")[1]): v for k, v in data.items() if k.startswith("pass^")}
+    fields = ("n_sessions", "n_tasks", "success", "tcsr", "dvr", "er5", "spt", "failures")
+    return AgentMetrics(pass_k=pass_k, **{f: data[f] for f in fields})
+
+
+def run_domain(cfg: RunConfig, folder: Path, resume: bool, console: Console) -> dict[str, AgentMetrics]:
+    """Zero-shot, then SFT and GRPO, for one domain; each stage's metrics saved once finished."""
+    results: dict[str, AgentMetrics] = {}
+    saved = {s: folder / f"{s}.json" for s in STAGES}
+    if resume and saved["zero_shot"].exists():
+        results["zero_shot"] = metrics_from(orjson.loads(saved["zero_shot"].read_bytes()))
+    else:
+        started = time.time()
+        results["zero_shot"] = zero_shot(cfg)
+        saved["zero_shot"].write_bytes(orjson.dumps(results["zero_shot"].as_dict()))
+        console.print(f"{cfg.env.name} zero-shot: {time.time() - started:.0f} s")
+    if resume and saved["sft"].exists():
+        results["sft"] = metrics_from(orjson.loads(saved["sft"].read_bytes()))
+        if saved["rl"].exists():
+            results["rl"] = metrics_from(orjson.loads(saved["rl"].read_bytes()))
+        return results
+    started = time.time()
+    trained = train(cfg, resume=resume and (cfg.run_dir / "sessions.db").exists(), console=console)
+    for label in ("sft", "rl"):
+        if label in trained.report:
+            results[label] = trained.report[label].metrics
+            saved[label].write_bytes(orjson.dumps(results[label].as_dict()))
+    for label, seconds in timeline(cfg.run_dir, started):
+        console.print(f"  {cfg.env.name} {label:<18} done at {seconds:7.0f} s")
+    return results
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/real_model"), help="where the runs go")
+    parser.add_argument("--data", default=os.environ.get("SESSIONRL_RETAIL_DATA"), help="retail data folder")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted bench in --out")
+    parser.add_argument("--envs", default="retail,orders", help="domains, comma-separated")
+    parser.add_argument("--limit", type=int, default=None, help="run small: this many test tasks (see doc)")
+    parser.add_argument("--eval-tasks", type=int, default=None, help="test tasks per evaluation")
+    parser.add_argument("--gate-tasks", type=int, default=None, help="dev tasks of the gate")
+    parser.add_argument("--demos", type=int, default=None, help="expert demonstrations recorded")
+    parser.add_argument("--sft-steps", type=int, default=None, help="imitation optimiser steps")
+    parser.add_argument("--sft-batch", type=int, default=None, help="demonstrations per imitation step")
+    parser.add_argument("--rl-iterations", type=int, default=None, help="GRPO iterations")
+    parser.add_argument("--rl-tasks", type=int, default=None, help="training tasks per GRPO iteration")
+    parser.add_argument("--group", type=int, default=None, help="episodes per task in GRPO (K)")
+    args = parser.parse_args()
+    if args.limit is not None:
+        small = {"eval_tasks": args.limit, "gate_tasks": 2, "demos": 16, "sft_steps": 8, "sft_batch": 4}
+        small |= {"rl_iterations": 1, "rl_tasks": 2, "group": 2}
+        for name, value in small.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    console = Console()
+    if args.out.exists() and not args.resume:
+        raise SystemExit(f"{args.out} holds an earlier bench: --resume it, or choose another --out")
+    started = time.monotonic()
+    base = RunConfig.load(EXAMPLE)
+    summary: dict[str, Any] = {}
+    for env in args.envs.split(","):
+        cfg = sized(base, env, args.out, args)
+        (args.out / env).mkdir(parents=True, exist_ok=True)
+        console.rule(f"{env}: {cfg.evaluation.tasks} test tasks, {cfg.sft.demos} demonstrations")
+        results = run_domain(cfg, args.out / env, args.resume, console)
+        console.print(
+            metrics_table(results, title=f"{env}, SmolLM2-135M-Instruct, {cfg.evaluation.tasks} test tasks")
+        )
+        for stage, metrics in results.items():
+            summary[f"{env}_{stage}"] = metrics.success
+            summary[f"{env}_{stage}_tcsr"] = metrics.tcsr
+        summary[f"{env}_sizes"] = {
+            "eval_tasks": cfg.evaluation.tasks,
+            "demos": cfg.sft.demos,
+            "sft_steps": cfg.sft.trainer.steps,
+            "rl_iterations": cfg.rl.iterations,
+            "rl_episodes": cfg.rl.tasks_per_iteration * cfg.rl.trainer.group_size,
+        }
+        summary[f"{env}_failures"] = {stage: m.failures for stage, m in results.items()}
+    summary["minutes"] = round((time.monotonic() - started) / 60, 2)
+    summary["split"] = Split.TEST.value
+    print(orjson.dumps(summary).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
