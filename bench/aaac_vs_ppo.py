@@ -1,8 +1,9 @@
 """PPO against AAAC on the orders domain: the same seeds, the same starting policy, the same step budget.
 
-For each seed, a structured policy first imitates the expert on a few training tickets (the imitation
-stage; from scratch, the sparse reward is only ever found on stock inquiries, about one ticket in six).
-PPO and AAAC then continue from that same cloned policy for the same number of environment steps.
+For each seed, a structured policy first imitates the expert on training tickets (the imitation stage;
+from scratch, the sparse reward is only ever found on stock inquiries, about one ticket in six). PPO and
+AAAC then continue from that same cloned policy (cloned once per seed) for the same number of environment
+steps; AAAC on the graph state continues from a clone of its own.
 
 Reported per algorithm, as mean ± std over the seeds:
 - held-out completion: share of the test tickets solved, greedy;
@@ -18,7 +19,8 @@ action-space sizes are printed); ``--risk-quantiles K`` gives AAAC a quantile ri
 
 Runs go to two worker processes (one per core). A rich table and a PNG of the learning curves
 (`runs/bench/aaac_vs_ppo.png`) come out; the last line is one JSON object: per variant ``<v>_completion``,
-``<v>_steps``, ``<v>_risk_share`` and ``<v>_steps_to_80``, plus ``steps_to_80`` (variant to steps).
+``<v>_steps``, ``<v>_risk_share`` and ``<v>_steps_to_80``, plus ``steps_to_80`` (variant to steps) and,
+for each variant beside PPO, ``<v>_vs_ppo_p``: McNemar's p on the (seed, test task) pairs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from rich.table import Table
 from sessionrl.envs import build
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
+from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.policy.prototypes import action_space_sizes, expert_prototypes
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
@@ -56,6 +59,8 @@ class Result:
     variant: str
     seed: int
     test: Summary
+    solved: dict[str, bool]
+    """Each test task, solved or not (greedy)."""
     risk_share: float
     curve: tuple[tuple[int, float], ...]
     seconds: float
@@ -76,30 +81,50 @@ def variants(state: str) -> tuple[str, ...]:
     return ("ppo", "aaac", "aaac_graph") if state == "graph" else ("ppo", "aaac")
 
 
-def run_one(variant: str, seed: int, iterations: int, demos: int, options: dict[str, Any]) -> Result:
-    """Imitate, then train `variant` (``ppo``, ``aaac`` or ``aaac_graph``); evaluate greedily on the test
-    split. `options` hold ``prototypes``, ``risk_quantiles`` and ``rollout_steps``."""
+def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[str, Any]) -> list[Result]:
+    """Imitate once on `state`, then train each variant of that state from the clone (flat: PPO and AAAC;
+    graph: AAAC) and evaluate greedily on the test split. `options` hold ``prototypes``,
+    ``risk_quantiles``, ``rollout_steps`` and ``epochs`` (of imitation)."""
     started = time.perf_counter()
     env = build("orders", time_factor=0, transient_failures=False)
-    run = StructuredRunConfig(
+    base = StructuredRunConfig(
         iterations=iterations,
         seed=seed,
         rollout_steps=options["rollout_steps"],
-        state="graph" if variant == "aaac_graph" else "flat",
+        state="graph" if state == "graph" else "flat",
         prototypes=options["prototypes"],
-        risk_quantiles=0 if variant == "ppo" else options["risk_quantiles"],
     )
-    cloned = imitate(env, run, ImitationConfig(demos=demos, epochs=150, lr=1e-2))
-    if variant == "ppo":
-        trained = train_ppo(env, PPOConfig(run=run), policy=cloned.policy)
-    else:
-        trained = train_aaac(env, AAACConfig(run=run), policy=cloned.policy)
-    prototypes = expert_prototypes(env, run.prototypes) if run.prototypes else ()
-    with torch_threads(1):
-        episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
-    risky = statistics.fmean(log.train.risk_share for log in trained.history)
-    curve = tuple((log.env_steps, log.train.completion) for log in trained.history)
-    return Result(variant, seed, Summary.of(episodes), risky, curve, time.perf_counter() - started)
+    cloned = imitate(env, base, ImitationConfig(demos=demos, epochs=options["epochs"], lr=1e-2))
+    cloning = time.perf_counter() - started
+    prototypes = expert_prototypes(env, base.prototypes) if base.prototypes else ()
+    results = []
+    for variant in ("aaac_graph",) if state == "graph" else ("ppo", "aaac"):
+        started = time.perf_counter()
+        if variant == "ppo":
+            trained = train_ppo(env, PPOConfig(run=base), policy=cloned.policy)
+        else:
+            run = replace(base, risk_quantiles=options["risk_quantiles"])
+            trained = train_aaac(env, AAACConfig(run=run), policy=cloned.policy)
+        with torch_threads(1):
+            episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
+        risky = statistics.fmean(log.train.risk_share for log in trained.history)
+        curve = tuple((log.env_steps, log.train.completion) for log in trained.history)
+        seconds = cloning + time.perf_counter() - started
+        solved = {e.task_id: e.success for e in episodes}
+        results.append(Result(variant, seed, Summary.of(episodes), solved, risky, curve, seconds))
+    return results
+
+
+def versus(results: list[Result], first: str, second: str) -> PairedComparison:
+    """`second` against `first` on the same (seed, test task) pairs: McNemar on the solved flags and a
+    bootstrap interval of the completion difference."""
+
+    def outcomes(variant: str) -> dict[str, bool]:
+        return {
+            f"{r.seed}:{task}": ok for r in results if r.variant == variant for task, ok in r.solved.items()
+        }
+
+    return paired_comparison(outcomes(first), outcomes(second))
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -135,7 +160,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds per algorithm")
     parser.add_argument("--iterations", type=int, default=50, help="rollout-then-update rounds per run")
-    parser.add_argument("--demos", type=int, default=30, help="training tickets the policy imitates first")
+    parser.add_argument("--demos", type=int, default=200, help="training tickets the policy imitates first")
+    parser.add_argument("--epochs", type=int, default=60, help="imitation passes over the demonstrations")
     parser.add_argument(
         "--state", choices=("flat", "graph"), default="flat", help="graph: add AAAC on graphs"
     )
@@ -157,12 +183,14 @@ def main() -> None:
         "prototypes": args.prototypes,
         "risk_quantiles": args.risk_quantiles,
         "rollout_steps": args.rollout_steps,
+        "epochs": args.epochs,
     }
     names = variants(args.state)
-    jobs = [(v, s, args.iterations, args.demos, options) for s in range(args.seeds) for v in names]
+    states = ("flat", "graph") if args.state == "graph" else ("flat",)
+    jobs = [(st, s, args.iterations, args.demos, options) for s in range(args.seeds) for st in states]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+        results = [r for rs in pool.map(run_seed, *zip(*jobs, strict=True)) for r in rs]
     wall = time.perf_counter() - started
 
     budget = args.iterations * args.rollout_steps * StructuredRunConfig().num_envs
@@ -197,6 +225,14 @@ def main() -> None:
         }
     summary["steps_to_80"] = to_80
     console.print(table)
+    for other in [v for v in names if v != "ppo"]:
+        compared = versus(results, "ppo", other)
+        console.print(
+            f"{other.upper()} vs PPO over seeds × test tasks: completion {compared.delta.estimate:+.3f} "
+            f"(95% CI {compared.delta.low:+.3f} to {compared.delta.high:+.3f}), "
+            f"McNemar p = {compared.p_value:.4f}"
+        )
+        summary[f"{other}_vs_ppo_p"] = round(compared.p_value, 5)
     plot(results, OUT / "aaac_vs_ppo.png")
     console.print(f"learning curves: {OUT / 'aaac_vs_ppo.png'}; wall time {wall:.0f} s")
     print(json.dumps(summary))

@@ -168,3 +168,24 @@ def test_the_greedy_action_is_the_most_likely_allowed_one() -> None:
     )
     mode = dist.mode()
     assert (int(mode.skill), float(mode.raw), int(mode.choice)) == (1, pytest.approx(0.7), 1)
+
+
+def test_choice_heads_of_different_sizes_sample_their_own_probabilities() -> None:
+    """Two choice heads of 2 and 3 options laid out side by side (padded to 3): each draws its options at
+    its softmax rates, the padding never, and the entropy adds only the chosen skill's own heads."""
+    specs = {"a": (ParamSpec("p", choices=(0, 1)), ParamSpec("q", choices=(0, 1, 2)))}
+    layout = ActionLayout.of(("a",), specs, width=2)
+    logits = torch.log(torch.tensor([[0.25, 0.75, 0.2, 0.3, 0.5]])).expand(4000, 5)
+    dist = StructuredDist(layout, torch.zeros((4000, 2)), torch.zeros((4000, 0)), torch.zeros(0), logits)
+    picks = dist.sample(torch.Generator().manual_seed(0)).choice
+    assert int(picks[:, 0].max()) <= 1
+    rates = [picks[:, 0].eq(1).float().mean(), *(picks[:, 1].eq(j).float().mean() for j in range(3))]
+    assert [float(r) for r in rates] == pytest.approx([0.75, 0.2, 0.3, 0.5], abs=0.03)
+    own = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)) - sum(p * math.log(p) for p in (0.2, 0.3, 0.5))
+    two = StructuredDist(layout, torch.zeros((2, 2)), torch.zeros((2, 0)), torch.zeros(0), logits[:2])
+    entropy = two.entropy(torch.tensor([0, 1]))  # skill a owns both heads; finish owns none
+    assert entropy[0].item() == pytest.approx(math.log(2) + own, abs=1e-5)
+    assert entropy[1].item() == pytest.approx(math.log(2), abs=1e-5)
+    assert layout.env_params(
+        StructuredAction(torch.tensor([0]), torch.zeros((1, 0)), torch.tensor([[1, 2]]))
+    ).tolist() == [[pytest.approx(0.5), pytest.approx(2 / 3)]]
