@@ -25,6 +25,7 @@ from sessionrl.train.llm.data import (
     lag,
     merge_turns,
     pack,
+    pack_end_to_end,
     packed,
     padding_fraction,
     policy_turns,
@@ -159,6 +160,30 @@ def test_collate_right_pads_and_packed_counts_tokens() -> None:
     assert micro.attention_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert micro.loss_mask.tolist() == [[False, False, True, False], [False, True, True, True]]
     assert torch.equal(micro.advantages[1], torch.tensor([0.0, -1.0, -1.0, -1.0]))
-    batch = packed(sequences, budget=4, pad_id=0)
+    batch = packed(sequences, budget=4)
     assert (batch.tokens, batch.policy_tokens, len(batch.micro)) == (7, 4, 2)
     assert batch.padding == 0.0
+
+
+def test_packed_rows_lay_sequences_end_to_end_with_restarting_positions() -> None:
+    sequences = merge_turns([Turn((1, 2), (3,), (-0.5,), 1.0)]) + merge_turns(
+        [Turn((4,), (5, 6, 7), None, -1.0)]
+    )
+    (micro,) = packed(sequences, budget=16).micro
+    assert micro.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]  # index order inside a micro-batch
+    assert micro.position_ids is not None
+    assert micro.segments is not None
+    assert micro.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3]]
+    assert micro.segments.tolist() == [0, 3, 7]
+    assert micro.loss_mask.tolist() == [[False, False, True, False, True, True, True]]
+    assert micro.advantages.tolist() == [[0.0, 0.0, 1.0, 0.0, -1.0, -1.0, -1.0]]
+    # a budget smaller than both: one micro-batch each, longest first
+    assert [m.input_ids.shape[1] for m in packed(sequences, budget=4).micro] == [4, 3]
+
+
+def test_end_to_end_packing_fills_each_micro_batch_up_to_the_budget() -> None:
+    lengths = [500, 40, 480, 60, 35, 510, 55, 45]
+    groups = pack_end_to_end(lengths, 1024)
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert all(sum(lengths[i] for i in g) <= 1024 for g in groups)
+    assert len(groups) == 2  # 1725 tokens need two micro-batches of 1024

@@ -13,7 +13,14 @@ from tiny_orders import SHORT_PROMPTS, OrdersWorld
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.session.model import Message
 from sessionrl.train.llm.checkpoint import LoopState, Stage, load_checkpoint, read_state, save_checkpoint
-from sessionrl.train.llm.data import TokenSequence, Turn, collate, demonstration_turns, merge_turns
+from sessionrl.train.llm.data import (
+    TokenSequence,
+    Turn,
+    collate,
+    demonstration_turns,
+    merge_turns,
+    packed,
+)
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
 from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
 from sessionrl.train.llm.update import token_logprobs
@@ -48,6 +55,19 @@ def sequence_logprob(policy: HFPolicy, seq: TokenSequence) -> float:
     batch = collate([seq], policy.tokenizer.pad_token_id)
     with torch.no_grad():
         return float((token_logprobs(policy.model, batch) * batch.loss_mask).sum())
+
+
+def test_a_packed_row_scores_each_sequence_as_if_it_were_alone(orders_world: OrdersWorld) -> None:
+    policy = orders_world.policy()
+    sequences = demos(orders_world, policy)[:3]
+    pad_id = policy.tokenizer.pad_token_id
+    with torch.no_grad():
+        (micro,) = packed(sequences, budget=1 << 20).micro
+        together = token_logprobs(policy.model, micro)[0]
+        alone = torch.cat([token_logprobs(policy.model, collate([s], pad_id))[0] for s in sequences])
+    assert together.shape == alone.shape
+    assert torch.allclose(together, alone, atol=1e-5)
+    assert int((together != 0).sum()) == sum(s.policy_tokens for s in sequences)
 
 
 def test_sft_moves_the_parameters_and_lowers_the_loss(orders_world: OrdersWorld) -> None:

@@ -13,16 +13,18 @@ have seen and the actions it should have written (in its tool-call format), with
 functions the rollouts use.
 
 Batches are packed to a token budget: sequences are sorted longest first and each goes into the first
-micro-batch whose padded size (rows x longest row) stays within the budget (first-fit decreasing), so
-similar lengths share a micro-batch and little is padding. Every policy token weighs the same in the
-loss (token-level mean over the whole batch), so a session weighs in proportion to its policy tokens.
-Trained data-parallel, each rank packs its own `shard` of the batch's sequences.
+micro-batch whose tokens stay within the budget (first-fit decreasing), where they lie end to end in one
+row without padding and attend only within themselves (`sessionrl.train.llm.packing`). Every policy token
+weighs the same in the loss (token-level mean over the whole batch), so a session weighs in proportion to
+its policy tokens. Trained data-parallel, each rank packs its own `shard` of the batch's sequences.
+`collate` keeps the padded layout (one right-padded sequence per row) for losses that read whole rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import torch
@@ -305,13 +307,20 @@ def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Right-padded tensors of some sequences, all ``[B, T]``; `attention_mask` marks real tokens."""
+    """Tensors of some sequences, all ``[B, T]``, in one of two layouts.
+
+    Padded (`collate`): one right-padded sequence per row, `attention_mask` marking real tokens. Packed
+    (`concatenate`): every sequence end to end in one row (``B = 1``), `position_ids` restarting at 0 with
+    each and `segments` holding their boundaries ``[0, n_1, n_1 + n_2, ..., T]``.
+    """
 
     input_ids: Tensor
     attention_mask: Tensor
     loss_mask: Tensor
     old_logprobs: Tensor
     advantages: Tensor
+    position_ids: Tensor | None = None
+    segments: Tensor | None = None
 
     @property
     def policy_tokens(self) -> int:
@@ -320,10 +329,16 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""
-        return MicroBatch(*(t.to(device) for t in self._tensors()))
-
-    def _tensors(self) -> tuple[Tensor, ...]:
-        return (self.input_ids, self.attention_mask, self.loss_mask, self.old_logprobs, self.advantages)
+        position_ids, segments = self.position_ids, self.segments
+        return MicroBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.loss_mask.to(device),
+            self.old_logprobs.to(device),
+            self.advantages.to(device),
+            None if position_ids is None else position_ids.to(device),
+            None if segments is None else segments.to(device),
+        )
 
 
 def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
@@ -345,6 +360,51 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
     return MicroBatch(ids, attention, loss, old, adv)
 
 
+def concatenate(sequences: Sequence[TokenSequence]) -> MicroBatch:
+    """`sequences` end to end in one packed row (see `MicroBatch`).
+
+    The first token of each sequence is never a loss position (it would be predicted from the sequence
+    before it); a sequence's first token is its prompt's, so this drops nothing a turn produced.
+
+    >>> a = TokenSequence((1, 2), (False, True), (0.0, -0.5), (0.0, 1.0))
+    >>> b = TokenSequence((3, 4, 5), (False, False, True), (0.0, 0.0, -0.1), (0.0, 0.0, 2.0))
+    >>> micro = concatenate([a, b])
+    >>> micro.input_ids.tolist(), micro.position_ids.tolist(), micro.segments.tolist()
+    ([[1, 2, 3, 4, 5]], [[0, 1, 0, 1, 2]], [0, 2, 5])
+    """
+    starts = [0, *accumulate(len(s) for s in sequences)]
+    ids = torch.tensor([[t for s in sequences for t in s.input_ids]], dtype=torch.long)
+    loss = torch.tensor([[m for s in sequences for m in s.loss_mask]], dtype=torch.bool)
+    loss[0, starts[:-1]] = False
+    old = torch.tensor([[v for s in sequences for v in s.old_logprobs]], dtype=torch.float32)
+    adv = torch.tensor([[v for s in sequences for v in s.advantages]], dtype=torch.float32)
+    positions = torch.cat([torch.arange(len(s)) for s in sequences])[None]
+    segments = torch.tensor(starts, dtype=torch.int32)
+    return MicroBatch(ids, torch.ones_like(ids), loss, old, adv, positions, segments)
+
+
+def pack_end_to_end(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped into micro-batches of at most `budget` tokens laid end to end (first-fit
+    decreasing; a sequence longer than the budget gets one of its own); each group in index order.
+
+    >>> pack_end_to_end([5, 2, 4, 3], budget=8)
+    [[0, 3], [1, 2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= budget:
+                batches[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            batches.append([i])
+            loads.append(lengths[i])
+    return [sorted(b) for b in batches]
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """One optimiser step's data: its micro-batches and how much of them is padding."""
@@ -358,16 +418,16 @@ class PackedBatch:
         return iter(self.micro)
 
 
-def packed(sequences: Sequence[TokenSequence], budget: int, pad_id: int) -> PackedBatch:
-    """`sequences` packed by `budget` (see `pack`) and collated."""
+def packed(sequences: Sequence[TokenSequence], budget: int) -> PackedBatch:
+    """`sequences` in micro-batches of at most `budget` tokens (`pack_end_to_end`), each one packed row
+    (`concatenate`): no slot is padding."""
     lengths = [len(s) for s in sequences]
-    groups = pack(lengths, budget)
-    micro = tuple(collate([sequences[i] for i in g], pad_id) for g in groups)
+    micro = tuple(concatenate([sequences[i] for i in g]) for g in pack_end_to_end(lengths, budget))
     return PackedBatch(
         micro=micro,
-        policy_tokens=sum(s.policy_tokens for s in sequences),
+        policy_tokens=sum(int(m.loss_mask.sum()) for m in micro),
         tokens=sum(lengths),
-        padding=padding_fraction(lengths, groups),
+        padding=0.0,
     )
 
 
@@ -381,12 +441,14 @@ __all__ = [
     "call_advantages",
     "call_message",
     "collate",
+    "concatenate",
     "demonstration_replies",
     "demonstration_turns",
     "fixed_batches",
     "lag",
     "merge_turns",
     "pack",
+    "pack_end_to_end",
     "packed",
     "padding_fraction",
     "policy_turns",

@@ -52,7 +52,7 @@ class GRPOConfig:
     temperature: float = field(
         default=1.0, metadata={"help": "sampling temperature the logprobs were taken at"}
     )
-    token_budget: int = field(default=8192, metadata={"help": "padded tokens per micro-batch"})
+    token_budget: int = field(default=8192, metadata={"help": "tokens per micro-batch, laid end to end"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})
 
     def __post_init__(self) -> None:
@@ -105,7 +105,7 @@ class GRPOTrainer:
 
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """`config.epochs` optimiser steps on `sequences`; returns the last step's statistics."""
-        batch = packed(local_sequences(sequences), self.config.token_budget, self.pad_id)
+        batch = packed(local_sequences(sequences), self.config.token_budget)
         return [self._update(batch) for _ in range(self.config.epochs)][-1]
 
     def _update(self, batch: PackedBatch) -> UpdateStats:

@@ -32,7 +32,7 @@ class SFTConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     steps: int = field(default=60, metadata={"help": "optimiser steps of the imitation stage"})
     batch_sessions: int = field(default=16, metadata={"help": "demonstration sessions per optimiser step"})
-    token_budget: int = field(default=8192, metadata={"help": "padded tokens per micro-batch"})
+    token_budget: int = field(default=8192, metadata={"help": "tokens per micro-batch, laid end to end"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})
     warmup_steps: int = field(default=10, metadata={"help": "steps of linear warm-up to `lr`"})
     cosine: bool = field(default=True, metadata={"help": "decay the rate to 0 by `steps` on a half cosine"})
@@ -77,7 +77,7 @@ class SFTTrainer:
 
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """One optimiser step on `sequences`, packed by the token budget."""
-        batch = packed(local_sequences(sequences), self.config.token_budget, self.pad_id)
+        batch = packed(local_sequences(sequences), self.config.token_budget)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.steps)
         stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)

@@ -13,6 +13,7 @@ rank takes the same step as one process would on the whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch import distributed as dist
 from torch.nn import functional as F
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, shard
+from sessionrl.train.llm.packing import packed_attention, packed_kwargs
 
 LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 """A micro-batch's loss (token mean over its policy tokens) and diagnostics to average the same way."""
@@ -34,16 +36,18 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
     Only the positions that predict a policy token go through the output layer: the decoder's hidden
     states are gathered there first, so the vocabulary-sized logits exist for policy tokens alone (a
     fraction of a session's tokens). Models that reshape their logits in their own forward (soft-capping,
-    scaling) take the plain path instead.
+    scaling) take the plain path instead. A packed micro-batch runs with segment attention
+    (`sessionrl.train.llm.packing`), a padded one with its attention mask.
     """
     targets = batch.loss_mask[:, 1:]
-    if _plain_head(model):
-        decoder, head = model.get_decoder(), model.get_output_embeddings()
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-        logits = head(hidden[:, :-1][targets]).float()
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        logits = out.logits[:, :-1][targets].float()
+    inputs = _model_inputs(batch)
+    with packed_attention(model) if batch.segments is not None else nullcontext():
+        if _plain_head(model):
+            decoder, head = model.get_decoder(), model.get_output_embeddings()
+            hidden = decoder(**inputs).last_hidden_state
+            logits = head(hidden[:, :-1][targets]).float()
+        else:
+            logits = model(**inputs).logits[:, :-1][targets].float()
     if temperature != 1.0:
         logits = logits / temperature
     wanted = batch.input_ids[:, 1:][targets]
@@ -51,6 +55,13 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
     logp = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
     logp = logp.masked_scatter(targets, picked)
     return F.pad(logp, (1, 0))
+
+
+def _model_inputs(batch: MicroBatch) -> dict[str, Any]:
+    """The forward pass's arguments for either layout (no cache: nothing is decoded after it)."""
+    if batch.segments is not None and batch.position_ids is not None:
+        return {"input_ids": batch.input_ids, **packed_kwargs(batch.position_ids, batch.segments)}
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
 
 
 def _plain_head(model: Any) -> bool:
