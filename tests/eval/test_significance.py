@@ -11,6 +11,7 @@ from sessionrl.eval.significance import (
     bootstrap_diff_ci,
     mcnemar_p,
     paired_comparison,
+    paired_ratio_diff_ci,
     two_proportion_p,
 )
 
@@ -57,3 +58,15 @@ def test_paired_comparison_counts_only_shared_tasks() -> None:
     assert result.delta.estimate == pytest.approx(0.25)
     assert result.p_value == mcnemar_p(1, 2)
     assert result.as_dict()["delta_ci"] == result.delta.as_list()
+
+
+def test_paired_ratio_interval_pools_calls_and_resamples_tasks_in_pairs() -> None:
+    # TCSR pooled over calls: 4/9 -> 7/9 (the mean of per-task rates would be 0.333 -> 0.667)
+    before = [(1, 4), (3, 4), (0, 1)]
+    after = [(3, 4), (4, 4), (0, 1)]
+    interval = paired_ratio_diff_ci(before, after, seed=3)
+    assert interval.estimate == pytest.approx(7 / 9 - 4 / 9)
+    assert interval.low <= interval.estimate <= interval.high
+    assert interval == paired_ratio_diff_ci(before, after, seed=3)
+    with pytest.raises(ValueError, match="as many tasks"):
+        paired_ratio_diff_ci(before, after[:2])

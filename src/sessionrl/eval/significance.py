@@ -95,6 +95,41 @@ def bootstrap_diff_ci(
     return _interval(float(b.mean() - a.mean()), mean_b - mean_a, confidence)
 
 
+def paired_ratio_diff_ci(
+    first: Sequence[tuple[float, float]],
+    second: Sequence[tuple[float, float]],
+    *,
+    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> Interval:
+    """Percentile bootstrap interval for the change of a pooled ratio between two policies on the same tasks.
+
+    Each task gives one ``(numerator, denominator)`` per policy, in the same order in both (a task's
+    successful tool calls and its calls, say); the ratio is ``sum(num) / sum(den)`` over the tasks, as TCSR
+    pools calls. Tasks are resampled in pairs, so each draw compares the two policies on the same tasks.
+
+    >>> paired_ratio_diff_ci([(1, 2), (1, 2)], [(2, 2), (2, 2)]).estimate
+    0.5
+    """
+    if len(first) != len(second):
+        raise ValueError(f"paired ratios need as many tasks in both: {len(first)} and {len(second)}")
+    a, b = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
+    if a.size == 0 or a[:, 1].sum() == 0 or b[:, 1].sum() == 0:
+        return Interval(math.nan, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(a), size=(resamples, len(a)))
+
+    def pooled(pairs: np.ndarray) -> np.ndarray:
+        num, den = pairs[..., 0].sum(axis=-1), pairs[..., 1].sum(axis=-1)
+        ratio: np.ndarray = np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+        return ratio
+
+    draws = pooled(b[picks]) - pooled(a[picks])
+    estimate = float(pooled(b) - pooled(a))
+    return _interval(estimate, draws[~np.isnan(draws)], confidence)
+
+
 def _interval(estimate: float, draws: np.ndarray, confidence: float) -> Interval:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
