@@ -159,3 +159,20 @@ def test_a_body_the_gateway_cannot_read_is_an_openai_400_and_nothing_is_recorded
         assert (error["type"], error["code"]) == ("invalid_request_error", code)
         assert says in error["message"]
         assert httpx.get(f"{root}/v1/sessions/bad-1", headers=AUTH).status_code == 404
+
+
+def test_the_shortcut_serves_the_chat_routes_and_answers_their_errors_in_openai_form(tmp_path: Path) -> None:
+    backend = ScriptedChat(lambda request: ChatReply(text="ok"))
+    # a bucket of 2 refilled once per 100 s: the third request is refused
+    app = gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend, rate_per_s=0.01, rate_burst=2)
+    served = {route.path for route in app.build_middleware_stack().served}
+    assert {"/gateway/sessions/{session_id}/v1/chat/completions", "/v1/chat/completions"} <= served
+    with serving_on_loopback(app) as root:
+        client = OpenAI(base_url=f"{root}/gateway/sessions/rate-1/v1", api_key=WRITER, max_retries=0)
+        user: list[Any] = [{"role": "user", "content": "hi"}]
+        assert client.chat.completions.create(model="m", messages=user).choices[0].message.content == "ok"
+        assert len(recorded(root, "rate-1")["llm_calls"]) == 1  # the second request of the bucket
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.chat.completions.create(model="m", messages=user)
+    assert (limited.value.code, limited.value.type) == ("rate_limited", "rate_limit_error")
+    assert limited.value.response.headers["retry-after"]

@@ -31,10 +31,16 @@ MAX_QUERY = 100_000
 
 
 async def open_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> Session:
-    """The session `session_id`, opened on first use with the request's first user message as its query
-    and the request's metadata (OpenAI's string pairs) beside the gateway's own keys."""
+    """The session `session_id`, opened first (`create_session`) when it does not exist yet."""
     with contextlib.suppress(NotFound):
         return await engine.session(session_id)
+    await create_session(engine, session_id, request)
+    return await engine.session(session_id)
+
+
+async def create_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> None:
+    """Open `session_id` with the request's first user message as its query and the request's metadata
+    (OpenAI's string pairs) beside the gateway's own keys; nothing when a concurrent request opened it."""
     query = next((m.text for m in request.messages if m.role == "user"), "") or "(no user message)"
     create = SessionCreate(
         session_id=session_id,
@@ -49,7 +55,14 @@ async def open_session(engine: Orchestrator, session_id: str, request: ChatReque
     )
     with contextlib.suppress(InvalidTransition):  # a concurrent first request opened it
         await engine.init_session(create, key=f"gateway-open {session_id}")
-    return await engine.session(session_id)
+
+
+async def record_sent_tools(engine: Orchestrator, session_id: str, request: ChatRequest) -> int:
+    """Record the request's tool results (`record_tool_results`), opening the session when needed; a
+    request carrying no `tool` message needs neither, so it reads nothing."""
+    if not any(m.role == "tool" for m in request.messages):
+        return 0
+    return await record_tool_results(engine, await open_session(engine, session_id, request), request)
 
 
 def answered_calls(messages: Sequence[ChatMessage], session: Session) -> dict[str, ToolRequest]:
@@ -115,7 +128,8 @@ async def record_llm(
     outcome: ChatReply | str,
     latency_ms: float,
 ) -> StepResult:
-    """Record the model call: its answer, or (a string) why it failed."""
+    """Record the model call: its answer, or (a string) why it failed; the session's first request opens
+    it (`create_session`)."""
     if isinstance(outcome, str):
         reply = RecordedReply(model=request.model or None, latency_ms=latency_ms, error=outcome)
     else:
@@ -132,4 +146,8 @@ async def record_llm(
     payload = LLMPayload(
         messages=tuple(m.to_message() for m in request.messages), purpose="chat", reply=reply, call_id=call_id
     )
-    return await engine.execute_step(session_id, StepKind.LLM, payload)
+    try:
+        return await engine.execute_step(session_id, StepKind.LLM, payload)
+    except NotFound:  # the session's first request: open it, then record
+        await create_session(engine, session_id, request)
+        return await engine.execute_step(session_id, StepKind.LLM, payload)

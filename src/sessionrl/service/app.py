@@ -105,7 +105,7 @@ def create_app(
     problems.install(app)
     for router in ROUTERS:
         app.include_router(router)
-    app.include_router(gateway.router)  # after ROUTERS, which are the shortcut's (see `_Service`)
+    app.include_router(gateway.router)  # after ROUTERS, as the shortcut reads them (see `_Service`)
     app.include_router(policies.router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
@@ -123,11 +123,13 @@ def default_chat(config: ServiceConfig, backends: Sequence[PolicyBackend]) -> Ch
 
 class _Service(FastAPI):
     """The app, with `Shortcut` around the framework's whole middleware stack (its error layer included),
-    so the requests the shortcut serves pass none of it. The shortcut reads the routes of `ROUTERS`, which
-    the app includes first and as they are (no prefix), so it tries them in the framework's order."""
+    so the requests the shortcut serves pass none of it. The shortcut reads the routes of `ROUTERS` and
+    then the gateway's, which the app includes first and in that order, as they are (no prefix), so it
+    tries them in the framework's order."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        return Shortcut(super().build_middleware_stack(), [r for router in ROUTERS for r in router.routes])
+        routes = [r for router in (*ROUTERS, gateway.router) for r in router.routes]
+        return Shortcut(super().build_middleware_stack(), routes)
 
 
 class _Measured:

@@ -15,8 +15,9 @@ a request the framework traces. Those go on to the framework unchanged, their bo
 answered there as documented; nothing was charged to them yet.
 
 A served request is counted and timed in the app's metrics as the metrics layer does, and an exception
-from the route is answered by the app's handler for its class, as the framework's error layers do (an
-unexpected one is then raised on to the server).
+from the route is answered by the route itself when its class answers its own errors (`error_response`),
+else by the app's handler for its class, as the framework's error layers do (an unexpected one is then
+raised on to the server).
 """
 
 from __future__ import annotations
@@ -203,8 +204,9 @@ class Shortcut:
             throttle(state.limiter, principal)  # as the `ScopedBearer` does once it knows the caller
             response = await chosen.route.endpoint(**arguments)
         except Exception as exc:
-            kind, handler = _handler(request, exc)
-            response = await _answer(handler, request, exc)
+            own = _own_answer(chosen.route, exc)
+            kind, handler = (None, None) if own is not None else _handler(request, exc)
+            response = own if own is not None else await _answer(handler, request, exc)
             status = response.status_code
             await response(scope, receive, send)
             if kind is Exception:  # answered as the server error layer does, which then raises it on
@@ -282,6 +284,13 @@ def _admit(
         return None
     arguments[chosen.body.name] = value
     return principal, arguments
+
+
+def _own_answer(route: APIRoute, exc: Exception) -> Response | None:
+    """How a route that answers its own errors (a `route_class` with `error_response`, such as the
+    gateway's, whose callers read OpenAI errors) answers `exc`; None for the app's handlers to answer."""
+    answer = getattr(route, "error_response", None)
+    return answer(exc) if callable(answer) else None
 
 
 def _handler(request: Request, exc: Exception) -> tuple[type, Any]:

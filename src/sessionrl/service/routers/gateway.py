@@ -8,8 +8,9 @@ session, a token refused, a named sessionrl error, a failed upstream) is answere
 (`{"error": {"message", "type", "param", "code"}}`), which OpenAI clients read; `OpenAIRoute` turns the
 framework's own errors into that shape.
 
-These routes are not among `ROUTERS`: the app includes them after the others, and the shortcut (which
-serves the session API's writes) leaves them to the framework.
+These routes are not among `ROUTERS`: the app includes them after the others. The service's shortcut
+serves their well-formed requests as it serves the session API's writes, and leaves the others to the
+framework.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from sessionrl.errors import SessionRLError
 from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
-from sessionrl.gateway.capture import ID, open_session, record_llm, record_tool_results
+from sessionrl.gateway.capture import ID, record_llm, record_sent_tools
 from sessionrl.gateway.chat import ChatRequest, completion, error_body, models_page, stream_events
 from sessionrl.service import problems
 from sessionrl.service.deps import JSONAnswer, Reader, Writer, engine_of
@@ -42,8 +43,9 @@ NO_SESSION = (
 
 
 class OpenAIRoute(APIRoute):
-    """A route whose framework errors (validation, authentication, rate limits, named errors) are
-    answered as OpenAI errors rather than problem documents, since its callers are OpenAI clients."""
+    """A route whose errors (validation, authentication, rate limits, named errors) are answered as
+    OpenAI errors rather than problem documents, since its callers are OpenAI clients; the service's
+    shortcut, which serves these routes too, asks `error_response` as the framework's handler does."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -51,17 +53,26 @@ class OpenAIRoute(APIRoute):
         async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
-            except RequestValidationError as exc:
-                return invalid_request(exc)
-            except ProblemError as exc:
-                return openai_error(exc.status, exc.detail, error_type(exc.status), exc.code, exc.headers)
-            except SessionRLError as exc:
-                return named_error(exc)
-            except HTTPException as exc:  # such as a body that is not UTF-8
-                code = problems.HTTP_CODES.get(exc.status_code, "http_error")
-                return openai_error(exc.status_code, str(exc.detail), error_type(exc.status_code), code)
+            except Exception as exc:
+                response = self.error_response(exc)
+                if response is None:
+                    raise
+                return response
 
         return answer
+
+    def error_response(self, exc: Exception) -> Response | None:
+        """`exc` as an OpenAI error; None for an error that is not the caller's to read (a server fault)."""
+        if isinstance(exc, RequestValidationError):
+            return invalid_request(exc)
+        if isinstance(exc, ProblemError):
+            return openai_error(exc.status, exc.detail, error_type(exc.status), exc.code, exc.headers)
+        if isinstance(exc, SessionRLError):
+            return named_error(exc)
+        if isinstance(exc, HTTPException):  # such as a body that is not UTF-8
+            code = problems.HTTP_CODES.get(exc.status_code, "http_error")
+            return openai_error(exc.status_code, str(exc.detail), error_type(exc.status_code), code)
+        return None
 
 
 router = APIRouter(tags=["gateway"], route_class=OpenAIRoute)
@@ -184,8 +195,7 @@ async def chat(request: Request, session_id: str, body: ChatRequest) -> Response
     engine = engine_of(request)
     call_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     try:
-        session = await open_session(engine, session_id, body)
-        await record_tool_results(engine, session, body)
+        await record_sent_tools(engine, session_id, body)
         started = time.perf_counter()
         outcome: ChatReply | UpstreamError
         try:
