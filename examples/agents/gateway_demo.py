@@ -67,9 +67,13 @@ class OrdersDesk:
         training replay the task (GRPO on captured sessions)."""
         return {"env": "orders", "task_id": task.task_id}
 
+    def task_of(self, instruction: str) -> Task:
+        """The desk's task whose instruction this is (the user's first message)."""
+        return self._by_instruction[instruction]
+
     def reply(self, request: ChatRequest) -> ChatReply:
         """The expert's next call for the request's task, or its final message once every call is made."""
-        task = self._by_instruction[next(m.text for m in request.messages if m.role == "user")]
+        task = self.task_of(next(m.text for m in request.messages if m.role == "user"))
         plan = self.env.expert(task)
         turn = sum(m.role == "assistant" for m in request.messages)
         if turn >= len(plan.steps):
