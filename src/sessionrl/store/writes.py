@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sessionrl.errors import EventTooLarge, InvalidEvent, NotFound, SessionRLError, StaleState
 from sessionrl.session.events import Event, SessionCreated, apply, parse_event
@@ -151,6 +151,17 @@ def prepare(session_id: str, raw: EventInput, expected: int | None, max_bytes: i
     return Prepared(session_id, event, payload.decode(), expected)
 
 
+class _Mark(NamedTuple):
+    """A batch as it was before a unit (see `BatchWriter._mark`)."""
+
+    events: int
+    outbox: int
+    sessions: dict[str, tuple[Session | None, set[str] | None, bool]]
+    """Per session of the unit: its touched view, its dirty shards and whether it was of an old schema."""
+    fresh: list[str]
+    """The unit's event ids that were not logged before it."""
+
+
 class BatchWriter:
     """Writes prepared events inside one open transaction; `touched` holds the resulting sessions.
 
@@ -194,7 +205,7 @@ class BatchWriter:
         every event of the unit and nothing of it written. `basis`: see `Unit`."""
         if not items:
             return []
-        mark = self._mark(items)
+        mark = self._mark(items) if len(items) > 1 else None  # one write alone changes nothing if refused
         results: list[Result] = []
         try:
             if basis is not None:
@@ -202,7 +213,8 @@ class BatchWriter:
             for item in items:
                 results.append(self.write(item))
         except SessionRLError as exc:
-            self._restore(mark)
+            if mark is not None:
+                self._restore(mark)
             return [exc] * len(items)
         return results
 
@@ -223,22 +235,27 @@ class BatchWriter:
         if not base <= basis <= actual:
             raise StaleState(session_id, basis, actual)
 
-    def _mark(self, items: Sequence[Prepared]) -> tuple[Any, ...]:
+    def _mark(self, items: Sequence[Prepared]) -> _Mark:
         """What `_restore` needs to undo the unit of `items`: the batch as it is before it."""
         sids = {item.session_id for item in items}
         for sid in sids:
             self._session(sid)  # read before the unit, so undoing it never re-reads
-        saved = {sid: (self.touched.get(sid), self._dirty.get(sid), sid in self._legacy) for sid in sids}
-        saved = {sid: (s, None if d is None else set(d), legacy) for sid, (s, d, legacy) in saved.items()}
+        saved = {
+            sid: (
+                self.touched.get(sid),
+                None if (d := self._dirty.get(sid)) is None else set(d),
+                sid in self._legacy,
+            )
+            for sid in sids
+        }
         fresh = [item.event.event_id for item in items if item.event.event_id not in self._owners]
-        return len(self._events), len(self._outbox), saved, fresh
+        return _Mark(len(self._events), len(self._outbox), saved, fresh)
 
-    def _restore(self, mark: tuple[Any, ...]) -> None:
-        events, outbox, saved, fresh = mark
-        del self._events[events:], self._outbox[outbox:]
-        for event_id in fresh:
+    def _restore(self, mark: _Mark) -> None:
+        del self._events[mark.events :], self._outbox[mark.outbox :]
+        for event_id in mark.fresh:
             self._owners.pop(event_id, None)
-        for sid, (session, dirty, legacy) in saved.items():
+        for sid, (session, dirty, legacy) in mark.sessions.items():
             if session is None:
                 self.touched.pop(sid, None)
             else:
