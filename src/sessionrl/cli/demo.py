@@ -14,14 +14,18 @@ import typer
 
 def command(
     out: Annotated[Path, typer.Option(help="Run folder, replaced on every run.")] = Path("runs/demo"),
-    rl_minutes: Annotated[
-        float, typer.Option(min=0.1, help="Wall-clock budget of the GRPO stage, in minutes.")
-    ] = 2.5,
+    seed: Annotated[
+        int, typer.Option(help="Seeds initialisation, faults, task draws and sampling (not the tasks).")
+    ] = 0,
+    rl_iterations: Annotated[
+        int, typer.Option(min=0, help="GRPO iterations (a budget in iterations, the same on any machine).")
+    ] = 20,
     eval_tasks: Annotated[
         int, typer.Option(min=1, help="Held-out test tasks each policy is judged on.")
     ] = 100,
 ) -> None:
-    """Imitation, then GRPO, on orders; the learning curve, the held-out metrics and one JSON line."""
+    """Imitation, then GRPO, on orders; the learning curve, the held-out metrics, the paired comparison
+    and one JSON line."""
     from sessionrl.train.llm.demo import main
 
-    main(out, rl_minutes=rl_minutes, eval_tasks=eval_tasks)
+    main(out, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)

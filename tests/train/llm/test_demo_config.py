@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from sessionrl.eval import compute
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
+from sessionrl.session import (
+    Feedback,
+    FeedbackAdded,
+    FeedbackType,
+    Session,
+    SessionCreate,
+    SessionState,
+    StateChanged,
+    ToolCall,
+    ToolCallRecorded,
+    created,
+    fold,
+)
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.demo import demo_config
+from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config
+from sessionrl.train.llm.loop import Evaluation
 
 
 def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) -> None:
@@ -27,3 +45,37 @@ def test_the_demo_rules_load_and_charge_only_the_policys_own_mistakes(tmp_path: 
     by_name = {spec.name: spec for spec in ruleset.file.rules}
     assert set(by_name) == {"policy_error", "not_an_action", "task_outcome"}
     assert "!call.retryable" in by_name["policy_error"].when
+
+
+def _session(task: str, solved: bool, statuses: list[str]) -> Session:
+    events: list[Any] = [created(SessionCreate(user_query=task, metadata={"task_id": task}))]
+    events.append(StateChanged(state=SessionState.EXECUTING))
+    for i, status in enumerate(statuses):
+        events.append(ToolCallRecorded(call=ToolCall(call_id=f"c{i}", tool="t", params={}, status=status)))
+    events.append(FeedbackAdded(feedback=Feedback(type=FeedbackType.TASK_OUTCOME, score=float(solved))))
+    return fold(events)
+
+
+def _evaluation(label: str, sessions: list[Session]) -> Evaluation:
+    return Evaluation(label, compute(sessions), tuple(sessions))
+
+
+def test_the_demo_budgets_rl_in_iterations_and_a_seed_moves_everything_but_the_tasks(tmp_path: Path) -> None:
+    one, two = demo_config(tmp_path / "a", seed=1), demo_config(tmp_path / "b", seed=2)
+    assert one.rl.minutes is None
+    assert one.rl.iterations == RL_ITERATIONS
+    assert (one.seed, one.model.tiny.seed, one.rl.sampling.seed) == (1, 1, 1)
+    assert two.seed == two.model.tiny.seed == 2
+    assert one.env == two.env  # the same tasks, so every seed is judged on the same held-out tickets
+
+
+def test_the_comparison_pairs_tasks_and_pools_tool_calls() -> None:
+    ok, bad = "success", "error"
+    sft = [_session("a", False, [ok, bad]), _session("b", False, [bad]), _session("c", True, [ok])]
+    rl = [_session("a", True, [ok, ok]), _session("b", True, [ok]), _session("c", True, [ok])]
+    comparison = compare(_evaluation("sft", sft), _evaluation("rl", rl))
+    assert (comparison.success.first_only, comparison.success.second_only) == (0, 2)
+    assert comparison.success.p_value == pytest.approx(0.5)  # 2 of 2 discordant tasks: 2 x (1/2)^2
+    assert comparison.success.delta.estimate == pytest.approx(2 / 3)
+    assert comparison.tcsr.estimate == pytest.approx(1.0 - 2 / 4)  # calls pooled: 2 of 4 -> 4 of 4
+    assert "McNemar p = 0.5" in comparison.describe()

@@ -13,7 +13,12 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
    ranks the group; a failed call the policy caused, or a reply that is not an action, is charged to the
    reply that made it), updates from the change feed;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
-   same faults, and prints the learning curve, the metrics table and one JSON line.
+   same faults, and prints the learning curve, the metrics table, the paired comparison (exact McNemar
+   p for success; bootstrap 95% intervals for the change in success and in TCSR, tasks resampled in
+   pairs) and one JSON line.
+
+GRPO runs a fixed number of iterations (`RL_ITERATIONS`), not a wall-clock budget, so a seed gives the
+same run on a fast machine and a slow one.
 
 Nothing is tuned on the test tickets: the learning curve is on training tickets, the report on the first
 `eval_tasks` test tickets, and both policies meet the same faults there (their seeds follow the ticket).
@@ -26,6 +31,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +42,13 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import FaultSchedule
 from sessionrl.episodes import RolloutConfig
+from sessionrl.eval.metrics import task_success
 from sessionrl.eval.report import metrics_table
+from sessionrl.eval.significance import Interval, PairedComparison, paired_comparison, paired_ratio_diff_ci
 from sessionrl.policy.llm import BatchingConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
+from sessionrl.session.model import CallStatus, Session
 from sessionrl.skills import ExecutorConfig
 from sessionrl.train.config import (
     EnvSection,
@@ -50,7 +60,7 @@ from sessionrl.train.config import (
     SFTSection,
 )
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import train
+from sessionrl.train.llm.loop import Evaluation, train
 from sessionrl.train.llm.sft import SFTConfig
 from sessionrl.train.llm.view import curve_table
 
@@ -63,22 +73,32 @@ FAULTS = 0.15
 DEMO_FAULTS = 0.05
 """The same chance in the expert demonstrations: imitation sees a few recoveries, RL three times more."""
 
+RL_ITERATIONS = 20
+"""GRPO iterations: a budget in iterations, not minutes, so a seed gives the same run on any machine."""
+
 
 def demo_config(
     run_dir: Path = Path("runs/demo"),
     *,
+    seed: int = 0,
     sft_steps: int = 240,
     sft_batch: int = 8,
-    rl_minutes: float = 2.5,
+    rl_iterations: int = RL_ITERATIONS,
     temperature: float = 0.6,
     eval_tasks: int = 100,
 ) -> RunConfig:
-    """The demo's run: tiny model, small imitation budget, a few minutes of GRPO, held-out evaluation."""
-    tiny = TinyModelConfig(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512)
+    """The demo's run: tiny model, small imitation budget, `rl_iterations` of GRPO, held-out evaluation.
+
+    `seed` seeds everything the run draws (the model's initialisation, demonstration and RL faults, task
+    samples, batches, sampling); the tasks themselves, and so the held-out test tasks, stay the same.
+    """
+    tiny = TinyModelConfig(
+        vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512, seed=seed
+    )
     executor = ExecutorConfig(max_attempts=1)  # transient failures reach the policy, which must retry
     return RunConfig(
         run_dir=run_dir,
-        seed=0,
+        seed=seed,
         env=EnvSection(name="orders", options={"train": 800, "dev": 50, "test": 100}),
         model=ModelSection(tiny=tiny),
         rollout=RolloutConfig(
@@ -96,12 +116,13 @@ def demo_config(
             trainer=SFTConfig(lr=5e-3, steps=sft_steps, batch_sessions=sft_batch, token_budget=8192),
         ),
         rl=RLSection(
-            iterations=200,
-            minutes=rl_minutes,
+            iterations=rl_iterations,
             tasks_per_iteration=8,
             unseen_tasks=True,
             max_lag=2,
-            sampling=SamplingConfig(max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536),
+            sampling=SamplingConfig(
+                max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536, seed=seed
+            ),
             trainer=GRPOConfig(
                 lr=2e-4,
                 group_size=4,
@@ -117,17 +138,62 @@ def demo_config(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The RL policy against the imitation policy on the same held-out tasks, paired by task."""
+
+    success: PairedComparison
+    """Success per task: how many tasks each policy alone solved, McNemar's exact p, the change's interval."""
+    tcsr: Interval
+    """The change in TCSR (tool calls pooled over the tasks), with its paired bootstrap interval."""
+
+    def describe(self) -> str:
+        """Two report lines."""
+        s = self.success
+        low, high = s.delta.as_list()
+        t_low, t_high = self.tcsr.as_list()
+        return (
+            f"success {s.first_rate:.2f} -> {s.second_rate:.2f} on {s.tasks} tasks: RL alone solved "
+            f"{s.second_only}, imitation alone {s.first_only}; exact McNemar p = {s.p_value:.3g}; "
+            f"change {s.delta.estimate:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}]\n"
+            f"TCSR change {self.tcsr.estimate:+.3f}, 95% CI [{t_low:+.3f}, {t_high:+.3f}] "
+            "(paired bootstrap over tasks)"
+        )
+
+
+def compare(before: Evaluation, after: Evaluation) -> Comparison:
+    """`after` against `before`, task by task (the tasks both evaluated)."""
+    first, second = _by_task(before.sessions), _by_task(after.sessions)
+    common = sorted(first.keys() & second.keys())
+    success = paired_comparison(
+        {t: task_success(first[t]) is True for t in common},
+        {t: task_success(second[t]) is True for t in common},
+    )
+    tcsr = paired_ratio_diff_ci([_calls(first[t]) for t in common], [_calls(second[t]) for t in common])
+    return Comparison(success, tcsr)
+
+
+def _by_task(sessions: Sequence[Session]) -> dict[str, Session]:
+    return {str(s.metadata["task_id"]): s for s in sessions}
+
+
+def _calls(session: Session) -> tuple[float, float]:
+    """Successful tool calls and all tool calls of a session (TCSR's numerator and denominator)."""
+    calls = session.tool_calls
+    return float(sum(c.status == CallStatus.SUCCESS for c in calls)), float(len(calls))
+
+
 def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
     """Train as `config` says, evaluate both policies on the held-out tasks, print everything; return the
     summary that the last line shows."""
     started = time.monotonic()
     console.rule("sessionrl demo: imitation, then GRPO, on orders")
     console.print(
-        f"imitation budget: {config.sft.demos} expert sessions, {config.sft.trainer.steps} steps of "
-        f"{config.sft.trainer.batch_sessions} sessions; GRPO for up to {config.rl.minutes} minutes, "
-        f"{config.rl.tasks_per_iteration} tasks x K={config.rl.trainer.group_size} per iteration; "
-        f"transient tool faults at {config.faults.demo_rate:.0%} in the demonstrations, "
-        f"{config.faults.eval_rate:.0%} in RL and evaluation"
+        f"seed {config.seed}; imitation budget: {config.sft.demos} expert sessions, "
+        f"{config.sft.trainer.steps} steps of {config.sft.trainer.batch_sessions} sessions; GRPO for "
+        f"{config.rl.iterations} iterations of {config.rl.tasks_per_iteration} tasks x "
+        f"K={config.rl.trainer.group_size}; transient tool faults at {config.faults.demo_rate:.0%} in the "
+        f"demonstrations, {config.faults.eval_rate:.0%} in RL and evaluation"
         + ("; RL on tasks the imitation never saw" if config.rl.unseen_tasks else "")
     )
     result = train(config, console=console)
@@ -137,8 +203,10 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
     if result.curve:
         console.print(curve_table(result.curve))
     console.print(metrics_table({"sft": sft.metrics, "rl": rl.metrics}, title=f"held-out {split} tasks: {n}"))
+    comparison = compare(sft, rl)
+    console.print(comparison.describe(), markup=False, highlight=False)
     minutes = (time.monotonic() - started) / 60
-    summary = {
+    return {
         "n_eval": rl.metrics.n_tasks,
         "sft_success": sft.metrics.success,
         "rl_success": rl.metrics.success,
@@ -147,23 +215,30 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "spt": rl.metrics.spt,
         "sft_tcsr": sft.metrics.tcsr,
         "sft_spt": sft.metrics.spt,
+        "p_success": round(comparison.success.p_value, 6),
+        "success_ci": comparison.success.delta.as_list(),
+        "tcsr_ci": comparison.tcsr.as_list(),
+        "rl_only": comparison.success.second_only,
+        "sft_only": comparison.success.first_only,
+        "seed": config.seed,
         "rl_iterations": len(result.curve),
         "stage": result.stage,
         "minutes": round(minutes, 2),
     }
-    return summary
 
 
 def main(
     run_dir: Path = Path("runs/demo"),
     *,
-    rl_minutes: float = 2.5,
+    seed: int = 0,
+    rl_iterations: int = RL_ITERATIONS,
     eval_tasks: int = 100,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The `sessionrl demo` job: a fresh run folder, the demo, and the JSON summary as the last line."""
     console = console or Console()
     shutil.rmtree(run_dir, ignore_errors=True)
-    summary = run_demo(demo_config(run_dir, rl_minutes=rl_minutes, eval_tasks=eval_tasks), console)
+    config = demo_config(run_dir, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)
+    summary = run_demo(config, console)
     print(orjson.dumps(summary).decode(), flush=True)
     return summary
