@@ -14,10 +14,22 @@ from fastapi import FastAPI
 
 from sessionrl.gateway import ChatBackend
 from sessionrl.ops.config import OpsConfig
+from sessionrl.ops.routing import ROUTE_KEY, version_tag
 from sessionrl.ops.serving import Loader, Operations
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
+from sessionrl.session import (
+    CallStatus,
+    Feedback,
+    FeedbackAdded,
+    FeedbackType,
+    SessionCreate,
+    StateChanged,
+    ToolCall,
+    ToolCallRecorded,
+)
 from sessionrl.skills import Skill, SkillContract, callable_skill
+from sessionrl.store import SessionStore
 
 TOKEN = "ops-writer"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -101,3 +113,26 @@ def webhook() -> Iterator[Webhook]:
         hook.server.shutdown()
         hook.server.server_close()
         thread.join()
+
+
+def served(
+    store: SessionStore, sid: str, version: int, *, calls: list[bool], solved: bool | None, task: str
+) -> None:
+    """Write a session that `orders` v`version` served: its tool calls (ok or not) and its verdict."""
+    route = {"policy": "orders", "version": version, "arm": "test", "key": sid}
+    store.create(
+        SessionCreate(
+            user_query="q",
+            session_id=sid,
+            scenario="orders",
+            tags=(version_tag("orders", version),),
+            metadata={"task_id": task, ROUTE_KEY: route},
+        )
+    )
+    store.append(sid, StateChanged(state="executing"))
+    for i, ok in enumerate(calls):
+        status = CallStatus.SUCCESS if ok else CallStatus.ERROR
+        store.append(sid, ToolCallRecorded(call=ToolCall(call_id=f"c{i}", tool="find", status=status)))
+    if solved is not None:
+        verdict = Feedback(type=FeedbackType.TASK_OUTCOME, score=1.0 if solved else 0.0)
+        store.append(sid, FeedbackAdded(feedback=verdict))

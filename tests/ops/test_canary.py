@@ -4,48 +4,15 @@ worse canary back (with an alert) and promotes a better one, reporting its sampl
 from __future__ import annotations
 
 import pytest
-from ops_support import webhook
+from ops_support import served, webhook
 
 from sessionrl.errors import InvalidEvent
 from sessionrl.ops.analysis import compare_versions
 from sessionrl.ops.canary import Action, check_canary
 from sessionrl.ops.config import CanaryConfig, OpsConfig
 from sessionrl.ops.registry import PolicyRegistry, Stage
-from sessionrl.ops.routing import ROUTE_KEY, version_tag
 from sessionrl.ops.rules import compile_rule, holds
-from sessionrl.session import (
-    CallStatus,
-    FeedbackAdded,
-    SessionCreate,
-    StateChanged,
-    ToolCall,
-    ToolCallRecorded,
-)
-from sessionrl.session.model import Feedback, FeedbackType
 from sessionrl.store import SessionStore
-
-
-def served(
-    store: SessionStore, sid: str, version: int, *, calls: list[bool], solved: bool | None, task: str
-) -> None:
-    """Write a session that `orders` v`version` served: its tool calls (ok or not) and its verdict."""
-    route = {"policy": "orders", "version": version, "arm": "test", "key": sid}
-    store.create(
-        SessionCreate(
-            user_query="q",
-            session_id=sid,
-            scenario="orders",
-            tags=(version_tag("orders", version),),
-            metadata={"task_id": task, ROUTE_KEY: route},
-        )
-    )
-    store.append(sid, StateChanged(state="executing"))
-    for i, ok in enumerate(calls):
-        status = CallStatus.SUCCESS if ok else CallStatus.ERROR
-        store.append(sid, ToolCallRecorded(call=ToolCall(call_id=f"c{i}", tool="find", status=status)))
-    if solved is not None:
-        verdict = Feedback(type=FeedbackType.TASK_OUTCOME, score=1.0 if solved else 0.0)
-        store.append(sid, FeedbackAdded(feedback=verdict))
 
 
 def test_a_comparison_gives_each_metric_with_its_test_and_interval() -> None:

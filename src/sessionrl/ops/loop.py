@@ -11,7 +11,8 @@ One cycle (`run_cycle`), every `interval_s`:
 4. **attribute**: the ended sessions production served are attributed by root cause
    (`sessionrl.eval.metrics.failure_attribution`); a class whose share of sessions passes its threshold
    (over at least `min_sessions` sessions) triggers training; a session judged failed with none of those
-   causes counts as `wrong_answer`;
+   causes counts as `wrong_answer`; a cycle whose feed brought no change attributes nothing (it would
+   only repeat the last cycle's decision);
 5. **train**: a sample of that class's sessions is written to the run folder (`sample.json`) and the
    configured training run (`train:`, any LLM trainer of `sessionrl train`) runs in a new folder;
 6. **gate**: the exported policy's evaluation must reach `min_success`;
@@ -150,7 +151,7 @@ class Loop:
         report.rescored = sum(
             r.new for r in self.rewards.store_all(self.store, [s.session_id for s in ended])
         )
-        self.registry.set_setting(CURSOR_KEY, str(cursor), detail={"after": after})
+        self.registry.set_setting(CURSOR_KEY, str(cursor), log=False)  # the loop line below has it
         if self.registry.canary(policy) is not None:
             verdict = check_canary(self.registry, self.config.ops)
             report.decision = f"canary_{verdict.action}" if verdict else "idle"
@@ -175,6 +176,9 @@ class Loop:
         production = self.registry.production(self.config.ops.policy)
         if production is None:
             report.decision = "no_production"
+            return
+        if report.changed == 0:  # what was attributed last cycle still holds: no retraining on the same data
+            report.decision = "no_changes"
             return
         served = [
             s

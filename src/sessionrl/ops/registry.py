@@ -339,15 +339,18 @@ class PolicyRegistry:
             row = conn.execute("SELECT value FROM ops_settings WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def set_setting(self, key: str, value: str, *, detail: Mapping[str, Any] | None = None) -> None:
-        """Set a global switch and log the change."""
+    def set_setting(
+        self, key: str, value: str, *, detail: Mapping[str, Any] | None = None, log: bool = True
+    ) -> None:
+        """Set a global switch and (unless `log` is false, for bookkeeping such as a cursor) log it."""
         with self._db.atomic() as conn:
             conn.execute(
                 "INSERT INTO ops_settings (key, value, updated_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
                 (key, value, iso(utcnow())),
             )
-            log_line(conn, "setting", None, None, {"key": key, "value": value, **(detail or {})})
+            if log:
+                log_line(conn, "setting", None, None, {"key": key, "value": value, **(detail or {})})
 
     # plumbing
 
