@@ -6,11 +6,13 @@ sessions: system prompt, request, earlier actions and tool answers), and we turn
 into our sequences. Timed is one policy update each (forward, clipped loss, backward, optimiser step),
 not the sampling. TRL runs on the CPU with `use_cpu=True, bf16=False`.
 
-The second measure packs real session lengths (imitation sequences of the orders domain) two ways: by a
-token budget (first-fit decreasing) and in fixed-size micro-batches in arrival order, and reports the
-share of padded slots of each.
+The second measure lays out real session lengths (imitation sequences of the orders domain) three ways and
+reports the share of padded slots of each: as our trainer does (end to end in rows of at most the token
+budget, `sessionrl.train.llm.data.packed`), one right-padded sequence per row grouped by the token budget
+(first-fit decreasing), and fixed-size micro-batches in arrival order.
 
-Last line: one JSON object with `ours_tok_per_s`, `trl_tok_per_s`, `ratio`, `padding_ours`, `padding_fixed`.
+Last line: one JSON object with `ours_tok_per_s`, `trl_tok_per_s`, `ratio`, `padding_ours`, `padding_rows`,
+`padding_fixed`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sessionrl.train.llm.data import (
     fixed_batches,
     merge_turns,
     pack,
+    packed,
     padding_fraction,
 )
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
@@ -158,7 +161,8 @@ def main() -> None:
         s for session in sessions for s in merge_turns(demonstration_turns(session, system, policy, 300))
     ]
     lengths = [len(s) for s in demos]
-    padding_ours = padding_fraction(lengths, pack(lengths, args.budget))
+    padding_ours = packed(demos, args.budget).padding
+    padding_rows = padding_fraction(lengths, pack(lengths, args.budget))
     padding_fixed = padding_fraction(lengths, fixed_batches(len(lengths), args.fixed))
 
     # the same batch for both trainers: prompts of real sessions, completions sampled by TRL
@@ -188,12 +192,16 @@ def main() -> None:
     trl_rate = tokens / statistics.median(trl_times)
     print(f"batch: {len(sequences)} sequences, {tokens} tokens; demo lengths {min(lengths)}..{max(lengths)}")
     print(f"ours: {ours_rate:,.0f} tok/s   TRL GRPOTrainer: {trl_rate:,.0f} tok/s")
-    print(f"padding: token budget {padding_ours:.3f}, fixed {args.fixed} per batch {padding_fixed:.3f}")
+    print(
+        f"padding: ours (end to end) {padding_ours:.3f}, one sequence per row by token budget "
+        f"{padding_rows:.3f}, fixed {args.fixed} per batch {padding_fixed:.3f}"
+    )
     summary = {
         "ours_tok_per_s": round(ours_rate, 1),
         "trl_tok_per_s": round(trl_rate, 1),
         "ratio": round(ours_rate / trl_rate, 3),
         "padding_ours": round(padding_ours, 4),
+        "padding_rows": round(padding_rows, 4),
         "padding_fixed": round(padding_fixed, 4),
         "tokens": tokens,
         "threads": torch.get_num_threads(),

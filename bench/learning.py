@@ -1,0 +1,93 @@
+"""Does the demo's RL gain hold? The demo's pipeline (`sessionrl demo`) for several seeds, paired by task.
+
+Each seed runs the whole demo (demonstrations, imitation, GRPO, both policies evaluated greedily on the same
+held-out test tasks) in its own run folder. Per seed it prints imitation and RL success, the tasks each
+alone solved, the exact McNemar p and the TCSR change. Pooled over the seeds, every (seed, task) pair is one
+paired trial, so the pooled exact McNemar test counts the discordant pairs of all seeds together.
+
+Nothing here is tuned on the test tasks: the demo's recipe is fixed before this runs, and the test tasks
+are only evaluated on.
+
+Last line: one JSON object with `seeds`, `rl_wins` (seeds where RL success >= imitation success),
+`mean_gain`, `pooled_p`, and the per-seed rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from sessionrl.eval.significance import mcnemar_p
+from sessionrl.train.llm.demo import RL_ITERATIONS, demo_config, run_demo
+
+HEADER = "seed  sft    rl     gain    rl_only sft_only p       tcsr_ci            minutes"
+
+
+def one_seed(seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet: bool) -> dict[str, Any]:
+    """The demo's summary for `seed`, in a fresh run folder (its console output goes to stderr, or
+    nowhere when `quiet`)."""
+    run_dir = folder / f"seed-{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    config = demo_config(run_dir, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)
+    return run_demo(config, Console(stderr=True, quiet=quiet))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The per-seed table as plain text."""
+    lines = [HEADER]
+    for r in rows:
+        gain = r["rl_success"] - r["sft_success"]
+        lines.append(
+            f"{r['seed']:<5} {r['sft_success']:.3f}  {r['rl_success']:.3f}  {gain:+.3f}  "
+            f"{r['rl_only']:<7} {r['sft_only']:<8} {r['p_success']:<7.3g} "
+            f"[{r['tcsr_ci'][0]:+.3f}, {r['tcsr_ci'][1]:+.3f}]  {r['minutes']:.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds to run")
+    parser.add_argument("--rl-iterations", type=int, default=RL_ITERATIONS, help="GRPO iterations per seed")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks per policy")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-learning"), help="run folders")
+    parser.add_argument("--verbose", action="store_true", help="show each demo's own output on stderr")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    rows = []
+    print(HEADER, flush=True)
+    for seed in args.seeds:
+        row = one_seed(seed, args.out, args.rl_iterations, args.eval_tasks, quiet=not args.verbose)
+        rows.append(row)
+        print(table(rows).splitlines()[-1], flush=True)
+    gains = [r["rl_success"] - r["sft_success"] for r in rows]
+    pooled = mcnemar_p(sum(r["sft_only"] for r in rows), sum(r["rl_only"] for r in rows))
+    print(table(rows))
+    print(
+        f"RL >= imitation in {sum(g >= 0 for g in gains)} of {len(rows)} seeds; mean gain "
+        f"{statistics.fmean(gains):+.3f}; pooled exact McNemar p = {pooled:.3g} "
+        f"({(time.monotonic() - started) / 60:.1f} minutes)"
+    )
+    keep = ("seed", "sft_success", "rl_success", "p_success", "rl_only", "sft_only", "tcsr_ci", "minutes")
+    summary = {
+        "seeds": len(rows),
+        "rl_wins": sum(g >= 0 for g in gains),
+        "mean_gain": round(statistics.fmean(gains), 4),
+        "pooled_p": round(pooled, 6),
+        "rl_iterations": args.rl_iterations,
+        "eval_tasks": args.eval_tasks,
+        "rows": [{k: r[k] for k in keep} for r in rows],
+    }
+    print(orjson.dumps(summary).decode())
+
+
+if __name__ == "__main__":
+    main()
