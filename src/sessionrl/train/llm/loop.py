@@ -418,17 +418,20 @@ def reinforce(
         for iteration in range(run.state.step, cfg.rl.iterations):
             if cfg.rl.minutes is not None and time.monotonic() - started > 60 * cfg.rl.minutes:
                 break
-            tick = time.monotonic()
+            ticks = [time.monotonic()]
             # rollout
             ran = rollout(rl_specs(run, iteration, pool), policy)
+            ticks.append(time.monotonic())
             # rewards
             reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
             run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)
+            ticks.append(time.monotonic())
             # learn: feed, advantages, update
             learned = learn(run, trainer)
             policy.version += 1
+            ticks.append(time.monotonic())
             # log
-            record = _iteration_record(iteration, ran, learned, time.monotonic() - tick, policy.version)
+            record = _iteration_record(iteration, ran, learned, ticks, policy.version)
             run.log.write("rl", iteration, record)
             on_iteration(record)
             run.state = dataclasses.replace(
@@ -458,15 +461,21 @@ def paused(run: Run, watch: AutoPause, iteration: int, ran: Sequence[Ran], conso
 
 
 def _iteration_record(
-    iteration: int, ran: Sequence[Ran], learned: Learned, seconds: float, version: int
+    iteration: int, ran: Sequence[Ran], learned: Learned, ticks: Sequence[float], version: int
 ) -> dict[str, Any]:
+    """What an iteration did; `ticks` are its start and the ends of its rollout, rewards and learning
+    (so the record says where its time went)."""
+    start, rolled, rewarded, learnt = ticks
     record: dict[str, Any] = {
         "iteration": iteration,
         "policy_version": version,
         "success": sum(r.success for r in ran) / max(len(ran), 1),
         "sessions": len(learned.session_ids),
         "stale": learned.read.stale,
-        "seconds": round(seconds, 2),
+        "seconds": round(learnt - start, 2),
+        "rollout_s": round(rolled - start, 2),
+        "rewards_s": round(rewarded - rolled, 2),
+        "learn_s": round(learnt - rewarded, 2),
     }
     if learned.stats is not None:
         record |= _update_record(learned.stats)
