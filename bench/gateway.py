@@ -8,6 +8,16 @@ session before opening the next) goes to each in alternating rounds, so drift in
 reaches both alike. Printed: requests/s and latency percentiles of each; the last line is one JSON object
 with `gateway_rps`, `direct_rps`, `overhead_ms_p50` (the gateway's median latency minus the direct one's)
 and `ratio` (gateway_rps / direct_rps).
+
+On a machine other work shares, requests per second swing with that work; the CPU time each server
+process spends per request (user and system, all its threads, from /proc) swings far less, so the JSON
+also gives `gateway_cpu_ms`, `direct_cpu_ms` and `cpu_ratio` (direct_cpu_ms / gateway_cpu_ms: the ratio
+the two would reach where both are CPU-bound on a machine of their own).
+
+`--baseline-src DIR` adds a third server in the same rounds: the gateway as another source tree builds it
+(such as a `git worktree` of an earlier commit, its `src` folder), so a change is measured against the
+code before it under the same load; the JSON then adds `baseline_rps`, `baseline_ratio`,
+`baseline_cpu_ms` and `baseline_cpu_ratio`.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -60,7 +71,22 @@ def build_app(kind: str, db: str) -> Any:
 def serve(kind: str, port: int, db: str) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(kind, db), host=HOST, port=port, log_level="warning", access_log=False)
+    # a long keep-alive: on a busy machine an agent's next request may come seconds after its last, and
+    # a connection closed meanwhile fails the request that raced the close
+    uvicorn.run(
+        build_app(kind, db),
+        host=HOST,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=120,
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -69,9 +95,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kind: str, db: str) -> tuple[subprocess.Popen[bytes], str]:
+def start(kind: str, db: str, src: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A server of `kind` in its own process, importing sessionrl from `src` when given."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port), "--db", db])
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    command = [sys.executable, __file__, "--serve", kind, "--port", str(port), "--db", db]
+    process = subprocess.Popen(command, env=env)
     url = f"http://{HOST}:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -121,6 +150,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="Agents sending at once.")
     parser.add_argument("--turns", type=int, default=8, help="Requests per session.")
     parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds per server.")
+    parser.add_argument("--baseline-src", help="Also serve the gateway of this source tree (a src folder).")
     parser.add_argument("--serve", choices=["gateway", "direct"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
@@ -130,11 +160,15 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         servers = {kind: start(kind, str(Path(tmp) / f"{kind}.db")) for kind in ("gateway", "direct")}
-        rps: dict[str, list[float]] = {"gateway": [], "direct": []}
-        latency: dict[str, list[float]] = {"gateway": [], "direct": []}
+        if args.baseline_src:
+            servers["baseline"] = start("gateway", str(Path(tmp) / "baseline.db"), args.baseline_src)
+        rps: dict[str, list[float]] = {kind: [] for kind in servers}
+        latency: dict[str, list[float]] = {kind: [] for kind in servers}
+        cpu: dict[str, float] = dict.fromkeys(servers, 0.0)
         try:
             for r in range(args.rounds):
-                for kind, (_, url) in servers.items():
+                for kind, (process, url) in servers.items():
+                    before = cpu_seconds(process.pid)
                     got, lat = asyncio.run(
                         load(
                             url,
@@ -144,6 +178,7 @@ def main() -> None:
                             tag=f"r{r}",
                         )
                     )
+                    cpu[kind] += cpu_seconds(process.pid) - before
                     rps[kind].append(got)
                     latency[kind] += lat
                     print(
@@ -161,6 +196,15 @@ def main() -> None:
         "overhead_ms_p50": round(p50["gateway"] - p50["direct"], 3),
     }
     result["ratio"] = round(result["gateway_rps"] / result["direct_rps"], 3)
+    cpu_ms = {kind: 1000 * seconds / len(latency[kind]) for kind, seconds in cpu.items()}
+    result["gateway_cpu_ms"] = round(cpu_ms["gateway"], 3)
+    result["direct_cpu_ms"] = round(cpu_ms["direct"], 3)
+    result["cpu_ratio"] = round(cpu_ms["direct"] / cpu_ms["gateway"], 3)
+    if "baseline" in rps:
+        result["baseline_rps"] = round(statistics.median(rps["baseline"]), 1)
+        result["baseline_ratio"] = round(result["baseline_rps"] / result["direct_rps"], 3)
+        result["baseline_cpu_ms"] = round(cpu_ms["baseline"], 3)
+        result["baseline_cpu_ratio"] = round(cpu_ms["direct"] / cpu_ms["baseline"], 3)
     print(json.dumps(result))
 
 
