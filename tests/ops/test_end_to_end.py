@@ -28,8 +28,8 @@ from sessionrl.ops.config import CanaryConfig, OpsConfig
 from sessionrl.ops.loop import Loop, LoopConfig
 from sessionrl.ops.registry import Lineage, PolicyRegistry, Stage
 from sessionrl.ops.routing import ROUTE_KEY, choose
-from sessionrl.ops.serving import Operations, route_gateway
-from sessionrl.session.model import ToolRequest
+from sessionrl.ops.serving import Operations, load_hf_policy, route_gateway
+from sessionrl.session.model import Message, ToolRequest
 from sessionrl.store import SessionStore
 
 ENV = OrdersEnv(DomainConfig(train=16, dev=4, test=24))
@@ -185,6 +185,11 @@ async def test_the_loop_canaries_a_better_version_and_a_broken_one_is_rolled_bac
                 "sft",
             )
             assert Path(v2.artifact, "model.safetensors").exists()
+            trained = load_hf_policy(v2)  # what `sessionrl serve --ops` would load for it
+            reply = await trained.generate(
+                [Message(role="user", content=TASKS[0].instruction)], purpose="chat"
+            )
+            assert reply.token_ids
             assert v2.lineage.data_cursor == cycle.cursor
             assert "success" in v2.evaluation
 
