@@ -11,10 +11,10 @@ from ops_support import make_app, serving
 from sessionrl.gateway import ChatReply, ScriptedChat
 from sessionrl.ops.config import OpsConfig, TemplateStep
 from sessionrl.ops.registry import PolicyRegistry, PolicyVersion, Stage
-from sessionrl.ops.routing import Arm, Router, bucket, choose
+from sessionrl.ops.routing import Arm, Router, bucket, choose, routing_key
 from sessionrl.ops.serving import route_gateway
 from sessionrl.orchestrator.policy import PolicyBackend, PolicyReply
-from sessionrl.session.model import Message
+from sessionrl.session.model import Message, Session, utcnow
 from sessionrl.store import SessionStore
 
 
@@ -29,6 +29,14 @@ def test_a_canary_gets_its_share_of_keys_and_keeps_them() -> None:
     second = {k for k, v in zip(keys, later, strict=True) if v == 3}
     assert len(first & second) < 0.4 * len(first)  # a new canary draws its own users
     assert all(0.0 <= bucket("orders", 2, k) < 1.0 for k in keys[:50])
+
+
+def test_the_key_is_the_user_when_there_is_one() -> None:
+    now = utcnow()
+    bare = Session(session_id="s1", trace_id="0" * 32, user_query="q", created_at=now, updated_at=now)
+    assert routing_key(bare) == "s1"
+    assert routing_key(bare.model_copy(update={"metadata": {"user": "u7"}})) == "u7"
+    assert routing_key(bare.model_copy(update={"user_id": "u8", "metadata": {"user": "u7"}})) == "u8"
 
 
 def test_a_pin_wins_while_its_version_is_not_retired() -> None:

@@ -2,8 +2,8 @@
 
 A session pinned to a version (`metadata["pin_version"]`) gets that version while it is registered and not
 retired. Otherwise a canary serves the sessions whose key (the user, else the session id) hashes below its
-share, and production serves the rest. The hash covers the policy, the canary's version and the key, so a
-user stays on one arm for the whole canary, and each new canary draws its own sample of users.
+share, and production serves the rest (`routing_key`). The hash covers the policy, the canary's version
+and the key, so a user stays on one arm for the whole canary, and each new canary draws its own users.
 
 The decision is written to the session as `metadata["route"]` (`policy`, `version`, `arm`, `key`) with the
 tag `<policy>@v<version>`, so every session says which version served it and the analysis finds each arm's
@@ -79,8 +79,10 @@ def choose(*, production: int | None, canary: int | None, share: float, key: str
 
 
 def routing_key(session: Session) -> str:
-    """What keeps a session's route sticky: its user when it has one, else its id."""
-    return session.user_id or session.session_id
+    """What keeps a session's route sticky: its user (`user_id`, or `metadata["user"]`, which an agent
+    behind the gateway sets with the OpenAI request's `metadata`), else its id."""
+    user = session.metadata.get("user")
+    return session.user_id or (user if isinstance(user, str) and user else session.session_id)
 
 
 def recorded_route(session: Session) -> Route | None:
