@@ -5,7 +5,8 @@ from scratch, the sparse reward is only ever found on stock inquiries, about one
 AAAC then continue from that same cloned policy (cloned once per seed) for the same number of environment
 steps; AAAC on the graph state continues from a clone of its own.
 
-Reported per algorithm, as mean ± std over the seeds:
+Reported per variant (``clone`` is the imitated policy PPO and AAAC start from, without RL; its risky
+share is that of its test episodes), as mean ± std over the seeds:
 - held-out completion: share of the test tickets solved, greedy;
 - mean steps per task: policy steps (finish included) per test ticket, greedy;
 - risky share: risky calls over all calls of the training episodes, averaged over the rounds (a risky call
@@ -44,7 +45,7 @@ from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.policy.prototypes import action_space_sizes, expert_prototypes
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
-from sessionrl.train.structured.ppo import PPOConfig, train_ppo
+from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
 
 OUT = Path("runs/bench")
@@ -77,14 +78,15 @@ class Result:
 
 
 def variants(state: str) -> tuple[str, ...]:
-    """PPO and AAAC on the flat state, and AAAC on the graph state when asked."""
-    return ("ppo", "aaac", "aaac_graph") if state == "graph" else ("ppo", "aaac")
+    """The clone, PPO and AAAC on the flat state, and the clone and AAAC on the graph state when asked."""
+    graph = ("clone_graph", "aaac_graph") if state == "graph" else ()
+    return ("clone", "ppo", "aaac", *graph)
 
 
 def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[str, Any]) -> list[Result]:
     """Imitate once on `state`, then train each variant of that state from the clone (flat: PPO and AAAC;
     graph: AAAC) and evaluate greedily on the test split. `options` hold ``prototypes``,
-    ``risk_quantiles``, ``rollout_steps`` and ``epochs`` (of imitation)."""
+    ``risk_quantiles``, ``rollout_steps``, ``epochs`` (of imitation) and ``lr`` (of the RL updates)."""
     started = time.perf_counter()
     env = build("orders", time_factor=0, transient_failures=False)
     base = StructuredRunConfig(
@@ -97,21 +99,26 @@ def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[s
     cloned = imitate(env, base, ImitationConfig(demos=demos, epochs=options["epochs"], lr=1e-2))
     cloning = time.perf_counter() - started
     prototypes = expert_prototypes(env, base.prototypes) if base.prototypes else ()
+    update = UpdateConfig(lr=options["lr"])
     results = []
-    for variant in ("aaac_graph",) if state == "graph" else ("ppo", "aaac"):
+    for variant in ("clone_graph", "aaac_graph") if state == "graph" else ("clone", "ppo", "aaac"):
         started = time.perf_counter()
-        if variant == "ppo":
-            trained = train_ppo(env, PPOConfig(run=base), policy=cloned.policy)
+        if variant.startswith("clone"):
+            trained = cloned
+        elif variant == "ppo":
+            trained = train_ppo(env, PPOConfig(run=base, update=update), policy=cloned.policy)
         else:
             run = replace(base, risk_quantiles=options["risk_quantiles"])
-            trained = train_aaac(env, AAACConfig(run=run), policy=cloned.policy)
+            trained = train_aaac(env, AAACConfig(run=run, update=update), policy=cloned.policy)
         with torch_threads(1):
             episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
-        risky = statistics.fmean(log.train.risk_share for log in trained.history)
-        curve = tuple((log.env_steps, log.train.completion) for log in trained.history)
+        test = Summary.of(episodes)
+        history = trained.history
+        risky = statistics.fmean(log.train.risk_share for log in history) if history else test.risk_share
+        curve = tuple((log.env_steps, log.train.completion) for log in history)
         seconds = cloning + time.perf_counter() - started
         solved = {e.task_id: e.success for e in episodes}
-        results.append(Result(variant, seed, Summary.of(episodes), solved, risky, curve, seconds))
+        results.append(Result(variant, seed, test, solved, risky, curve, seconds))
     return results
 
 
@@ -139,7 +146,7 @@ def plot(results: list[Result], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for variant in dict.fromkeys(r.variant for r in results):
+    for variant in dict.fromkeys(r.variant for r in results if r.curve):
         runs = [r for r in results if r.variant == variant]
         steps = [s for s, _ in runs[0].curve]
         per_step = list(zip(*([c for _, c in r.curve] for r in runs), strict=True))
@@ -169,6 +176,7 @@ def main() -> None:
         "--prototypes", type=int, nargs="?", const=8, default=0, help="macro-actions mined (flag alone: 8)"
     )
     parser.add_argument("--risk-quantiles", type=int, default=0, help="AAAC's risk quantiles (0: one value)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the RL updates")
     parser.add_argument("--rollout-steps", type=int, default=64, help="steps per environment per round")
     args = parser.parse_args()
     console = Console(width=120)
@@ -184,6 +192,7 @@ def main() -> None:
         "risk_quantiles": args.risk_quantiles,
         "rollout_steps": args.rollout_steps,
         "epochs": args.epochs,
+        "lr": args.lr,
     }
     names = variants(args.state)
     states = ("flat", "graph") if args.state == "graph" else ("flat",)
@@ -225,7 +234,7 @@ def main() -> None:
         }
     summary["steps_to_80"] = to_80
     console.print(table)
-    for other in [v for v in names if v != "ppo"]:
+    for other in [v for v in names if v not in ("ppo", "clone")]:
         compared = versus(results, "ppo", other)
         console.print(
             f"{other.upper()} vs PPO over seeds × test tasks: completion {compared.delta.estimate:+.3f} "
