@@ -11,6 +11,8 @@ from gateway_support import WRITER, gateway_app, serving_on_loopback
 from openai import OpenAI
 
 from sessionrl.capture.dataset import captured_sequences
+from sessionrl.gateway import ChatRequest
+from sessionrl.gateway.backends import read_action
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message, Session
@@ -48,3 +50,18 @@ def test_the_local_policy_s_sampled_tokens_are_recorded_and_trained_as_sampled(t
     (seq,) = data.sequences
     assert seq.input_ids == call.prompt_token_ids + call.token_ids
     assert [lp for lp, m in zip(seq.old_logprobs, seq.loss_mask, strict=True) if m] == list(call.logprobs)
+
+
+def test_tool_choice_none_leaves_the_policy_s_tool_call_as_text() -> None:
+    tool = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+    user = [{"role": "user", "content": "boots?"}]
+    action = '{"tool":"search","params":{"q":"boots"}}'
+    auto = ChatRequest(messages=user, tools=[tool])
+    (call,) = read_action(action, auto, seed="s")[1]
+    assert (call.name, call.arguments) == ("search", '{"q":"boots"}')
+    assert read_action(action, ChatRequest(messages=user, tools=[tool], tool_choice="none"), seed="s") == (
+        action,
+        (),
+    )
+    # a tool the request does not offer is no call either
+    assert read_action('{"tool":"delete_all","params":{}}', auto, seed="s")[1] == ()
