@@ -8,10 +8,11 @@ captured sessions carry token ids of the very model that training then updates. 
 its first model call (each captured session is that one call), which keeps the sequences short.
 
 What is compared is what a tiny model trained for seconds can move: how many held-out tickets get, as
-its first answer, a well-formed call of the tool the expert calls first. Whole tickets stay unsolved by
-both (solving one needs ids and amounts copied, which takes a tiny model minutes of training), so task
-success is not what this test compares. Both policies answer the same held-out tickets, greedily,
-through the same gateway and agent.
+its first answer, a well-formed call of the tool the expert calls first. In that time the policy learns
+the action format and the most common first tool (it does not yet tell the tickets apart), and whole
+tickets stay unsolved by both (solving one needs ids and amounts copied, which takes a tiny model minutes
+of training), so task success is not what this test compares. Both policies answer the same held-out
+tickets, greedily, through the same gateway and agent.
 """
 
 from __future__ import annotations
