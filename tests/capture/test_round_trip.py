@@ -9,10 +9,11 @@ its first model call (each captured session is that one call), which keeps the s
 
 What is compared is what a tiny model trained for seconds can move: how many held-out tickets get, as
 its first answer, a well-formed call of the tool the expert calls first. In that time the policy learns
-the action format and the most common first tool (it does not yet tell the tickets apart), and whole
-tickets stay unsolved by both (solving one needs ids and amounts copied, which takes a tiny model minutes
-of training), so task success is not what this test compares. Both policies answer the same held-out
-tickets, greedily, through the same gateway and agent.
+the action format and the common first tools (a constant guess of the most common one is printed beside
+the scores, for scale; telling every ticket apart takes longer), and whole tickets stay unsolved by both
+(solving one needs ids and amounts copied, which takes a tiny model minutes of training), so task
+success is not what this test compares. Both policies answer the same held-out tickets, greedily,
+through the same gateway and agent.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def test_captured_sessions_train_a_policy_that_beats_the_untrained_one_on_held_o
             "sft": {
                 "data": "store",
                 "store": {"db": url, "filters": {"tags": ["gateway"]}},
-                "trainer": {"lr": 0.01, "steps": 60, "batch_sessions": 24, "token_budget": 8192},
+                "trainer": {"lr": 0.01, "steps": 120, "batch_sessions": 24, "token_budget": 8192},
             },
             "evaluation": {"tasks": 1, "max_new_tokens": 4},
         }
@@ -170,5 +171,6 @@ def test_captured_sessions_train_a_policy_that_beats_the_untrained_one_on_held_o
         called = first_calls(desk, HFPolicy.load(folder, GREEDY), held_out, tmp_path / f"{label}.db")
         scores[label] = sum(c == e for c, e in zip(called, expected, strict=True))
         print(f"{label} first calls: {called}")
+    scores["always the most common tool"] = max(expected.count(tool) for tool in expected)
     print(f"held-out first calls right, of {len(held_out)}: {scores}")
     assert scores["trained"] > scores["untrained"]
