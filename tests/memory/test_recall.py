@@ -1,7 +1,9 @@
 """Two-turn orders conversations: the follow-up hides the order, and the same agent resolves it with
-memory and fails it without, which entity recall (ER@5) and forgetting (L4) both show."""
+memory and fails it without, which entity recall (ER@5), forgetting (L4) and the memory reward show."""
 
 from __future__ import annotations
+
+import pytest
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
@@ -10,6 +12,9 @@ from sessionrl.eval.levels import Level, assess
 from sessionrl.eval.metrics import compute
 from sessionrl.memory import MEMORY_SKILLS, MemoryStore
 from sessionrl.memory.agent import RecallingAgent, run_conversations
+from sessionrl.memory.reward import memory_recall
+from sessionrl.rewards import check_reward_term
+from sessionrl.rewards.checker import default_context
 from sessionrl.store import SessionStore
 
 
@@ -45,6 +50,11 @@ def test_memory_beats_no_memory_on_entity_recall() -> None:
             follow_ups = [store.get(r.session_id) for r in second]
         assert all(r.success for r in first)  # the first turn names everything: memory is not needed
         results[use_memory] = (compute(follow_ups), assess(follow_ups)[Level.L4], [r.success for r in second])
+        rewards = [memory_recall(s, default_context()) for s in follow_ups]
+        for s in follow_ups:
+            check_reward_term(memory_recall, [s])
+        # the memory layer's reward: fresh memories (written seconds ago) recalled in full earn ~1
+        assert all(r.value == pytest.approx(1.0 if use_memory else 0.0, abs=1e-3) for r in rewards)
         tools = {c.tool for s in follow_ups for c in s.tool_calls}
         assert ("memory_search" in tools) is use_memory  # memory use is recorded in the sessions
     with_memory, without = results[True], results[False]

@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the encoders import torch: only when a store is opened
     from sessionrl.policy.encoder import EncoderKind, TextEncoder
 
 DAY: Final = 86_400.0
+HALF_LIFE_S: Final = 30 * DAY
+"""How long a fact takes to lose half its weight, by default."""
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -103,7 +105,7 @@ class MemoryStore:
         path: str | Path = ":memory:",
         *,
         encoder: TextEncoder | EncoderKind = "auto",
-        half_life_s: float = 30 * DAY,
+        half_life_s: float = HALF_LIFE_S,
     ) -> None:
         if half_life_s <= 0:
             raise ValueError(f"MemoryStore needs half_life_s > 0, got {half_life_s}")
@@ -207,4 +209,4 @@ class MemoryStore:
         return int(self._db.execute("SELECT COUNT(*) FROM facts WHERE subject = ?", (subject,)).fetchone()[0])
 
 
-__all__ = ["EncoderMismatch", "Hit", "MemoryStore", "Relation", "freshness"]
+__all__ = ["HALF_LIFE_S", "EncoderMismatch", "Hit", "MemoryStore", "Relation", "freshness"]
