@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,8 +30,7 @@ from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stor
 from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
-from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
-from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes, settle
 from sessionrl.eval.autopause import AutoPause
 from sessionrl.eval.curriculum import expert_steps
 from sessionrl.eval.levels import assess
@@ -56,6 +56,7 @@ from sessionrl.train.llm.data import (
 )
 from sessionrl.train.llm.feed import FeedRead, read_scored
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
+from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
 from sessionrl.train.llm.run import (
     Run,
     build_policy,
@@ -118,9 +119,7 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     faults = cfg.faults.fixed(cfg.faults.eval_rate)
     tasks = run.env.tasks(split)[:n_tasks]
     specs = once_per_task(cfg.seed, tasks, "eval", f"eval-{label}", faults, {"stage": "eval", "label": label})
-    agent = PolicyAgent(view, policy.version)
-    batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
-    ran = asyncio.run(batch)
+    ran = in_lockstep(run, specs, view)
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
     run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict()})
@@ -219,12 +218,17 @@ def rollouts(run: Run) -> Iterator[Rollout]:
             yield workers.run
         return
 
-    def in_process(specs: Sequence[EpisodeSpec], policy: HFPolicy) -> list[Ran]:
-        agent = PolicyAgent(policy, policy.version)
-        batch = run_episodes(run.env, specs, agent, run.store, cfg.rollout, orchestrator=cfg.orchestrator)
-        return asyncio.run(batch)
+    yield functools.partial(in_lockstep, run)
 
-    yield in_process
+
+def in_lockstep(run: Run, specs: Sequence[EpisodeSpec], policy: HFPolicy) -> list[Ran]:
+    """Run `policy` on `specs` in this process, its calls batched round by round (`Lockstep`), so the
+    same seed samples the same replies whatever the machine's timing; one `Ran` per spec, in order."""
+    cfg = run.config
+    to_run = sum(settle(run.store, spec)[1] is None for spec in specs)
+    agent = LockstepAgent(Lockstep(policy, to_run), policy.version)
+    wide = dataclasses.replace(cfg.rollout, concurrency=max(cfg.rollout.concurrency, len(specs)))
+    return asyncio.run(run_episodes(run.env, specs, agent, run.store, wide, orchestrator=cfg.orchestrator))
 
 
 # imitation
@@ -373,7 +377,9 @@ def learn(run: Run, trainer: GRPOTrainer) -> Learned:
             s.session.session_id,
         )
     ]
-    # update
+    # update: in an order set by the sequences alone, since which of a group's identical episodes drew
+    # which reply is not (see `sessionrl.train.llm.lockstep`)
+    sequences.sort(key=lambda q: (q.input_ids, q.advantages, q.old_logprobs))
     if cfg.trainer.kl_coef == 0:  # without a KL term, all-zero advantages carry no gradient: skip them
         sequences = [seq for seq in sequences if any(a != 0 for a in seq.advantages)]
     stats = trainer.step(sequences) if sequences else None
