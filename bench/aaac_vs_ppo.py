@@ -86,7 +86,8 @@ def variants(state: str) -> tuple[str, ...]:
 def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[str, Any]) -> list[Result]:
     """Imitate once on `state`, then train each variant of that state from the clone (flat: PPO and AAAC;
     graph: AAAC) and evaluate greedily on the test split. `options` hold ``prototypes``,
-    ``risk_quantiles``, ``rollout_steps``, ``epochs`` (of imitation) and ``lr`` (of the RL updates)."""
+    ``risk_quantiles``, ``rollout_steps``, ``epochs`` (of imitation), ``lr`` (of the RL updates) and
+    ``beta0`` (AAAC's KL)."""
     started = time.perf_counter()
     env = build("orders", time_factor=0, transient_failures=False)
     base = StructuredRunConfig(
@@ -109,7 +110,8 @@ def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[s
             trained = train_ppo(env, PPOConfig(run=base, update=update), policy=cloned.policy)
         else:
             run = replace(base, risk_quantiles=options["risk_quantiles"])
-            trained = train_aaac(env, AAACConfig(run=run, update=update), policy=cloned.policy)
+            aaac = AAACConfig(run=run, update=update, beta0=options["beta0"])
+            trained = train_aaac(env, aaac, policy=cloned.policy)
         with torch_threads(1):
             episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
         test = Summary.of(episodes)
@@ -168,7 +170,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per algorithm")
     parser.add_argument("--iterations", type=int, default=50, help="rollout-then-update rounds per run")
     parser.add_argument("--demos", type=int, default=200, help="training tickets the policy imitates first")
-    parser.add_argument("--epochs", type=int, default=60, help="imitation passes over the demonstrations")
+    parser.add_argument("--epochs", type=int, default=150, help="imitation passes over the demonstrations")
     parser.add_argument(
         "--state", choices=("flat", "graph"), default="flat", help="graph: add AAAC on graphs"
     )
@@ -176,7 +178,8 @@ def main() -> None:
         "--prototypes", type=int, nargs="?", const=8, default=0, help="macro-actions mined (flag alone: 8)"
     )
     parser.add_argument("--risk-quantiles", type=int, default=0, help="AAAC's risk quantiles (0: one value)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the RL updates")
+    parser.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL updates")
+X
     parser.add_argument("--rollout-steps", type=int, default=64, help="steps per environment per round")
     args = parser.parse_args()
     console = Console(width=120)
@@ -193,6 +196,7 @@ def main() -> None:
         "rollout_steps": args.rollout_steps,
         "epochs": args.epochs,
         "lr": args.lr,
+        "beta0": args.beta0,
     }
     names = variants(args.state)
     states = ("flat", "graph") if args.state == "graph" else ("flat",)
