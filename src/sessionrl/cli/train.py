@@ -190,8 +190,8 @@ def _eval_structured(console: Console, config: RunConfig, split: Split, n_tasks:
 
 
 def _stored_levels(console: Console, config: RunConfig) -> None:
-    """The levels of a run's stored sessions, one column per label (`metadata.label`, else the stage): a
-    table, then one JSON line."""
+    """The levels of a run's stored sessions, one column per label (`metadata.label`, else the stage) and
+    one for them all: a table, then one JSON line."""
     from sessionrl.eval.curriculum import expert_steps
     from sessionrl.eval.levels import assess
     from sessionrl.eval.report import levels_table
@@ -204,6 +204,8 @@ def _stored_levels(console: Console, config: RunConfig) -> None:
             groups.setdefault(str(label), []).append(session)
     if not groups:
         raise typer.BadParameter(f"{config.run_dir} holds no stored session")
+    if len(groups) > 1:  # retries with and without a reflection carry different labels: L5 pairs them here
+        groups["all"] = [session for sessions in groups.values() for session in sessions]
     steps = expert_steps(config.env.build())
     reports = {label: assess(sessions, config.levels, steps_of=steps) for label, sessions in groups.items()}
     console.print(levels_table(reports, title=f"{config.env.name} · capability levels"))

@@ -102,14 +102,17 @@ def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Ref
 
 
 def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) -> list[Session]:
-    """The expert's replays of the failed tasks with their reflections in the request; the solved ones."""
+    """The expert's replays of the failed tasks with their reflections in the request; the solved ones.
+
+    They are demonstrations (`metadata.corrects` names the failed session), not the policy's retries, so
+    they carry no `retry_of` and never count towards L5."""
     tasks = {t.task_id: t for t in run.env.tasks(Split.TRAIN)}
     specs = [
         EpisodeSpec(
             with_reflection(tasks[str(s.metadata["task_id"])], r),
             session_id=f"corrected-{s.session_id}",
             seed=stream_seed(run.config.seed, "corrected", s.session_id, bits=SEED_BITS),
-            metadata={"stage": "reflection", "retry_of": s.session_id, "reflected": True},
+            metadata={"stage": "reflection-demo", "corrects": s.session_id},
         )
         for s, r in failed
     ]
