@@ -71,6 +71,15 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
             "trainer": dataclasses.replace(rl.trainer, group_size=args.group or rl.trainer.group_size),
         }
     )
+    rollout = cfg.rollout
+    if args.prompt is not None:
+        rollout = dataclasses.replace(
+            rollout, full_schemas=args.prompt == "full", domain_policy=args.prompt != "short"
+        )
+    if args.max_new_tokens is not None:
+        evaluation = evaluation.model_copy(update={"max_new_tokens": args.max_new_tokens})
+        sampling = dataclasses.replace(rl.sampling, max_new_tokens=args.max_new_tokens)
+        rl = rl.model_copy(update={"sampling": sampling})
     evaluation = evaluation.model_copy(
         update={
             "tasks": args.eval_tasks or evaluation.tasks,
@@ -78,7 +87,9 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
         }
     )
     return RunConfig.model_validate(
-        cfg.model_copy(update={"sft": sft, "rl": rl, "evaluation": evaluation}).model_dump()
+        cfg.model_copy(
+            update={"sft": sft, "rl": rl, "evaluation": evaluation, "rollout": rollout}
+        ).model_dump()
     )
 
 
@@ -154,6 +165,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rl-iterations", type=int, default=None, help="GRPO iterations")
     parser.add_argument("--rl-tasks", type=int, default=None, help="training tasks per GRPO iteration")
     parser.add_argument("--group", type=int, default=None, help="episodes per task in GRPO (K)")
+    parser.add_argument(
+        "--prompt",
+        choices=["full", "brief", "short"],
+        default=None,
+        help="system prompt: policy + full schemas, policy + signatures (the example), signatures alone",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="longest reply, in tokens")
     args = parser.parse_args()
     if args.limit is not None:
         small = {"eval_tasks": args.limit, "gate_tasks": 2, "demos": 16, "sft_steps": 8, "sft_batch": 4}
