@@ -3,8 +3,9 @@
 A packed row holds sequences of lengths ``n_1, n_2, ...`` one after the other, with position ids that
 restart at 0 with each, and their boundaries ``segments = [0, n_1, n_1 + n_2, ..., N]``. The row has no
 padding, so the linear layers (most of the work) see real tokens only. Attention runs causally inside each
-segment and never across one: each segment is its own causal `scaled_dot_product_attention` call, so it
-costs what that sequence alone would (``n_i²``, not ``N²``) and no dense ``[N, N]`` mask is built.
+segment and never across one: the segments are gathered into a batch of their own for one causal
+`scaled_dot_product_attention` call (``Σ n_i²`` or a little more, not ``N²``), and no ``[N, N]`` mask is
+built.
 
 The model's own attention (SDPA) stays in place for sampling; `packed_attention` selects the segment
 attention for the duration of one packed forward pass. It is registered with transformers' attention
@@ -43,28 +44,54 @@ def segment_attention(
     """Causal attention inside each segment of a packed row (`cu_seq_lens_q` holds the boundaries).
 
     `query` is ``[1, heads, N, head_dim]`` and `key`, `value` ``[1, kv_heads, N, head_dim]``; returns
-    ``[1, N, heads, head_dim]`` as transformers' attention functions do.
+    ``[1, N, heads, head_dim]`` as transformers' attention functions do. Segments of similar length
+    (`length_buckets`) are gathered into one ``[segments, heads, longest, head_dim]`` batch, right-padded
+    with their own last token, and attend in one causal SDPA call: a real query never reaches a padded
+    key, which comes after it, and padded queries are dropped when the rows are put back in place.
     """
     if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
         raise ValueError("segment attention takes one packed row with its boundaries and no mask")
     if getattr(module, "sliding_window", None) is not None:
         raise NotImplementedError("segment attention does not apply a sliding window")
-    groups = int(getattr(module, "num_key_value_groups", 1))
     bounds = cu_seq_lens_q.tolist()
-    parts = [
-        F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=groups > 1,
+    starts, lengths = bounds[:-1], [b - a for a, b in itertools.pairwise(bounds)]
+    gqa = int(getattr(module, "num_key_value_groups", 1)) > 1
+    positions, parts = [], []
+    for bucket in length_buckets(lengths):
+        width = max(lengths[i] for i in bucket)
+        offsets = torch.arange(width, device=query.device)
+        size = torch.tensor([lengths[i] for i in bucket], device=query.device)[:, None]
+        start = torch.tensor([starts[i] for i in bucket], device=query.device)[:, None]
+        index = start + torch.minimum(offsets[None], size - 1)  # [segments, width], padded by the last
+        q, k, v = (x[0][:, index].transpose(0, 1) for x in (query, key, value))
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
         )
-        for start, end in itertools.pairwise(bounds)
-        if end > start
-    ]
-    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+        real = offsets[None] < size
+        positions.append(index[real])
+        parts.append(out.transpose(0, 1)[:, real])  # [heads, real tokens, head_dim]
+    heads, n, dim = query.shape[1], query.shape[2], query.shape[3]
+    placed = query.new_zeros(heads, n, dim).index_copy(1, torch.cat(positions), torch.cat(parts, dim=1))
+    return placed.transpose(0, 1).unsqueeze(0).contiguous(), None
+
+
+def length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Segment indices grouped so each group pads little: longest first, a new group whenever a length
+    falls below half its group's longest.
+
+    >>> length_buckets([100, 900, 800, 300, 500])
+    [[1, 2, 4], [3], [0]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    buckets: list[list[int]] = []
+    for i in order:
+        if lengths[i] == 0:
+            continue
+        if buckets and 2 * lengths[i] >= lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
 
 
 AttentionInterface.register(PACKED, segment_attention)
@@ -97,4 +124,4 @@ def packed_kwargs(position_ids: Tensor, segments: Tensor) -> dict[str, Any]:
     }
 
 
-__all__ = ["PACKED", "packed_attention", "packed_kwargs", "segment_attention"]
+__all__ = ["PACKED", "length_buckets", "packed_attention", "packed_kwargs", "segment_attention"]

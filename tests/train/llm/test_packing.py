@@ -1,0 +1,44 @@
+"""Segment attention: a packed row attends exactly as its sequences would one by one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from sessionrl.train.llm.packing import length_buckets, segment_attention
+
+
+def test_each_segment_attends_causally_to_itself_alone_whatever_its_bucket() -> None:
+    lengths = [5, 40, 3, 22, 1]  # buckets [40, 22] and [5, 3] padded to their longest, then [1]
+    assert len(length_buckets(lengths)) == 3
+    n = sum(lengths)
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(1, 2, n, 8, requires_grad=True) for _ in range(3))
+    bounds = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    module = SimpleNamespace(num_key_value_groups=1)
+    packed, _ = segment_attention(module, query, key, value, None, scaling=0.5, cu_seq_lens_q=bounds)
+    alone = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=0.5
+            )
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+        ],
+        dim=2,
+    ).transpose(1, 2)
+    assert packed.shape == (1, n, 2, 8)
+    assert torch.allclose(packed, alone, atol=1e-6)
+    (grad_packed,) = torch.autograd.grad(packed.square().sum(), key)
+    (grad_alone,) = torch.autograd.grad(alone.square().sum(), key)
+    assert torch.allclose(grad_packed, grad_alone, atol=1e-5)
+
+
+def test_segment_attention_refuses_a_mask_or_missing_boundaries() -> None:
+    x = torch.zeros(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="boundaries"):
+        segment_attention(SimpleNamespace(), x, x, x, None)
+    with pytest.raises(ValueError, match="no mask"):
+        segment_attention(SimpleNamespace(), x, x, x, torch.ones(1, 4), cu_seq_lens_q=torch.tensor([0, 4]))
