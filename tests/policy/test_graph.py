@@ -33,7 +33,7 @@ from sessionrl.policy.graph import (
     segment_softmax,
     session_graph,
 )
-from sessionrl.policy.structured import build_policy, flatten_observation
+from sessionrl.policy.structured import GRAPH_LR_SCALE, build_policy, flatten_observation
 from sessionrl.session.model import Plan, Session, SubGoal, ToolCall
 
 
@@ -170,6 +170,18 @@ def test_graph_policy_acts_and_masks(gym_env: DecisionGymEnv) -> None:
     out.dist.log_prob(action).sum().backward()
     assert policy.graph is not None
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.graph.parameters())
+
+
+def test_the_graph_encoder_learns_at_a_scaled_rate(gym_env: DecisionGymEnv) -> None:
+    graph_policy = build_policy(gym_env, text_dim=4, hidden=16, state="graph")
+    trunks, encoder = graph_policy.param_groups(0.01)
+    assert graph_policy.graph is not None
+    assert {id(p) for p in encoder["params"]} == {id(p) for p in graph_policy.graph.parameters()}
+    assert (trunks["lr"], encoder["lr"]) == (0.01, pytest.approx(0.01 * GRAPH_LR_SCALE))
+    every = [id(p) for p in trunks["params"] + encoder["params"]]
+    assert sorted(every) == sorted(id(p) for p in graph_policy.parameters())  # each once
+    [only] = build_policy(gym_env, text_dim=4, hidden=16).param_groups(0.01)
+    assert only["lr"] == 0.01
 
 
 def test_session_graph_from_a_stored_session() -> None:

@@ -146,7 +146,7 @@ def train_clipped(
     `policy` and `on_log` are as for `train_ppo`.
     """
     policy, encoder, collector = build_run(env, cfg, policy)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=update.lr, eps=1e-5, foreach=True)
+    optimizer = torch.optim.Adam(policy.param_groups(update.lr), eps=1e-5, foreach=True)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch_threads(cfg.threads), closing(collector):
         history, updates, beta = [], 0, 0.0
