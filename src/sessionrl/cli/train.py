@@ -77,6 +77,12 @@ def _plan(config: RunConfig) -> str:
     elif config.trainer != "sft":
         return ""
     stages.append(f"an evaluation of each policy on {evaluation.tasks} {evaluation.split} tasks")
+    if config.stages is not None and "reflection" in config.stages:
+        reflection = config.reflection
+        stages.append(
+            f"reflection on {reflection.tasks} training tasks' failures, {reflection.trainer.steps} steps,"
+            f" and CU on {reflection.held_out} {evaluation.split} tasks"
+        )
     return f"plan: {', then '.join(stages)}"
 
 
