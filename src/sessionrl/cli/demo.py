@@ -19,7 +19,7 @@ def command(
     ] = 0,
     rl_iterations: Annotated[
         int, typer.Option(min=0, help="GRPO iterations (a budget in iterations, the same on any machine).")
-    ] = 20,
+    ] = 12,
     eval_tasks: Annotated[
         int, typer.Option(min=1, help="Held-out test tasks each policy is judged on.")
     ] = 100,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sessionrl.cli.demo import command
 from sessionrl.eval import compute
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
 from sessionrl.session import (
@@ -79,3 +81,7 @@ def test_the_comparison_pairs_tasks_and_pools_tool_calls() -> None:
     assert comparison.success.delta.estimate == pytest.approx(2 / 3)
     assert comparison.tcsr.estimate == pytest.approx(1.0 - 2 / 4)  # calls pooled: 2 of 4 -> 4 of 4
     assert "McNemar p = 0.5" in comparison.describe()
+
+
+def test_the_cli_default_budget_is_the_demos() -> None:
+    assert inspect.signature(command).parameters["rl_iterations"].default == RL_ITERATIONS

@@ -73,7 +73,7 @@ FAULTS = 0.15
 DEMO_FAULTS = 0.05
 """The same chance in the expert demonstrations: imitation sees a few recoveries, RL three times more."""
 
-RL_ITERATIONS = 20
+RL_ITERATIONS = 12
 """GRPO iterations: a budget in iterations, not minutes, so a seed gives the same run on any machine."""
 
 
