@@ -179,7 +179,7 @@ def main() -> None:
     )
     parser.add_argument("--risk-quantiles", type=int, default=0, help="AAAC's risk quantiles (0: one value)")
     parser.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL updates")
-X
+    parser.add_argument("--beta0", type=float, default=2.0, help="AAAC's KL coefficient at its first step")
     parser.add_argument("--rollout-steps", type=int, default=64, help="steps per environment per round")
     args = parser.parse_args()
     console = Console(width=120)
