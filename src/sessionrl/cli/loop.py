@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from sessionrl.cli.sessions import open_store, out, reporting
-from sessionrl.ops.loop import Loop, LoopConfig
 
 
 def loop_command(
@@ -22,6 +21,8 @@ def loop_command(
 ) -> None:
     """Follow the store's change feed, re-score, attribute failures, retrain past a threshold, gate, and
     start a canary; check running canaries (see `sessionrl.ops.loop`). Each cycle prints its decision."""
+    from sessionrl.ops.loop import Loop, LoopConfig  # the training stack loads only when a loop runs
+
     with reporting():
         loop_config = LoopConfig.load(config)
         with open_store(loop_config.db) as store:
