@@ -24,6 +24,7 @@ from sessionrl.policy.toolcalls import (
     ToolFormat,
     format_for,
     parse_reply,
+    tool_format_of,
     write_call,
     write_final,
 )
@@ -177,3 +178,12 @@ def test_an_episode_runs_tagged_tool_calls_and_ends_on_plain_text() -> None:
     system = session.llm_calls[0].messages[0].content
     assert TAGGED_INSTRUCTIONS in system
     assert system == prompt_messages(env, task, config, ToolFormat.TAGGED)[0].content
+
+
+def test_lockstep_rounds_speak_the_policys_format(tiny_dir: Path) -> None:
+    from sessionrl.train.llm.lockstep import Lockstep
+
+    policy = HFPolicy.load(tiny_dir, device=torch.device("cpu"), dtype=torch.float32)
+    tagged = HFPolicy(policy.model, policy.tokenizer, tool_format=ToolFormat.TAGGED)
+    assert tool_format_of(Lockstep(tagged, 1)) is ToolFormat.TAGGED
+    assert tool_format_of(Lockstep(policy, 1)) is ToolFormat.ACTION

@@ -24,6 +24,7 @@ from sessionrl.episodes.llm import PolicyAgent
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.policy import PolicyBackend, PolicyError, PolicyReply
 from sessionrl.policy.llm import HFPolicy
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session.model import Message
 
 Conversation = tuple[tuple[str, str], ...]
@@ -42,6 +43,11 @@ class Lockstep:
         default_factory=list
     )
     _running: asyncio.Task[None] | None = None
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The policy's tool-call format, which the episodes it serves write and read."""
+        return self.policy.tool_format
 
     async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
         """The reply to `messages`, sampled in the round every running episode joins."""
