@@ -179,6 +179,10 @@ class RLSection(Section):
         default=False,
         description="Draw RL tasks only from training tasks past the first `sft.demos` (none imitated).",
     )
+    curriculum: bool = Field(
+        default=False,
+        description="Draw RL tasks by capability level: those up to one level above what rollouts reached.",
+    )
     max_lag: int = Field(default=2, ge=0, description="Oldest policy version (behind) a session may be.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")

@@ -1,5 +1,5 @@
-"""The training loop's level gate and auto-pause hooks: the gate refuses RL below L1/L2, and a run whose
-rollouts' DVR falls three iterations running pauses, logs it and writes the diagnostic report."""
+"""The training loop's level hooks: the gate refuses RL below L1/L2, a run whose rollouts' DVR falls three
+iterations running pauses, logs it and writes the diagnostic report, and RL draws tasks by level."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from sessionrl.envs import build
 from sessionrl.episodes import Ran
 from sessionrl.eval.autopause import REPORT, AutoPause, AutoPauseConfig
-from sessionrl.eval.levels import Level, LevelsConfig
+from sessionrl.eval.levels import Level, LevelsConfig, assess
 from sessionrl.eval.metrics import compute
 from sessionrl.session import (
     Feedback,
@@ -29,7 +29,7 @@ from sessionrl.session import (
 from sessionrl.store import SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import LoopState
-from sessionrl.train.llm.loop import Evaluation, levels_gate, paused
+from sessionrl.train.llm.loop import Evaluation, curriculum_pool, levels_gate, paused, rl_curriculum, rl_specs
 from sessionrl.train.llm.run import MetricsLog
 
 
@@ -89,3 +89,21 @@ def test_the_level_gate_needs_l1_and_l2(tmp_path: Path) -> None:
         open_gate.log.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["L1"]["passed"] for r in records] == [True, False]
+
+
+def test_rl_draws_its_tasks_from_the_curriculum(tmp_path: Path) -> None:
+    with SessionStore.open("sqlite://") as store:
+        run = fake_run(tmp_path, store)
+        run.config = RunConfig(run_dir=tmp_path, env={"name": "orders", "train": 24}, rl={"curriculum": True})
+        run.env = run.config.env.build()
+        curriculum = rl_curriculum(run)
+        first = curriculum_pool(run, curriculum, None, 0)  # nothing reached: the easiest level present
+        specs = rl_specs(run, 0, first)
+        levels = dict(curriculum.tasks)
+        assert {levels[s.task] for s in specs} == {Level.L2}
+        good = store.get(stored(store, "g", cyclic=False, tools=("a", "b", "c")))
+        promoted = curriculum_pool(run, curriculum, assess([good]), 1)  # L2 reached: L3 tasks join
+        assert len(promoted) > len(first)
+        run.log.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["limit"], r["reached"]) for r in records] == [("L1", None), ("L3", "L2")]

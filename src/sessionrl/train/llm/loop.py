@@ -32,8 +32,8 @@ from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes, settle
 from sessionrl.eval.autopause import AutoPause
-from sessionrl.eval.curriculum import expert_steps
-from sessionrl.eval.levels import assess
+from sessionrl.eval.curriculum import Curriculum, expert_steps
+from sessionrl.eval.levels import LevelReport, assess
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.session.model import Session
@@ -415,6 +415,8 @@ def reinforce(
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
     pool = replayed_tasks(run, console) if cfg.sft.store is not None else None
+    curriculum = rl_curriculum(run) if cfg.rl.curriculum and pool is None else None
+    reached: LevelReport | None = None  # the levels the last rollouts reached (the curriculum's promotion)
     watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
     started = time.monotonic()
     with (
@@ -426,7 +428,12 @@ def reinforce(
                 break
             ticks = [time.monotonic()]
             # rollout
-            ran = rollout(rl_specs(run, iteration, pool), policy)
+            tasks = pool if curriculum is None else curriculum_pool(run, curriculum, reached, iteration)
+            ran = rollout(rl_specs(run, iteration, tasks), policy)
+            if curriculum is not None:
+                reached = assess(
+                    [run.store.get(r.session_id) for r in ran], cfg.levels, steps_of=expert_steps(run.env)
+                )
             ticks.append(time.monotonic())
             # rewards
             reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
@@ -454,6 +461,28 @@ def reinforce(
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
     export_policy(policy, run.folder / "rl_policy")
+
+
+def rl_curriculum(run: Run) -> Curriculum:
+    """The RL stage's curriculum over the training tasks it may draw (past the demonstrated ones with
+    `rl.unseen_tasks`), each with the level it needs."""
+    cfg = run.config
+    tasks = run.env.tasks(Split.TRAIN)
+    return Curriculum.of(run.env, tasks[cfg.sft.demos :] if cfg.rl.unseen_tasks else tasks, cfg.levels)
+
+
+def curriculum_pool(
+    run: Run, curriculum: Curriculum, reached: LevelReport | None, iteration: int
+) -> list[Task]:
+    """The tasks `reached` unlocks (`Curriculum.pool`), logged as the iteration's `curriculum` record."""
+    tasks = curriculum.pool(reached)
+    top = reached.reached.value if reached is not None and reached.reached is not None else None
+    run.log.write(
+        "curriculum",
+        iteration,
+        {"reached": top, "limit": curriculum.limit(reached).value, "tasks": len(tasks)},
+    )
+    return tasks
 
 
 def paused(run: Run, watch: AutoPause, iteration: int, ran: Sequence[Ran], console: Console) -> bool:
