@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import torch
 from rich.console import Console
 
 from sessionrl.envs.base import Split
@@ -172,6 +173,9 @@ def arguments() -> argparse.Namespace:
         help="system prompt: policy + full schemas, policy + signatures (the example), signatures alone",
     )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="longest reply, in tokens")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: torch's default; 1 on a crowded machine)"
+    )
     args = parser.parse_args()
     if args.limit is not None:
         small = {"eval_tasks": args.limit, "gate_tasks": 2, "demos": 16, "sft_steps": 8, "sft_batch": 4}
@@ -184,6 +188,8 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     console = Console()
     if args.out.exists() and not args.resume:
         raise SystemExit(f"{args.out} holds an earlier bench: --resume it, or choose another --out")
