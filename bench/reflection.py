@@ -42,14 +42,14 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=64, help="the demo's model is 128 wide")
     parser.add_argument("--layers", type=int, default=2, help="the demo's model has 4 blocks")
     parser.add_argument("--sft-steps", type=int, default=80)
-    parser.add_argument("--rl-minutes", type=float, default=0.5)
+    parser.add_argument("--rl-iterations", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=16)
     parser.add_argument("--reflect-tasks", type=int, default=24)
     parser.add_argument("--held-out", type=int, default=16)
     parser.add_argument("--reflection-steps", type=int, default=30)
     args = parser.parse_args()
     shutil.rmtree(args.run_dir, ignore_errors=True)
-    base = demo_config(args.run_dir, sft_steps=args.sft_steps, rl_minutes=args.rl_minutes)
+    base = demo_config(args.run_dir, sft_steps=args.sft_steps, rl_iterations=args.rl_iterations)
     tiny = base.model.tiny
     shape = {
         "hidden_size": args.hidden_size,
