@@ -10,11 +10,11 @@ session models, so `sessionrl.client` loads neither the service, the engine nor 
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sessionrl.session.model import (
     Anchor,
@@ -236,8 +236,17 @@ def _rfc3339(value: Any) -> Any:
     raise ValueError("expected an RFC 3339 date-time such as 2025-03-01T08:00:00Z")
 
 
-Timestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
-"""A datetime given as RFC 3339 text."""
+def _in_utc_range(value: datetime) -> datetime:
+    """A time the store can hold: it is kept in UTC, and an offset can push year 1 or 9999 out of range."""
+    try:
+        (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        raise ValueError("date-time out of range once converted to UTC") from None
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339), AfterValidator(_in_utc_range)]
+"""A datetime given as RFC 3339 text, within the range the store can hold in UTC."""
 
 
 class PlanStepRequest(Input):

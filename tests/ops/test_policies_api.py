@@ -42,6 +42,23 @@ async def test_the_api_registers_promotes_and_answers_with_named_statuses(tmp_pa
         assert kinds.count("rolled_back") == 1
 
 
+async def test_a_time_outside_the_store_s_range_is_a_422_not_a_server_error(tmp_path: Path) -> None:
+    """The store keeps times in UTC, where an offset can push year 9999 (or year 1) out of range; the chaos
+    fuzzer found the compare route answering 500 there."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
+        for route, params in [
+            ("/v1/policies/orders/compare", {"a": 1, "b": 2, "since": "9999-12-31T23:59:59-23:59"}),
+            ("/v1/policies/orders/compare", {"a": 1, "b": 2, "until": "0001-01-01T00:00:00+23:00"}),
+            ("/v1/sessions", {"created_after": "9999-12-31T23:59:59-23:59"}),
+        ]:
+            answer = await client.get(route, params=params)
+            assert answer.status_code == 422, (route, answer.text)
+            assert "out of range" in answer.text
+        ok = {"a": 1, "b": 2, "since": "9999-12-31T23:59:59+01:00"}
+        assert (await client.get("/v1/policies/orders/compare", params=ok)).status_code == 200
+
+
 def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'ops.db'}"
     runner = CliRunner()

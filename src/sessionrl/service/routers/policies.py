@@ -7,7 +7,6 @@ Reads need the `read` scope, changes the `write` scope. A stage change the regis
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Path, Query, Request
@@ -24,7 +23,7 @@ from sessionrl.service import problems
 from sessionrl.service.deps import IdempotencyKey, Reader, Writer, engine_of, scoped_key
 from sessionrl.session.model import Plan
 from sessionrl.store import SessionQuery
-from sessionrl.wire import PlanPayload, ToolPayload
+from sessionrl.wire import PlanPayload, Timestamp, ToolPayload
 
 router = APIRouter(prefix="/v1/policies", tags=["policies"])
 
@@ -184,8 +183,8 @@ async def compare(
     principal: Reader,
     a: Annotated[int, Query(ge=1, lt=MAX_VERSION, description="The baseline version.")],
     b: Annotated[int, Query(ge=1, lt=MAX_VERSION, description="The version compared with it.")],
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Timestamp | None = None,
+    until: Timestamp | None = None,
     scenario: str | None = None,
 ) -> Comparison:
     """A/B comparison of two versions over the sessions each served (see `sessionrl.ops.analysis`)."""
