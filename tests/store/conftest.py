@@ -11,8 +11,6 @@ about one engine's internals pins `store_backend` with `@pytest.mark.parametrize
 from __future__ import annotations
 
 import itertools
-import os
-import pwd
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -22,6 +20,7 @@ import orjson
 import pytest
 from store_support import FreshURL, RawDB
 
+from pg_support import local_postgres
 from sessionrl.session import (
     CallStatus,
     Plan,
@@ -34,7 +33,7 @@ from sessionrl.session import (
     ToolCallRecorded,
 )
 from sessionrl.store import SessionStore
-from sessionrl.store.postgres_server import OS_USER, LocalPostgres, find_bin_dir
+from sessionrl.store.postgres_server import LocalPostgres
 
 TEST_DATABASE = "store_tests"
 _schemas = itertools.count(1)
@@ -43,22 +42,7 @@ _schemas = itertools.count(1)
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[LocalPostgres]:
     """One PostgreSQL server for the whole run, with a database whose schemas the tests take."""
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed: no initdb on PATH or under /usr/lib/postgresql/*/bin")
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam(OS_USER)
-        except KeyError:
-            pytest.skip(f"PostgreSQL refuses to run as root and there is no {OS_USER!r} user to run it as")
-    psycopg = pytest.importorskip(
-        "psycopg", reason="psycopg is not installed (pip install 'psycopg[binary]')"
-    )
-    with LocalPostgres(bin_dir) as server:
-        with psycopg.connect(server.url(), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {TEST_DATABASE}")
-        with psycopg.connect(server.url(TEST_DATABASE), autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_trgm SCHEMA public")
+    with local_postgres(TEST_DATABASE) as server:
         yield server
 
 
