@@ -423,10 +423,10 @@ async def test_a_cancelled_waiter_leaves_the_chained_unit_and_the_other_waiters_
 
     store.append_units = held  # type: ignore[method-assign]
     first = asyncio.create_task(engine.execute_step(sid, "tool", {"tool": "notify"}))
-    while sid not in engine._chained:  # the first step's unit (executing + its call) is being committed
+    while sid not in engine.writer.chained:  # the first step's unit (executing + its call) is being committed
         await asyncio.sleep(0)
     waiting = [asyncio.create_task(engine.execute_step(sid, "tool", {"tool": "notify"})) for _ in range(2)]
-    while len(engine._chained[sid]) < 2:
+    while len(engine.writer.chained[sid]) < 2:
         await asyncio.sleep(0)
     waiting[0].cancel()
     release.set()
