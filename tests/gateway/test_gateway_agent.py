@@ -6,9 +6,16 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
+import orjson
 import pytest
 from gateway_support import REPO, WRITER, OrdersDesk, gateway_app, load_example, serving_on_loopback
 from openai import OpenAI
+
+from sessionrl.eval.metrics import tool_call_success_rate
+from sessionrl.gateway import ChatReply, ScriptedChat
+from sessionrl.gateway.capture import TOOL_ERROR
+from sessionrl.session.model import CallStatus, ToolRequest
+from sessionrl.store import SessionStore
 
 
 def load_agent() -> ModuleType:
@@ -85,3 +92,33 @@ def test_a_session_is_named_by_base_url_or_header(tmp_path: Path, where: str) ->
         assert session["user_query"] == task.instruction
         assert session["llm_calls"][0]["call_id"] == answer.id
         assert session["metadata"]["free_form_tools"] is True
+
+
+def test_a_tool_message_reporting_an_error_is_recorded_as_a_failed_call(tmp_path: Path) -> None:
+    agent = load_agent()
+    calls = [
+        ToolRequest(id=f"call_{i}", name="lookup_order", arguments=orjson.dumps({"order_id": o}).decode())
+        for i, o in enumerate(("O-404", "O-1"))
+    ]
+    replies = [
+        ChatReply(tool_calls=(calls[0],)),
+        ChatReply(tool_calls=(calls[1],)),
+        ChatReply(text="Shipped."),
+    ]
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with serving_on_loopback(gateway_app(url, chat=ScriptedChat.turns(replies))) as root:
+        client = OpenAI(base_url=f"{root}/gateway/sessions/err-1/v1", api_key=WRITER, max_retries=0)
+        final = agent.run_agent(client, "Where is my order?", [agent.LOOKUP_ORDER], agent.lookup_order)
+    assert final == "Shipped."
+    with SessionStore.open(url) as store:
+        session = store.get("err-1")
+    failed, found = session.tool_calls
+    # the agent's tool answered {"error": "no such order"} for O-404: a failed call, by the gateway's rule
+    assert (failed.status, failed.error_code, failed.error_message) == (
+        CallStatus.ERROR,
+        TOOL_ERROR,
+        "no such order",
+    )
+    assert failed.output is None
+    assert (found.status, found.output) == (CallStatus.SUCCESS, agent.ORDERS["O-1"])
+    assert tool_call_success_rate([session]) == 0.5

@@ -3,7 +3,9 @@
 A request names its session; the session opens on first use (allowing the agent's own tools, which no
 contract here describes), carrying the `metadata` of the request that opened it. The `tool` messages the
 agent sends back (matched by `tool_call_id` to the tool calls of an earlier answer) become recorded tool
-steps, once each, with the time from the answer to this request as their latency. Then the model call
+steps, once each, with the time from the answer to this request as their latency. A tool message whose
+content is a JSON object with an `error` key reports a failed call (`tool_result`); any other content is the
+call's output. Then the model call
 itself becomes a recorded LLM step, answered or failed, whose id is the completion's id: feedback can name
 it, or a tool call's id, later.
 """
@@ -22,7 +24,7 @@ from sessionrl.gateway.backends import ChatReply
 from sessionrl.gateway.chat import ChatMessage, ChatRequest
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.recording import FREE_FORM_KEY
-from sessionrl.session.model import Session, SessionCreate, ToolRequest, utcnow
+from sessionrl.session.model import CallStatus, Session, SessionCreate, ToolRequest, utcnow
 from sessionrl.wire import LLMPayload, RecordedReply, RecordedResult, StepKind, StepResult, ToolPayload
 
 ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -92,7 +94,7 @@ async def record_tool_results(engine: Orchestrator, session: Session, request: C
         payload = ToolPayload(
             tool=call.name,
             params=_params(call.arguments),
-            result=RecordedResult(output=_output(message.text), latency_ms=latency),
+            result=tool_result(message.text, latency),
             call_id=call_id if ID.match(call_id) else None,
         )
         await engine.execute_step(
@@ -112,12 +114,52 @@ def _params(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def _output(text: str) -> Any:
-    """A tool message's content: the JSON value it spells, or the text."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
+TOOL_ERROR = "TOOL_ERROR"
+"""The error code of a failed tool call whose `tool` message names none (or one too long to keep)."""
+MAX_CODE, MAX_MESSAGE = 200, 20_000
+"""The longest error code and message a recorded tool result holds."""
+
+
+def clipped(text: str, limit: int) -> str:
+    """`text`, or its start with a note saying how long it was when it is longer than `limit`.
+
+    >>> clipped("abcdef", 40), len(clipped("x" * 100, 40))
+    ('abcdef', 40)
+    """
+    if len(text) <= limit:
         return text
+    note = f"... [{len(text)} characters, cut]"
+    return text[: limit - len(note)] + note
+
+
+def tool_result(text: str, latency_ms: float) -> RecordedResult:
+    """What a `tool` message says the call answered. Content that is a JSON object whose `error` is a
+    non-empty string or an object reports a failure: `{"error": "why"}`, or `{"error": {"code": ...,
+    "message": ...}}` (OpenAI's error shape; either field may be missing). Any other content (`{"error":
+    null}` included) is the call's output: the JSON value it spells, or the text.
+
+    >>> tool_result('{"error": "no product SKU-1"}', 3.0).error_message
+    'no product SKU-1'
+    >>> tool_result('{"error": {"code": "SKU_NOT_FOUND"}}', 3.0).error_code
+    'SKU_NOT_FOUND'
+    >>> [tool_result(t, 3.0).status.value for t in ('{"on_hand": 4}', '{"error": null}', "fine")]
+    ['success', 'success', 'success']
+    """
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return RecordedResult(output=text, latency_ms=latency_ms)
+    error = value.get("error") if isinstance(value, dict) else None
+    if not (isinstance(error, dict) or (isinstance(error, str) and error)):
+        return RecordedResult(output=value, latency_ms=latency_ms)
+    fields = error if isinstance(error, dict) else {"message": error}
+    code, message = fields.get("code"), fields.get("message")
+    return RecordedResult(
+        status=CallStatus.ERROR,
+        error_code=code if isinstance(code, str) and 0 < len(code) <= MAX_CODE else TOOL_ERROR,
+        error_message=clipped(message if isinstance(message, str) else text, MAX_MESSAGE),
+        latency_ms=latency_ms,
+    )
 
 
 async def record_llm(

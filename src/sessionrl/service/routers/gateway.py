@@ -133,7 +133,9 @@ CHAT_ANSWERS = answers(404, 409, 500, 502, 503)
 async def chat_in_session(
     session_id: SessionId, body: ChatRequest, request: Request, principal: Writer
 ) -> Response:
-    """An OpenAI chat completion, recorded in the session the base URL names."""
+    """An OpenAI chat completion, recorded in the session the base URL names. Each `tool` message
+    answering an earlier tool call becomes a tool step: a failed one when its content is a JSON object whose
+    `error` is a string or `{"code", "message"}`, else a successful one with the content as its output."""
     return await chat(request, session_id, body)
 
 
@@ -147,7 +149,8 @@ async def chat_by_header(
     body: ChatRequest, request: Request, principal: Writer, session_id: SessionHeader
 ) -> Response:
     """An OpenAI chat completion, recorded in the session of the `X-Session-Id` header (or name the
-    session in the base URL: `/gateway/sessions/{session_id}/v1`)."""
+    session in the base URL: `/gateway/sessions/{session_id}/v1`); its `tool` messages are recorded as
+    there."""
     return await chat(request, session_id, body)
 
 
