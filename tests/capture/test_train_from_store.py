@@ -23,23 +23,10 @@ from sessionrl.session.model import CallStatus, LLMCall, Message
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.loop import train, train_sft
+from tiny_run_support import tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = {
-    "trainer": "sft",
-    "env": {"train": 16, "dev": 4, "test": 4},
-    "model": {
-        "tiny": {
-            "vocab_size": 700,
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 64,
-        }
-    },
-    "rollout": {"max_steps": 3, "max_tool_chars": 120},
-    "evaluation": {"tasks": 2, "gate_tasks": 2, "max_new_tokens": 16},
-}
+TINY = tiny_run(trainer="sft")
 
 
 def example(name: str) -> ModuleType:

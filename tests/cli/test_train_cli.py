@@ -5,33 +5,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
+from tiny_run_support import SFT_SECTION, tiny_run
 
 pytestmark = pytest.mark.slow
 
-TINY_GRPO: dict[str, Any] = {
-    "trainer": "grpo",
-    "env": {"train": 16, "dev": 4, "test": 4},
-    "model": {
-        "tiny": {
-            "vocab_size": 700,
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 64,
-        }
-    },
-    "rollout": {"max_steps": 3, "full_schemas": False, "domain_policy": False, "max_tool_chars": 120},
-    "sft": {"demos": 6, "trainer": {"steps": 2, "batch_sessions": 2, "token_budget": 2048}},
-    "rl": {"iterations": 1, "tasks_per_iteration": 2, "sampling": {"max_new_tokens": 16}},
-    "evaluation": {"tasks": 2, "gate_tasks": 2, "max_new_tokens": 16, "gate_min_success": 1.0},
-}
+TINY_GRPO = tiny_run(
+    trainer="grpo",
+    rollout={"full_schemas": False, "domain_policy": False},
+    sft=SFT_SECTION,
+    rl={"iterations": 1, "tasks_per_iteration": 2, "sampling": {"max_new_tokens": 16}},
+    evaluation={"gate_min_success": 1.0},
+)
 """A run the gate stops: a two-step imitation policy does not solve every gate task."""
 
 

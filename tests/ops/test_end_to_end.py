@@ -31,28 +31,20 @@ from sessionrl.ops.routing import ROUTE_KEY, choose
 from sessionrl.ops.serving import Operations, load_hf_policy, route_gateway
 from sessionrl.session.model import Message, ToolRequest
 from sessionrl.store import SessionStore
+from tiny_run_support import SFT_SECTION, tiny_run
 
 ENV = OrdersEnv(DomainConfig(train=16, dev=4, test=24))
 TASKS = [*ENV.tasks(Split.TEST), *ENV.tasks(Split.DEV)]
 BY_QUERY = {t.instruction: t for t in TASKS}
 QUALITY = {1: 0.7, 2: 0.95, 3: 0.1}
 """Share of tasks each version's answers solve."""
-TINY_SFT: dict[str, Any] = {
-    "trainer": "sft",
-    "env": {"name": "orders", "train": 16, "dev": 4, "test": 4},
-    "model": {
-        "tiny": {
-            "vocab_size": 700,
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 64,
-        }
-    },
-    "rollout": {"max_steps": 3, "max_tool_chars": 120, "full_schemas": False, "domain_policy": False},
-    "sft": {"demos": 4, "trainer": {"steps": 2, "batch_sessions": 2, "token_budget": 2048}},
-    "evaluation": {"tasks": 1, "gate_tasks": 1, "max_new_tokens": 8},
-}
+TINY_SFT = tiny_run(
+    trainer="sft",
+    env={"name": "orders"},
+    rollout={"full_schemas": False, "domain_policy": False},
+    sft=SFT_SECTION | {"demos": 4},
+    evaluation={"tasks": 1, "gate_tasks": 1, "max_new_tokens": 8},
+)
 OPS = OpsConfig(
     policy="orders",
     canary=CanaryConfig(

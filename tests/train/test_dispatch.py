@@ -18,24 +18,11 @@ from sessionrl.session.model import FeedbackType
 from sessionrl.store import SessionStore
 from sessionrl.train.config import EnvSection, RunConfig
 from sessionrl.train.dispatch import run_trainer
+from tiny_run_support import SFT_SECTION, merged, tiny_run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-TINY_LLM: dict[str, Any] = {
-    "env": {"train": 16, "dev": 4, "test": 4},
-    "model": {
-        "tiny": {
-            "vocab_size": 700,
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 64,
-        }
-    },
-    "rollout": {"max_steps": 3, "max_tool_chars": 120},
-    "sft": {"demos": 6, "trainer": {"steps": 2, "batch_sessions": 2, "token_budget": 2048}},
-    "evaluation": {"tasks": 2, "gate_tasks": 2, "max_new_tokens": 16},
-}
+TINY_LLM = tiny_run(sft=SFT_SECTION)
 TINY: dict[str, dict[str, Any]] = {
     "sft": TINY_LLM,
     "grpo": TINY_LLM
@@ -71,15 +58,6 @@ TINY |= {
 }
 TRAINED = {"sft": ("base", "sft"), "grpo": ("sft", "rl"), "dpo": ("sft", "dpo")}
 """The LLM trainers' policy folders (`<name>_policy`, or `base/`) before and after the trainer's updates."""
-
-
-def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `changes` laid over it, mapping by mapping."""
-    out = dict(base)
-    for key, value in changes.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = merged(out[key], value) if both else value
-    return out
 
 
 def tiny_config(trainer: str, folder: Path) -> Path:
