@@ -169,7 +169,7 @@ def test_packed_rows_lay_sequences_end_to_end_with_restarting_positions() -> Non
     sequences = merge_turns([Turn((1, 2), (3,), (-0.5,), 1.0)]) + merge_turns(
         [Turn((4,), (5, 6, 7), None, -1.0)]
     )
-    (micro,) = packed(sequences, budget=16).micro
+    (micro,) = packed(sequences, budget=16, share_prefixes=False).micro
     assert micro.input_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7]]  # index order inside a micro-batch
     assert micro.position_ids is not None
     assert micro.segments is not None
@@ -178,7 +178,12 @@ def test_packed_rows_lay_sequences_end_to_end_with_restarting_positions() -> Non
     assert micro.loss_mask.tolist() == [[False, False, True, False, True, True, True]]
     assert micro.advantages.tolist() == [[0.0, 0.0, 1.0, 0.0, -1.0, -1.0, -1.0]]
     # a budget smaller than both: one micro-batch each, longest first
-    assert [m.input_ids.shape[1] for m in packed(sequences, budget=4).micro] == [4, 3]
+    assert [m.input_ids.shape[1] for m in packed(sequences, budget=4, share_prefixes=False).micro] == [4, 3]
+    # sharing prefixes (none here), the sequences go in the order of what they may share: (), then (1,)
+    (micro,) = packed(sequences, budget=16).micro
+    assert micro.input_ids.tolist() == [[4, 5, 6, 7, 1, 2, 3]]
+    assert micro.parents is not None
+    assert micro.parents.tolist() == [-1, -1]
 
 
 def test_end_to_end_packing_fills_each_micro_batch_up_to_the_budget() -> None:

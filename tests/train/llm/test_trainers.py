@@ -62,7 +62,7 @@ def test_a_packed_row_scores_each_sequence_as_if_it_were_alone(orders_world: Ord
     sequences = demos(orders_world, policy)[:3]
     pad_id = policy.tokenizer.pad_token_id
     with torch.no_grad():
-        (micro,) = packed(sequences, budget=1 << 20).micro
+        (micro,) = packed(sequences, budget=1 << 20, share_prefixes=False).micro
         together = token_logprobs(policy.model, micro)[0]
         alone = torch.cat([token_logprobs(policy.model, collate([s], pad_id))[0] for s in sequences])
     assert together.shape == alone.shape

@@ -12,9 +12,10 @@ Expert sessions carry no tokens. `demonstration_turns` renders them as the conve
 have seen and the actions it should have written (in its tool-call format), with the same prompt
 functions the rollouts use.
 
-Batches are packed to a token budget: sequences are sorted longest first and each goes into the first
-micro-batch whose tokens stay within the budget (first-fit decreasing), where they lie end to end in one
-row without padding and attend only within themselves (`sessionrl.train.llm.packing`). Every policy token
+Batches are packed to a token budget: each micro-batch lays its sequences end to end in one row without
+padding, each attending only within itself (`sessionrl.train.llm.packing`), and a prefix several of
+them begin with (a GRPO group's prompt, the system prompt) lies once (`sessionrl.train.llm.prefixes`).
+Sequences are taken in the order that brings those sharing a prefix together. Every policy token
 weighs the same in the loss (token-level mean over the whole batch), so a session weighs in proportion to
 its policy tokens. Trained data-parallel, each rank packs its own `shard` of the batch's sequences.
 `collate` keeps the padded layout (one right-padded sequence per row) for losses that read whole rows.
@@ -34,6 +35,7 @@ from sessionrl.policy.llm import tool_message
 from sessionrl.policy.references import Context, abstract
 from sessionrl.policy.toolcalls import ToolFormat, write_call, write_final
 from sessionrl.session.model import CallStatus, Message, Session, ToolCall
+from sessionrl.train.llm.prefixes import chunk_shared, prefix_tree, shareable
 from sessionrl.train.losses import group_advantages
 
 
@@ -310,8 +312,9 @@ class MicroBatch:
     """Tensors of some sequences, all ``[B, T]``, in one of two layouts.
 
     Padded (`collate`): one right-padded sequence per row, `attention_mask` marking real tokens. Packed
-    (`concatenate`): every sequence end to end in one row (``B = 1``), `position_ids` restarting at 0 with
-    each and `segments` holding their boundaries ``[0, n_1, n_1 + n_2, ..., T]``.
+    (`concatenate`): segments end to end in one row (``B = 1``), `segments` holding their boundaries
+    ``[0, n_1, n_1 + n_2, ..., T]`` and `parents` the segment each one continues (``-1``: none, its
+    positions start at 0), `position_ids` each token's position in its sequence.
     """
 
     input_ids: Tensor
@@ -321,6 +324,7 @@ class MicroBatch:
     advantages: Tensor
     position_ids: Tensor | None = None
     segments: Tensor | None = None
+    parents: Tensor | None = None
 
     @property
     def policy_tokens(self) -> int:
@@ -329,7 +333,7 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""
-        position_ids, segments = self.position_ids, self.segments
+        position_ids, segments, parents = self.position_ids, self.segments, self.parents
         return MicroBatch(
             self.input_ids.to(device),
             self.attention_mask.to(device),
@@ -338,6 +342,7 @@ class MicroBatch:
             self.advantages.to(device),
             None if position_ids is None else position_ids.to(device),
             None if segments is None else segments.to(device),
+            None if parents is None else parents.to(device),
         )
 
 
@@ -360,27 +365,37 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
     return MicroBatch(ids, attention, loss, old, adv)
 
 
-def concatenate(sequences: Sequence[TokenSequence]) -> MicroBatch:
-    """`sequences` end to end in one packed row (see `MicroBatch`).
+def concatenate(sequences: Sequence[TokenSequence], share_prefixes: bool = True) -> MicroBatch:
+    """`sequences` in one packed row (see `MicroBatch`): with `share_prefixes`, the segments of their
+    `prefix_tree` (a prefix several sequences begin with lies once), else one segment per sequence.
 
-    The first token of each sequence is never a loss position (it would be predicted from the sequence
-    before it); a sequence's first token is its prompt's, so this drops nothing a turn produced.
+    The first token of a segment is never a loss position (it would be predicted from the segment before
+    it in the row); it is a sequence's first token or a token before its first policy token, so this drops
+    nothing a turn produced.
 
-    >>> a = TokenSequence((1, 2), (False, True), (0.0, -0.5), (0.0, 1.0))
-    >>> b = TokenSequence((3, 4, 5), (False, False, True), (0.0, 0.0, -0.1), (0.0, 0.0, 2.0))
+    >>> a = TokenSequence((1, 2, 3), (False, False, True), (0.0, 0.0, -0.5), (0.0, 0.0, 1.0))
+    >>> b = TokenSequence((1, 2, 4, 5), (False, False, True, True), (0.0,) * 4, (0.0, 0.0, 2.0, 2.0))
     >>> micro = concatenate([a, b])
-    >>> micro.input_ids.tolist(), micro.position_ids.tolist(), micro.segments.tolist()
-    ([[1, 2, 3, 4, 5]], [[0, 1, 0, 1, 2]], [0, 2, 5])
+    >>> micro.input_ids.tolist(), micro.position_ids.tolist()
+    ([[1, 2, 3, 2, 4, 5]], [[0, 1, 2, 1, 2, 3]])
+    >>> micro.segments.tolist(), micro.parents.tolist()
+    ([0, 1, 3, 6], [-1, 0, 0])
+    >>> concatenate([a, b], share_prefixes=False).segments.tolist()
+    [0, 3, 7]
     """
-    starts = [0, *accumulate(len(s) for s in sequences)]
-    ids = torch.tensor([[t for s in sequences for t in s.input_ids]], dtype=torch.long)
-    loss = torch.tensor([[m for s in sequences for m in s.loss_mask]], dtype=torch.bool)
+    keys = [s.input_ids[: shareable(s.loss_mask)] if share_prefixes else () for s in sequences]
+    tree = prefix_tree(keys, [len(s) for s in sequences])
+    spans = [(sequences[t.sequence], slice(t.start, t.end)) for t in tree]
+    starts = [0, *accumulate(t.end - t.start for t in tree)]
+    ids = torch.tensor([[i for s, span in spans for i in s.input_ids[span]]], dtype=torch.long)
+    loss = torch.tensor([[m for s, span in spans for m in s.loss_mask[span]]], dtype=torch.bool)
     loss[0, starts[:-1]] = False
-    old = torch.tensor([[v for s in sequences for v in s.old_logprobs]], dtype=torch.float32)
-    adv = torch.tensor([[v for s in sequences for v in s.advantages]], dtype=torch.float32)
-    positions = torch.cat([torch.arange(len(s)) for s in sequences])[None]
+    old = torch.tensor([[v for s, span in spans for v in s.old_logprobs[span]]], dtype=torch.float32)
+    adv = torch.tensor([[v for s, span in spans for v in s.advantages[span]]], dtype=torch.float32)
+    positions = torch.cat([torch.arange(t.start, t.end) for t in tree])[None]
     segments = torch.tensor(starts, dtype=torch.int32)
-    return MicroBatch(ids, torch.ones_like(ids), loss, old, adv, positions, segments)
+    parents = torch.tensor([t.parent for t in tree], dtype=torch.int32)
+    return MicroBatch(ids, torch.ones_like(ids), loss, old, adv, positions, segments, parents)
 
 
 def pack_end_to_end(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -407,27 +422,36 @@ def pack_end_to_end(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """One optimiser step's data: its micro-batches and how much of them is padding."""
+    """One optimiser step's data: its micro-batches, the tokens of its sequences (`tokens`), those its
+    micro-batches compute (`computed`, fewer where prefixes are shared) and how much of them is padding."""
 
     micro: tuple[MicroBatch, ...]
     policy_tokens: int
     tokens: int
     padding: float
+    computed: int
 
     def __iter__(self) -> Iterator[MicroBatch]:
         return iter(self.micro)
 
 
-def packed(sequences: Sequence[TokenSequence], budget: int) -> PackedBatch:
-    """`sequences` in micro-batches of at most `budget` tokens (`pack_end_to_end`), each one packed row
-    (`concatenate`): no slot is padding."""
+def packed(sequences: Sequence[TokenSequence], budget: int, share_prefixes: bool = True) -> PackedBatch:
+    """`sequences` in micro-batches of at most `budget` computed tokens, each one packed row
+    (`concatenate`): no slot is padding. With `share_prefixes`, sequences go in key order
+    (`chunk_shared`), so those beginning alike meet in one micro-batch and share their prefix; without,
+    `pack_end_to_end` fills the micro-batches."""
     lengths = [len(s) for s in sequences]
-    micro = tuple(concatenate([sequences[i] for i in g]) for g in pack_end_to_end(lengths, budget))
+    if share_prefixes:
+        groups = chunk_shared([s.input_ids[: shareable(s.loss_mask)] for s in sequences], lengths, budget)
+    else:
+        groups = pack_end_to_end(lengths, budget)
+    micro = tuple(concatenate([sequences[i] for i in g], share_prefixes) for g in groups)
     return PackedBatch(
         micro=micro,
         policy_tokens=sum(int(m.loss_mask.sum()) for m in micro),
         tokens=sum(lengths),
         padding=0.0,
+        computed=sum(m.input_ids.shape[1] for m in micro),
     )
 
 

@@ -1,11 +1,14 @@
 """Attention for packed micro-batches: several sequences end to end in one row, none attending to another.
 
-A packed row holds sequences of lengths ``n_1, n_2, ...`` one after the other, with position ids that
-restart at 0 with each, and their boundaries ``segments = [0, n_1, n_1 + n_2, ..., N]``. The row has no
-padding, so the linear layers (most of the work) see real tokens only. Attention runs causally inside each
-segment and never across one: the segments are gathered into a batch of their own for one causal
-`scaled_dot_product_attention` call (``Σ n_i²`` or a little more, not ``N²``), and no ``[N, N]`` mask is
-built.
+A packed row holds segments of lengths ``n_1, n_2, ...`` one after the other, their boundaries
+``segments = [0, n_1, n_1 + n_2, ..., N]``. A segment is a whole sequence or, where sequences share a
+prefix (`sessionrl.train.llm.prefixes`), a piece of one: it sees its *context* (the segments it
+continues) and then itself, causally, and nothing else; its position ids continue its context's. The row
+has no padding, so the linear layers (most of the work) see real tokens only. Segments of similar length
+and context are gathered into a batch of their own for one `scaled_dot_product_attention` call (causal,
+or with a small ``[segments, width, context + width]`` mask when they have a context), so the cost is
+about ``Σ n_i (c_i + n_i)``, never ``N²``, and no ``[N, N]`` mask is built. `plan_segments` works the
+gathering out once per forward pass; every layer follows it.
 
 The model's own attention (SDPA) stays in place for sampling; `packed_attention` selects the segment
 attention for the duration of one packed forward pass. It is registered with transformers' attention
@@ -18,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
@@ -39,40 +43,116 @@ def segment_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     cu_seq_lens_q: Tensor | None = None,
+    segment_plan: SegmentPlan | None = None,
     **_: Any,
 ) -> tuple[Tensor, None]:
-    """Causal attention inside each segment of a packed row (`cu_seq_lens_q` holds the boundaries).
+    """Attention of each segment of a packed row to its context and, causally, to itself.
 
     `query` is ``[1, heads, N, head_dim]`` and `key`, `value` ``[1, kv_heads, N, head_dim]``; returns
-    ``[1, N, heads, head_dim]`` as transformers' attention functions do. Segments of similar length
-    (`length_buckets`) are gathered into one ``[segments, heads, longest, head_dim]`` batch, right-padded
-    with their own last token, and attend in one causal SDPA call: a real query never reaches a padded
-    key, which comes after it, and padded queries are dropped when the rows are put back in place.
+    ``[1, N, heads, head_dim]`` as transformers' attention functions do. `segment_plan` says which keys
+    each query sees (`plan_segments`); without one, `cu_seq_lens_q` holds the boundaries of segments that
+    see nothing before themselves. Each group of the plan is one SDPA call over its gathered queries and
+    keys; padded queries are dropped when the rows are put back in place.
     """
-    if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
+    if attention_mask is not None or query.shape[0] != 1:
         raise ValueError("segment attention takes one packed row with its boundaries and no mask")
     if getattr(module, "sliding_window", None) is not None:
         raise NotImplementedError("segment attention does not apply a sliding window")
-    bounds = cu_seq_lens_q.tolist()
-    starts, lengths = bounds[:-1], [b - a for a, b in itertools.pairwise(bounds)]
+    if segment_plan is None:
+        if cu_seq_lens_q is None:
+            raise ValueError("segment attention takes one packed row with its boundaries and no mask")
+        segment_plan = plan_segments(cu_seq_lens_q.tolist(), None, query.device)
     gqa = int(getattr(module, "num_key_value_groups", 1)) > 1
-    positions, parts = [], []
-    for bucket in length_buckets(lengths):
-        width = max(lengths[i] for i in bucket)
-        offsets = torch.arange(width, device=query.device)
-        size = torch.tensor([lengths[i] for i in bucket], device=query.device)[:, None]
-        start = torch.tensor([starts[i] for i in bucket], device=query.device)[:, None]
-        index = start + torch.minimum(offsets[None], size - 1)  # [segments, width], padded by the last
-        q, k, v = (x[0][:, index].transpose(0, 1) for x in (query, key, value))
+    parts = []
+    for group in segment_plan.groups:
+        q = query[0][:, group.query].transpose(0, 1)  # [segments, heads, width, head_dim]
+        k, v = (x[0][:, group.key].transpose(0, 1) for x in (key, value))
         out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
+            q,
+            k,
+            v,
+            attn_mask=group.mask,
+            dropout_p=dropout,
+            is_causal=group.mask is None,
+            scale=scaling,
+            enable_gqa=gqa,
         )
-        real = offsets[None] < size
-        positions.append(index[real])
-        parts.append(out.transpose(0, 1)[:, real])  # [heads, real tokens, head_dim]
+        parts.append(out.transpose(0, 1)[:, group.real])  # [heads, real tokens, head_dim]
     heads, n, dim = query.shape[1], query.shape[2], query.shape[3]
-    placed = query.new_zeros(heads, n, dim).index_copy(1, torch.cat(positions), torch.cat(parts, dim=1))
+    placed = query.new_zeros(heads, n, dim).index_copy(1, segment_plan.positions, torch.cat(parts, dim=1))
     return placed.transpose(0, 1).unsqueeze(0).contiguous(), None
+
+
+@dataclass(frozen=True)
+class SegmentGroup:
+    """Segments attended in one SDPA call: row indices of their query slots ``[S, W]`` (each padded with
+    its last token) and key slots ``[S, C + W]`` (their context, padded, then their own query slots);
+    `mask` ``[S, 1, W, C + W]`` is which keys each query sees (None when no segment has a context: plain
+    causal); `real` ``[S, W]`` marks the query slots that are not padding."""
+
+    query: Tensor
+    key: Tensor
+    mask: Tensor | None
+    real: Tensor
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """How one packed row's tokens attend: its groups, and the row index of each real query slot in the
+    order the groups list them (where their outputs go back)."""
+
+    groups: tuple[SegmentGroup, ...]
+    positions: Tensor
+
+
+def plan_segments(bounds: list[int], parents: list[int] | None, device: torch.device) -> SegmentPlan:
+    """The plan of a row whose segments lie at ``bounds[i] .. bounds[i + 1]``, each seeing, before itself,
+    segment ``parents[i]`` and what that one sees (``-1`` or no `parents`: nothing).
+
+    Segments are grouped by their own length (`length_buckets`), then by their context's.
+    """
+    starts, lengths = bounds[:-1], [b - a for a, b in itertools.pairwise(bounds)]
+    contexts: list[list[int]] = []
+    for i, parent in enumerate(parents or [-1] * len(lengths)):
+        if parent >= i:
+            raise ValueError(f"segment {i} continues segment {parent}, which does not come before it")
+        above = [] if parent < 0 else contexts[parent] + list(range(bounds[parent], bounds[parent + 1]))
+        contexts.append(above)
+    groups = []
+    for bucket in length_buckets(lengths):
+        alone = [i for i in bucket if not contexts[i]]
+        after = [i for i in bucket if contexts[i]]
+        if alone:
+            groups.append(_group(alone, starts, lengths, contexts, device))
+        for sub in length_buckets([len(contexts[i]) for i in after]):
+            groups.append(_group([after[j] for j in sub], starts, lengths, contexts, device))
+    positions = torch.cat([g.query[g.real] for g in groups]) if groups else torch.zeros(0, dtype=torch.long)
+    return SegmentPlan(tuple(groups), positions.to(device))
+
+
+def _group(
+    members: list[int], starts: list[int], lengths: list[int], contexts: list[list[int]], device: torch.device
+) -> SegmentGroup:
+    """One SDPA call's gathering for segments `members` (see `SegmentGroup`)."""
+    width = max(lengths[i] for i in members)
+    offsets = torch.arange(width, device=device)
+    size = torch.tensor([lengths[i] for i in members], device=device)[:, None]
+    start = torch.tensor([starts[i] for i in members], device=device)[:, None]
+    query = start + torch.minimum(offsets[None], size - 1)  # [segments, width], padded by the last
+    real = offsets[None] < size
+    seen = max(len(contexts[i]) for i in members)
+    if seen == 0:
+        return SegmentGroup(query, query, None, real)
+    context = torch.tensor(
+        [contexts[i] + [starts[i]] * (seen - len(contexts[i])) for i in members], device=device
+    )
+    held = torch.tensor([len(contexts[i]) for i in members], device=device)[:, None]
+    known = torch.arange(seen, device=device)[None] < held  # [segments, seen]: real context slots
+    causal = offsets[None, :] <= offsets[:, None]  # [width, width]: key slot j seen from query slot i
+    mask = torch.cat(
+        [known[:, None, :].expand(-1, width, -1), causal[None].expand(len(members), -1, -1)], dim=-1
+    )
+    return SegmentGroup(query, torch.cat([context, query], dim=1), mask[:, None], real)
 
 
 def length_buckets(lengths: list[int]) -> list[list[int]]:
@@ -110,12 +190,15 @@ def packed_attention(model: Any) -> Iterator[None]:
         config._attn_implementation = before
 
 
-def packed_kwargs(position_ids: Tensor, segments: Tensor) -> dict[str, Any]:
-    """What a packed forward pass hands the model: the restarting positions and the segment boundaries
-    (under the names transformers gives variable-length attention), no mask and no cache."""
+def packed_kwargs(position_ids: Tensor, segments: Tensor, parents: Tensor | None = None) -> dict[str, Any]:
+    """What a packed forward pass hands the model: the tokens' positions, the segment boundaries (under
+    the names transformers gives variable-length attention), the attention plan every layer follows
+    (`plan_segments`, made once per pass), no mask and no cache."""
     longest = int((segments[1:] - segments[:-1]).max()) if segments.numel() > 1 else 0
+    plan = plan_segments(segments.tolist(), None if parents is None else parents.tolist(), segments.device)
     return {
         "position_ids": position_ids,
+        "segment_plan": plan,
         "cu_seq_lens_q": segments,
         "cu_seq_lens_k": segments,
         "max_length_q": longest,
@@ -124,4 +207,13 @@ def packed_kwargs(position_ids: Tensor, segments: Tensor) -> dict[str, Any]:
     }
 
 
-__all__ = ["PACKED", "length_buckets", "packed_attention", "packed_kwargs", "segment_attention"]
+__all__ = [
+    "PACKED",
+    "SegmentGroup",
+    "SegmentPlan",
+    "length_buckets",
+    "packed_attention",
+    "packed_kwargs",
+    "plan_segments",
+    "segment_attention",
+]

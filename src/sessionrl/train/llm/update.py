@@ -60,7 +60,8 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
 def _model_inputs(batch: MicroBatch) -> dict[str, Any]:
     """The forward pass's arguments for either layout (no cache: nothing is decoded after it)."""
     if batch.segments is not None and batch.position_ids is not None:
-        return {"input_ids": batch.input_ids, **packed_kwargs(batch.position_ids, batch.segments)}
+        packing = packed_kwargs(batch.position_ids, batch.segments, batch.parents)
+        return {"input_ids": batch.input_ids, **packing}
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
 
 
