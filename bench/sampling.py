@@ -81,7 +81,7 @@ def timed(run: Callable[[], list[tuple[int, ...]]]) -> tuple[list[tuple[int, ...
 
 def hf_generate(policy: HFPolicy, batch: Sequence[Sequence[int]], new_tokens: int) -> list[tuple[int, ...]]:
     """`model.generate`, greedy, on the left-padded batch."""
-    from sessionrl.policy.llm import left_pad
+    from sessionrl.policy.sampling import left_pad
 
     ids, mask = left_pad(batch, int(policy.tokenizer.pad_token_id))
     with torch.inference_mode():

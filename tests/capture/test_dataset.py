@@ -11,6 +11,7 @@ from typing import Any
 from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.envs.base import Split
 from sessionrl.envs.registry import build
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session import SessionCreate, created
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
 from sessionrl.store import SessionStore
@@ -65,6 +66,28 @@ def test_without_tokens_replies_are_written_in_the_policy_s_action_language() ->
         for seq in data.sequences
     ]
     assert trained == ['{"tool":"lookup","params":{"id":"O-1"}}', '{"final":"shipped"}']
+
+
+class TaggedCharEncoder(CharEncoder):
+    """The same encoder for a policy that writes `<tool_call>` JSON (a pretrained model's format)."""
+
+    tool_format = ToolFormat.TAGGED
+
+
+def test_without_tokens_replies_and_past_calls_are_written_in_the_trained_policy_s_format() -> None:
+    lookup = ToolRequest(id="c1", name="lookup", arguments='{"id": "O-1"}')
+    asked = call("a", tool_calls=(lookup,))
+    seen = (
+        *ASK,
+        Message(role="assistant", content="", tool_calls=(lookup,)),
+        Message(role="tool", content="ok"),
+    )
+    answered = LLMCall(call_id="b", messages=seen, response="shipped")
+    data = captured_sequences([session("s3", [asked, answered])], TaggedCharEncoder())
+    texts = ["".join(chr(i) if i else "|" for i in seq.input_ids) for seq in data.sequences]
+    call_text = '<tool_call>{"name":"lookup","arguments":{"id":"O-1"}}</tool_call>'
+    # the reply, then the past call in the next prompt, each as the trained policy writes it
+    assert texts == [f"where is O-1?{call_text}|", f"where is O-1?{call_text}okshipped|"]
 
 
 def test_sessions_that_fail_the_check_are_dropped_each_with_its_reason() -> None:

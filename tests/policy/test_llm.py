@@ -15,14 +15,13 @@ from sessionrl.policy.llm import (
     LoRAConfig,
     SamplingConfig,
     final_action,
-    left_pad,
     parse_final,
-    sample,
     system_prompt,
     tool_action,
     tool_message,
     with_lora,
 )
+from sessionrl.policy.sampling import left_pad, sample_batch
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message
 from sessionrl.skills import SkillContract
@@ -124,7 +123,7 @@ def test_rows_stop_at_their_first_stop_token_while_the_others_go_on(model_dir: P
 
     def greedy(stop_ids: frozenset[int]) -> list[tuple[int, ...]]:
         config = SamplingConfig(max_new_tokens=8, temperature=0.0)
-        found = sample(
+        found = sample_batch(
             policy.model, prompts, pad_id=0, stop_ids=stop_ids, config=config, generator=torch.Generator()
         )
         return [s.token_ids for s in found]

@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sessionrl.policy.llm import SamplingConfig, sample
+from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.sampling import PrefixCache, common_prefix, sample_batch
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 
 CONFIG = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
-GREEDY = SamplingConfig(max_new_tokens=6, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +75,3 @@ def test_short_or_single_prompts_run_whole(model: torch.nn.Module) -> None:
     run(model, [prompts()[0]], cache)
     run(model, [[5, 6, 7], [5, 6, 8]], cache)
     assert cache.builds == 0
-    # the policy's `sample` is this function
-    via_llm = sample(
-        model,
-        prompts(),
-        pad_id=0,
-        stop_ids=frozenset({1}),
-        config=GREEDY,
-        generator=torch.Generator(),
-        prefix=PrefixCache(min_tokens=32),
-    )
-    assert [s.token_ids for s in via_llm] == [s.token_ids for s in run(model, prompts(), None)]

@@ -17,7 +17,7 @@ from sessionrl.episodes.llm import PolicyAgent, prompt_messages
 from sessionrl.gateway.backends import policy_view, read_action
 from sessionrl.gateway.chat import ChatRequest
 from sessionrl.orchestrator.policy import ScriptedBackend
-from sessionrl.policy.llm import HFPolicy
+from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.policy.toolcalls import (
     TAGGED_INSTRUCTIONS,
@@ -128,6 +128,32 @@ def test_a_native_template_renders_the_tools_it_is_given(tiny_dir: Path) -> None
     assert "<tools>" not in native.render(chat)
     plain = HFPolicy(policy.model, policy.tokenizer, tool_format=ToolFormat.TAGGED)
     assert "<tools>" not in plain.render(chat, [tool])
+
+
+def test_an_episode_gives_a_native_template_its_tools(tiny_dir: Path) -> None:
+    policy = HFPolicy.load(tiny_dir, device=torch.device("cpu"), dtype=torch.float32)
+    policy.tokenizer.chat_template = WITH_TOOLS
+    native = HFPolicy(
+        policy.model,
+        policy.tokenizer,
+        SamplingConfig(max_new_tokens=4, temperature=0, max_prompt_tokens=4096),
+    )
+    env = OrdersEnv(DomainConfig(train=2, dev=1, test=1))
+    task = env.tasks(Split.TRAIN)[0]
+    config = RolloutConfig(full_schemas=False, domain_policy=False, max_steps=1)
+    with SessionStore.open("sqlite://") as store:
+        asyncio.run(run_episodes(env, [EpisodeSpec(task, "n")], PolicyAgent(native), store, config))
+        (call,) = store.get("n").llm_calls
+    assert call.prompt_token_ids is not None
+    prompt = native.tokenizer.decode(list(call.prompt_token_ids))
+    rendered = prompt[prompt.index("<tools>") : prompt.index("</tools>")]
+    names = sorted(c.name for c in env.contracts())
+    assert [
+        orjson.loads(t)["function"]["name"] for t in rendered[7:].replace("}{", "}\n{").split("\n")
+    ] == names
+    assert "Tools:" not in prompt  # the listing left the system message for the template
+    assert call.messages[0].content == prompt_messages(env, task, config, ToolFormat.NATIVE)[0].content
+    assert native.encode_prompt(call.messages) == list(call.prompt_token_ids)  # trained on as sampled
 
 
 def test_the_gateway_reads_and_writes_the_backends_format() -> None:

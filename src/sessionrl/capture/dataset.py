@@ -3,9 +3,11 @@
 A captured session trains on what its model wrote, never on what its tools answered. When its LLM calls
 carry the token ids the model sampled (the gateway's own policy records them), those exact ids are used
 (`policy_turns`), with their log-probabilities; otherwise each call's conversation goes through the
-policy's chat template and its reply is tokenised (`ChatEncoder`), both written in the policy's action
-language as the gateway's `PolicyChat` reads and writes it: a tool call as `{"tool": ..., "params": ...}`,
-an answer as `{"final": ...}`. Failed model calls are left out.
+policy's chat template and its reply is tokenised (`ChatEncoder`), both written in the tool-call format of
+the policy being trained (`toolcalls.tool_format_of` the encoder) as the gateway's `PolicyChat` reads and
+writes it: in the action language a tool call is `{"tool": ..., "params": ...}` and an answer
+`{"final": ...}`; a pretrained model's calls are `<tool_call>` JSON and its answers plain text. Failed
+model calls are left out.
 
 A captured session whose metadata names its environment's task (`task_id`, and `env` when given: the
 gateway keeps the metadata of the request that opened the session) lets GRPO replay that task
@@ -27,7 +29,7 @@ import orjson
 
 from sessionrl.envs.base import DecisionEnv, Split, Task
 from sessionrl.gateway.backends import policy_view
-from sessionrl.policy.llm import final_action, tool_action
+from sessionrl.policy.toolcalls import ToolFormat, tool_format_of, write_call, write_final
 from sessionrl.session.model import CallStatus, LLMCall, Session
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.train.llm.data import ChatEncoder, TokenSequence, Turn, merge_turns, policy_turns
@@ -105,22 +107,23 @@ def check_call(call: LLMCall) -> None:
         raise Unfit(f"call {call.call_id}: no messages, so no prompt to train against")
 
 
-def reply_text(call: LLMCall) -> str:
-    """What the model wrote, in the policy's action language: its first tool call, or its answer."""
+def reply_text(call: LLMCall, fmt: ToolFormat = ToolFormat.ACTION) -> str:
+    """What the model wrote, in the tool-call format `fmt`: its first tool call, or its answer."""
     if call.tool_calls:
         first = call.tool_calls[0]
         try:
             params = orjson.loads(first.arguments)
         except orjson.JSONDecodeError:
             raise Unfit(f"call {call.call_id}: tool call arguments are not JSON") from None
-        return tool_action(first.name, params if isinstance(params, dict) else {"arguments": params})
-    return final_action(call.response)
+        return write_call(fmt, first.name, params if isinstance(params, dict) else {"arguments": params})
+    return write_final(fmt, call.response)
 
 
 def template_turn(call: LLMCall, encoder: ChatEncoder) -> Turn:
-    """A call without recorded tokens, through the chat template."""
-    prompt = encoder.encode_prompt([policy_view(m) for m in call.messages])
-    return Turn(tuple(prompt), tuple(encoder.encode_reply(reply_text(call))))
+    """A call without recorded tokens, through the chat template, in the encoder's tool-call format."""
+    fmt = tool_format_of(encoder)
+    prompt = encoder.encode_prompt([policy_view(m, fmt) for m in call.messages])
+    return Turn(tuple(prompt), tuple(encoder.encode_reply(reply_text(call, fmt))))
 
 
 def check_no_tool_output(session: Session, replies: Sequence[str]) -> None:

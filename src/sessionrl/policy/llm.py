@@ -33,11 +33,17 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 import torch
-from torch import Tensor
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
-from sessionrl.policy.sampling import PrefixCache, sample_batch
-from sessionrl.policy.toolcalls import TAGGED_INSTRUCTIONS, ToolFormat, format_for
+from sessionrl.policy.sampling import PrefixCache, Sample, sample_batch
+from sessionrl.policy.toolcalls import (
+    TAGGED_INSTRUCTIONS,
+    TOOLS_HEADING,
+    ToolFormat,
+    format_for,
+    listed_tools,
+    tool_listing,
+)
 from sessionrl.session.model import Message
 from sessionrl.skills.contract import SkillContract
 
@@ -104,24 +110,50 @@ def system_prompt(
     full_schemas: bool = True,
     fmt: ToolFormat = ToolFormat.ACTION,
 ) -> str:
-    """The system message: the domain policy, the tool-call format `fmt`, then one line per tool.
+    """The system message: the domain policy, how to call tools in format `fmt`, then one line per tool.
 
     Each tool line is the contract's OpenAI schema as compact JSON, or, with ``full_schemas=False`` (for
-    small models with short contexts), the same schema's name and parameter names only:
-    ``sms_send(template_id, phone, variables)``. The action language gets `ACTION_INSTRUCTIONS`; the other
-    formats the `<tool_call>` instructions (`toolcalls.TAGGED_INSTRUCTIONS`): an episode's policy call
-    carries messages alone, so the tools are listed here even for templates that could render them.
+    small models with short contexts), less of it. The action language gets `ACTION_INSTRUCTIONS` and the
+    tagged format the `<tool_call>` instructions (`toolcalls.TAGGED_INSTRUCTIONS`), then the tools, cut to
+    ``sms_send(template_id, phone, variables)`` when not in full. The native format says nothing of how to
+    call: its chat template renders the tools (`HFPolicy.render` takes them from this message's
+    `toolcalls.tool_listing`, whose schemas are cut to names, types and required parameters when not in
+    full).
     """
-    lines = []
-    for contract in sorted(contracts, key=_name):
-        tool = contract.to_openai_tool()
-        if full_schemas:
-            lines.append(orjson.dumps(tool).decode())
-        else:
-            function = tool["function"]
-            lines.append(f"{function['name']}({', '.join(function['parameters'].get('properties', {}))})")
+    tools = [contract.to_openai_tool() for contract in sorted(contracts, key=_name)]
+    if fmt is ToolFormat.NATIVE:
+        listed = tools if full_schemas else [brief_schema(tool) for tool in tools]
+        return f"{domain_policy.strip()}\n\n{tool_listing(listed)}"
+    lines = [orjson.dumps(tool).decode() if full_schemas else signature(tool) for tool in tools]
     how = ACTION_INSTRUCTIONS if fmt is ToolFormat.ACTION else TAGGED_INSTRUCTIONS
-    return f"{domain_policy.strip()}\n\n{how}\nTools:\n" + "\n".join(lines)
+    return f"{domain_policy.strip()}\n\n{how}\n{TOOLS_HEADING}\n" + "\n".join(lines)
+
+
+def signature(tool: Mapping[str, Any]) -> str:
+    """An OpenAI tool schema as its name and parameter names.
+
+    >>> signature({"function": {"name": "sms_send", "parameters": {"properties": {"phone": {}}}}})
+    'sms_send(phone)'
+    """
+    function = tool["function"]
+    return f"{function['name']}({', '.join(function.get('parameters', {}).get('properties', {}))})"
+
+
+def brief_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool schema without its descriptions: the name, each parameter's type, the required ones.
+
+    >>> brief_schema({"function": {"name": "f", "description": "Finds.", "parameters": {
+    ...     "type": "object", "properties": {"q": {"type": "string", "description": "what"}}}}})["function"]
+    {'name': 'f', 'parameters': {'type': 'object', 'properties': {'q': {'type': 'string'}}, 'required': []}}
+    """
+    function = tool["function"]
+    parameters = function.get("parameters", {})
+    properties = {
+        name: {"type": spec["type"]} if isinstance(spec, dict) and "type" in spec else {}
+        for name, spec in parameters.get("properties", {}).items()
+    }
+    brief = {"type": "object", "properties": properties, "required": list(parameters.get("required", []))}
+    return {"type": "function", "function": {"name": function["name"], "parameters": brief}}
 
 
 def _name(contract: SkillContract) -> str:
@@ -229,55 +261,6 @@ def with_lora(model: Any, config: LoRAConfig) -> Any:
         return get_peft_model(model, lora)
 
 
-# sampling
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One sampled reply: its token ids and the log-probability of each under the sampling distribution."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Rows padded on the left to one length: ``(ids [B, T], attention_mask [B, T])``.
-
-    >>> ids, mask = left_pad([[5, 6], [7]], pad_id=0)
-    >>> ids.tolist(), mask.tolist()
-    ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
-    """
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
-
-
-def sample(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    *,
-    pad_id: int,
-    stop_ids: frozenset[int],
-    config: SamplingConfig,
-    generator: torch.Generator,
-    prefix: PrefixCache | None = None,
-) -> list[Sample]:
-    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch; a prompt
-    prefix the batch shares is computed once and kept in `prefix` (`sessionrl.policy.sampling`).
-
-    Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
-    The stop token, when reached, is the last id of a sample.
-    """
-    return sample_batch(
-        model, prompts, pad_id=pad_id, stop_ids=stop_ids, config=config, generator=generator, prefix=prefix
-    )
-
-
 # the backend
 
 
@@ -352,11 +335,18 @@ class HFPolicy:
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The prompt text of a conversation, ending where the assistant's reply begins.
 
-        `tools` (OpenAI tool schemas) are rendered by the chat template when the policy's format is
-        native; the other formats list tools in the system message (`system_prompt`).
+        In the native format the chat template renders the tools: `tools` (OpenAI tool schemas) when given,
+        else those the system message lists (`system_prompt`), which then leave the message. The other
+        formats take the messages as they are (their system message teaches the calls and lists the tools).
         """
         chat = [{"role": m.role, "content": m.content} for m in messages]
-        extra = {"tools": list(tools)} if tools and self.tool_format is ToolFormat.NATIVE else {}
+        extra: dict[str, Any] = {}
+        if self.tool_format is ToolFormat.NATIVE:
+            if chat and chat[0]["role"] == "system":
+                chat[0]["content"], listed = listed_tools(chat[0]["content"])
+                tools = tools or listed
+            if tools:
+                extra["tools"] = list(tools)
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra)
         return str(text)
 
@@ -400,7 +390,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()
         try:
-            samples = sample(
+            samples = sample_batch(
                 self.model,
                 prompts,
                 pad_id=self.tokenizer.pad_token_id,
@@ -519,12 +509,11 @@ __all__ = [
     "BatchingConfig",
     "HFPolicy",
     "LoRAConfig",
-    "Sample",
     "SamplingConfig",
+    "brief_schema",
     "final_action",
-    "left_pad",
     "parse_final",
-    "sample",
+    "signature",
     "system_prompt",
     "tool_action",
     "tool_message",

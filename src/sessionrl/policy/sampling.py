@@ -29,10 +29,35 @@ from torch import Tensor
 from transformers import DynamicCache
 
 if TYPE_CHECKING:
-    from sessionrl.policy.llm import Sample, SamplingConfig
+    from sessionrl.policy.llm import SamplingConfig
 
 KV = tuple[tuple[Tensor, Tensor], ...]
 """One key and one value tensor ``[1, heads, T, head_dim]`` per layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sampled reply: its token ids and the log-probability of each under the sampling distribution."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Rows padded on the left to one length: ``(ids [B, T], attention_mask [B, T])``.
+
+    >>> ids, mask = left_pad([[5, 6], [7]], pad_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6], [0, 7]], [[1, 1], [0, 1]])
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
 
 
 def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -134,8 +159,6 @@ def sample_batch(
     Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
     The stop token, when reached, is the last id of a sample.
     """
-    from sessionrl.policy.llm import left_pad
-
     device = next(model.parameters()).device
     n = prefix.prefix_for(model, prompts) if prefix is not None else 0
     if prefix is not None and n > 0:
@@ -164,8 +187,6 @@ def decode(
 ) -> list[Sample]:
     """Draw tokens for every row of a prefilled batch (`logits` ``[B, V]`` at each row's last prompt token,
     `mask` ``[B, T]`` over the cache, `last_positions` ``[B, 1]``) until each stops."""
-    from sessionrl.policy.llm import Sample
-
     device = logits.device
     rows = logits.shape[0]
     active = list(range(rows))
@@ -215,9 +236,11 @@ def draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> 
 
 __all__ = [
     "PrefixCache",
+    "Sample",
     "common_prefix",
     "decode",
     "draw",
+    "left_pad",
     "sample_batch",
     "suffix_batch",
     "weights_stamp",

@@ -37,6 +37,9 @@ TAGGED_INSTRUCTIONS: Final = (
     "without a tool call; that ends the conversation."
 )
 
+TOOLS_HEADING: Final = "Tools:"
+"""The line that starts the system prompt's list of tools (`tool_listing`)."""
+
 _TAGGED: Final = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 _MISTRAL: Final = "[TOOL_CALLS]"
 _PYTHON_TAG: Final = "<|python_tag|>"
@@ -79,13 +82,35 @@ def format_for(tokenizer: Any) -> ToolFormat:
     return ToolFormat.NATIVE if re.search(r"\btools\b", template) else ToolFormat.TAGGED
 
 
-def instructions(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> str:
-    """What the system prompt says about calling `tools` (OpenAI tool schemas) in format `fmt`, empty for
-    `NATIVE`, whose chat template renders them. (The action language's text is `llm.system_prompt`'s.)"""
-    if fmt is ToolFormat.NATIVE:
-        return ""
-    listing = "\n".join(orjson.dumps(tool).decode() for tool in tools)
-    return f"{TAGGED_INSTRUCTIONS}\nTools:\n{listing}"
+def tool_listing(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system prompt's list of `tools` (OpenAI tool schemas): a heading, then one schema per line as
+    compact JSON.
+
+    >>> print(tool_listing([{"type": "function", "function": {"name": "f"}}]))
+    Tools:
+    {"type":"function","function":{"name":"f"}}
+    """
+    return TOOLS_HEADING + "\n" + "\n".join(orjson.dumps(tool).decode() for tool in tools)
+
+
+def listed_tools(system: str) -> tuple[str, list[dict[str, Any]]]:
+    """A system prompt split into its text before the `tool_listing` that ends it and the tools listed
+    there; ``(system, [])`` when it ends with no such listing.
+
+    A native chat template renders tools itself (``apply_chat_template(..., tools=...)``), so the policy
+    takes them out of the system message it is given; the message keeps them, so a recorded conversation
+    renders the same prompt again when it is trained on.
+
+    >>> listed_tools('Be kind.\\n\\nTools:\\n{"type":"function","function":{"name":"f"}}')
+    ('Be kind.', [{'type': 'function', 'function': {'name': 'f'}}])
+    >>> listed_tools("Be kind.\\nTools:\\nsms_send(phone)")
+    ('Be kind.\\nTools:\\nsms_send(phone)', [])
+    """
+    head, found, listing = system.rpartition(f"\n{TOOLS_HEADING}\n")
+    tools = [_json(line) for line in listing.splitlines()] if found else []
+    if not tools or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools):
+        return system, []
+    return head.rstrip(), tools
 
 
 def write_call(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> str:
@@ -225,14 +250,16 @@ def tool_format_of(backend: object) -> ToolFormat:
 
 __all__ = [
     "TAGGED_INSTRUCTIONS",
+    "TOOLS_HEADING",
     "ParsedReply",
     "ToolFormat",
     "call_id",
     "format_for",
-    "instructions",
+    "listed_tools",
     "native_calls",
     "parse_reply",
     "tool_format_of",
+    "tool_listing",
     "write_call",
     "write_final",
 ]

@@ -21,7 +21,8 @@ import orjson
 import torch
 from torch import Tensor, nn
 
-from sessionrl.policy.llm import HFPolicy, final_action, left_pad, tool_action
+from sessionrl.policy.llm import HFPolicy, final_action, tool_action
+from sessionrl.policy.sampling import left_pad
 from sessionrl.policy.structured import masked_logits
 from sessionrl.session.model import Message, Session
 

@@ -3,16 +3,25 @@ stored pairs read back through the DPO convention."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from sessionrl.envs.base import Split
+from sessionrl.episodes import EpisodeSpec, expert, run_episodes
+from sessionrl.orchestrator.policy import ScriptedBackend
+from sessionrl.policy.toolcalls import ToolFormat, write_call
 from sessionrl.session import FeedbackAdded, LLMCallRecorded, SessionCreate
 from sessionrl.session.model import LLMCall, Message, Session
 from sessionrl.store import SessionStore
+from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import Reply
 from sessionrl.train.llm.dpo import stored_preferences
-from sessionrl.train.llm.preferences import ANNOTATOR, outcome_preferences
+from sessionrl.train.llm.preferences import ANNOTATOR, outcome_preferences, sample_pairs
+from sessionrl.train.llm.run import open_run
 
 ASK = (Message(role="system", content="Answer in JSON."), Message(role="user", content="Is SKU-1 in stock?"))
 CHECK = '{"tool": "inventory_check", "params": {"sku": "SKU-1"}}'
@@ -78,3 +87,46 @@ def test_stored_pairs_read_back_as_preferences(store: SessionStore) -> None:
         store.append(sid, FeedbackAdded(feedback=feedback))
     (preference,) = stored_preferences(store)
     assert (preference.messages, preference.chosen, preference.rejected) == (ASK, CHECK, '{"finish": "no"}')
+
+
+class TaggedScript(ScriptedBackend):
+    """Replies as a pretrained model without tool support writes them (`ToolFormat.TAGGED`)."""
+
+    tool_format = ToolFormat.TAGGED
+
+
+@dataclass
+class TaggedPolicy:
+    """What `sample_pairs` asks of the run's policy: its version, its format and a sampling view."""
+
+    script: list[str]
+    version: int = 0
+    tool_format: ToolFormat = ToolFormat.TAGGED
+
+    def view(self, sampling: object) -> TaggedScript:
+        return TaggedScript(self.script)
+
+
+def test_the_experts_replies_are_written_in_the_policys_format(tmp_path: Path) -> None:
+    config = RunConfig.model_validate(
+        {
+            "run_dir": tmp_path / "run",
+            "trainer": "dpo",
+            "env": {"train": 4, "dev": 1, "test": 1},
+            "dpo": {"tasks": 1, "episodes_per_task": 1},
+        }
+    )
+    with open_run(config) as run:
+        task = run.env.tasks(Split.TRAIN)[0]
+        spec = EpisodeSpec(task, "demo")
+        asyncio.run(run_episodes(run.env, [spec], expert(run.env), run.store, config.rollout))
+        demo = run.store.get("demo")
+        first, second = demo.tool_calls[:2]
+        # the loser begins as the expert does, then gives up: it parts from the demonstration at its 2nd call
+        run.policy = TaggedPolicy([write_call(ToolFormat.TAGGED, first.tool, first.params), "I cannot."])  # type: ignore[assignment]
+        assert config.dpo is not None
+        assert sample_pairs(run, config.dpo, [demo]) == 1
+        loser = run.store.get(f"dpo-0-{task.task_id}")
+    (preference,) = [f for f in loser.feedback if f.annotator == ANNOTATOR]
+    assert preference.data["chosen"] == write_call(ToolFormat.TAGGED, second.tool, second.params)
+    assert preference.data["rejected_call_id"] == loser.llm_calls[1].call_id

@@ -119,7 +119,8 @@ def sample_pairs(run: Run, section: DPOSection, demos: Sequence[Session]) -> int
         group = episodes.get(task.task_id, [])
         demo = by_task[task.task_id]
         winners = [(s.session_id, _replies(s)) for s in group if s.session_id in solved]
-        winners.append((demo.session_id, demonstration_replies(demo, run.system, cfg.rollout.max_tool_chars)))
+        expert = demonstration_replies(demo, run.system, cfg.rollout.max_tool_chars, policy.tool_format)
+        winners.append((demo.session_id, expert))
         losers = [s for s in group if s.session_id not in solved]
         for session_id, feedback in outcome_preferences(winners, losers):
             run.store.append(session_id, FeedbackAdded(feedback=feedback))
