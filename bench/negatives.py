@@ -1,112 +1,145 @@
 """DPO with counterfactual hard negatives against DPO with random negatives, on orders.
 
-A tiny model imitates expert demonstrations briefly (`--sft-steps`), then plays training tasks it never
-imitated; each failed episode gives one pair at its failing step (`sessionrl.train.llm.negatives`): the
-best replayed alternative as chosen, and as rejected either the worst replayed alternative (counterfactual)
-or a random action of another task (random). Both pair sets share prompts and chosen replies. Two copies of
-the imitation policy are trained by DPO, one per set, with the same settings, then evaluated greedily with
-the imitation policy on the same test tasks and faults.
+The base is the demo's imitation policy (`sessionrl.train.llm.demo.demo_config`: its tiny model, 240 steps
+on 400 expert sessions), trained here or read from `--sft-policy` (the `sft_policy/` of a run of the
+demo's recipe, such as `bench/reflection.py`'s). It plays `--pair-tasks` training tasks it never imitated
+(no faults, so every failure is its own); each failed episode gives one pair at its failing step
+(`sessionrl.train.llm.negatives`): the best replayed alternative as chosen, and as rejected either the worst
+replayed alternative (counterfactual) or a random action of another task (random). Both pair sets share
+prompts and chosen replies. Two copies of the imitation policy are trained by DPO, one per set, with the
+same settings, then all three are evaluated greedily on the same held-out test tasks with the demo's
+evaluation faults (seeded by the task) and compared task by task (exact McNemar p, bootstrap 95% interval).
 
-Last line: one JSON object with `random_success`, `counterfactual_success`, `sft_success`, `pairs`,
-`failures` and `minutes`.
+Last line: one JSON object with `random_success`, `counterfactual_success`, `sft_success`, the paired
+comparisons' p-values and intervals, `pairs`, `rejected_kinds`, `failures` and `minutes`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import copy
 import random
-import tempfile
+import shutil
 import time
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
+import torch
+from rich.console import Console
 
-from sessionrl.envs import build
-from sessionrl.envs.base import DecisionEnv, Split, Task, stream_seed
-from sessionrl.episodes import EpisodeSpec, RolloutConfig, expert, run_episodes
-from sessionrl.episodes.llm import PolicyAgent, prompt_messages
-from sessionrl.eval.metrics import success_rate, task_success
-from sessionrl.policy.llm import HFPolicy, SamplingConfig
-from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.envs.base import Split, Task
+from sessionrl.eval.metrics import task_success
+from sessionrl.eval.significance import paired_comparison
+from sessionrl.policy.llm import HFPolicy
 from sessionrl.session import Session
-from sessionrl.store import SessionStore
-from sessionrl.train.llm.data import demonstration_turns, merge_turns
-from sessionrl.train.llm.dpo import DPOConfig, DPOTrainer
+from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.demo import demo_config
+from sessionrl.train.llm.dpo import DPOConfig, DPOTrainer, Preference
+from sessionrl.train.llm.loop import Evaluation, evaluate, imitation, in_lockstep, once_per_task, start_run
 from sessionrl.train.llm.negatives import counterfactual_pair, random_pair
-from sessionrl.train.llm.run import split_digits, tokenizer_corpus
-from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
-
-ROLLOUT = RolloutConfig(max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300)
+from sessionrl.train.llm.run import Run, evaluation_view, open_run
 
 
-def play(env: DecisionEnv, policy: HFPolicy, tasks: list[Task], label: str) -> list[Session]:
-    """One greedy episode per task, seeded by the task (no faults, so only the policy differs)."""
-    store = SessionStore.open("sqlite://")
-    specs = [EpisodeSpec(t, f"{label}-{t.task_id}", seed=stream_seed("negatives", t.task_id)) for t in tasks]
-    greedy = copy.copy(policy)
-    greedy.sampling = SamplingConfig(max_new_tokens=64, temperature=0.0)
-    ran = asyncio.run(run_episodes(env, specs, PolicyAgent(greedy, 0), store, ROLLOUT))
-    return [store.get(r.session_id) for r in ran]
+def imitation_policy(config: RunConfig, given: Path | None, console: Console) -> Path:
+    """The folder of the imitation policy: `given`, or the demo's imitation stage run now."""
+    if given is not None:
+        return given
+    with start_run(config, resume=False) as run:
+        imitation(run, console, resume=False)
+    return config.run_dir / "sft_policy"
+
+
+def play(run: Run, policy: HFPolicy, tasks: Sequence[Task], label: str) -> list[Session]:
+    """One greedy episode per task without faults, seeded by the task."""
+    cfg = run.config
+    view = evaluation_view(policy, cfg.evaluation.max_new_tokens)
+    specs = once_per_task(cfg.seed, tasks, label, label, cfg.faults.fixed(0.0), {"stage": "negatives"})
+    return [run.store.get(r.session_id) for r in in_lockstep(run, specs, view)]
+
+
+def pairs_of(run: Run, failed: Sequence[Session]) -> tuple[list[Preference], list[Preference], Counter[str]]:
+    """Counterfactual and random pairs at each failure's failing step; the kinds of the rejected ones."""
+    tasks = {t.task_id: t for t in run.env.tasks(Split.TRAIN)}
+    rng, hard, easy, kinds = random.Random(0), [], [], Counter[str]()
+    for session in failed:
+        task = tasks[str(session.metadata["task_id"])]
+        found = counterfactual_pair(run.env, task, session, run.system, run.config.rollout.max_tool_chars)
+        if found is not None:
+            pair, ranked = found
+            hard.append(pair)
+            easy.append(random_pair(pair, run.env, rng))
+            kinds[ranked[-1].kind] += 1
+    return hard, easy, kinds
+
+
+def outcomes(sessions: Sequence[Session]) -> dict[str, bool]:
+    """Success by task id."""
+    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
+
+
+def compared(results: dict[str, Evaluation], console: Console) -> dict[str, Any]:
+    """Each arm's success and SPT, and the arms compared task by task (printed, and as figures)."""
+    summary: dict[str, Any] = {f"{k}_success": e.metrics.success for k, e in results.items()}
+    summary |= {f"{k}_spt": e.metrics.spt for k, e in results.items()}
+    for first, second in (("sft", "random"), ("sft", "counterfactual"), ("random", "counterfactual")):
+        c = paired_comparison(outcomes(results[first].sessions), outcomes(results[second].sessions))
+        console.print(
+            f"{first} -> {second}: {c.first_rate:.3f} -> {c.second_rate:.3f}, {first} alone "
+            f"{c.first_only}, {second} alone {c.second_only}, McNemar p = {c.p_value:.3g}"
+        )
+        summary |= {
+            f"{second}_vs_{first}_p": round(c.p_value, 6),
+            f"{second}_vs_{first}_ci": c.delta.as_list(),
+        }
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--demos", type=int, default=120)
-    parser.add_argument("--sft-steps", type=int, default=40)
-    parser.add_argument("--pair-tasks", type=int, default=40)
-    parser.add_argument("--dpo-steps", type=int, default=30)
-    parser.add_argument("--eval-tasks", type=int, default=30)
-    parser.add_argument("--hidden-size", type=int, default=64)
-    args = parser.parse_args()
-    started = time.monotonic()
-    env = build("orders", train=args.demos + args.pair_tasks, dev=1, test=args.eval_tasks, time_factor=0)
-    # imitation
-    store = SessionStore.open("sqlite://")
-    demo_tasks = env.tasks(Split.TRAIN)[: args.demos]
-    ran = asyncio.run(run_episodes(env, [EpisodeSpec(t) for t in demo_tasks], expert(env), store, ROLLOUT))
-    demos = [store.get(r.session_id) for r in ran if r.success]
-    system = prompt_messages(env, demo_tasks[0], ROLLOUT)[0].content
-    shape = TinyModelConfig(vocab_size=1024, hidden_size=args.hidden_size, num_layers=2, num_heads=2)
-    with tempfile.TemporaryDirectory() as folder:
-        model, tokenizer = build_tiny_policy(tokenizer_corpus(env, system, demos, 300), shape, Path(folder))
-        split_digits(tokenizer)
-    policy = HFPolicy(model, tokenizer, SamplingConfig(max_new_tokens=64))
-    data = [seq for s in demos for seq in merge_turns(demonstration_turns(s, system, policy, 300))]
-    trainer = SFTTrainer(
-        policy.model, SFTConfig(lr=5e-3, steps=args.sft_steps, batch_sessions=8), tokenizer.pad_token_id
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/bench-negatives"))
+    parser.add_argument(
+        "--sft-policy", type=Path, default=None, help="an imitation policy of the demo's recipe"
     )
-    for step in range(args.sft_steps):
-        trainer.step(random.Random(step).sample(data, min(8, len(data))))
-    # pairs at the failing steps of the imitation policy's failures on unseen training tasks
-    tried = play(env, policy, list(env.tasks(Split.TRAIN)[args.demos :]), "try")
-    tasks = {t.task_id: t for t in env.tasks(Split.TRAIN)}
-    failed = [s for s in tried if task_success(s) is False]
-    rng = random.Random(0)
-    hard, easy = [], []
-    for session in failed:
-        found = counterfactual_pair(env, tasks[str(session.metadata["task_id"])], session, system, 300)
-        if found is not None:
-            hard.append(found[0])
-            easy.append(random_pair(found[0], env, rng))
-    print(f"{len(failed)} failures of {len(tried)} episodes; {len(hard)} pairs")
-    # DPO, one copy per pair set, then the same held-out tasks
-    test = list(env.tasks(Split.TEST))
-    results = {"sft": success_rate(play(env, policy, test, "sft"))}
-    for name, pairs in (("random", easy), ("counterfactual", hard)):
-        student = HFPolicy(copy.deepcopy(policy.model), tokenizer, SamplingConfig(max_new_tokens=64))
-        if pairs:
-            DPOTrainer(student, DPOConfig(beta=0.1, lr=5e-4, steps=args.dpo_steps, batch_size=8)).fit(pairs)
-        results[name] = success_rate(play(env, student, test, name))
-        print(f"{name}: success {results[name]:.3f}")
-    summary = {
-        "random_success": results["random"],
-        "counterfactual_success": results["counterfactual"],
-        "sft_success": results["sft"],
+    parser.add_argument("--pair-tasks", type=int, default=300)
+    parser.add_argument("--dpo-steps", type=int, default=40)
+    parser.add_argument("--dpo-lr", type=float, default=5e-4)
+    parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--eval-tasks", type=int, default=100, help="the demo's held-out test tasks")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started, console = time.monotonic(), Console()
+    shutil.rmtree(args.run_dir, ignore_errors=True)
+    config = demo_config(args.run_dir, eval_tasks=args.eval_tasks)
+    folder = imitation_policy(config, args.sft_policy, console)
+    with open_run(config) as run:
+        run.policy = policy = HFPolicy.load(folder, config.rl.sampling, config.batching)
+        unseen = run.env.tasks(Split.TRAIN)[config.sft.demos :][: args.pair_tasks]
+        tried = play(run, policy, unseen, "try")
+        failed = [s for s in tried if task_success(s) is False]
+        hard, easy, kinds = pairs_of(run, failed)
+        console.print(
+            f"{len(failed)} failures of {len(tried)} episodes; {len(hard)} pairs; rejected: {dict(kinds)}"
+        )
+        results = {"sft": evaluate(run, policy, Split.TEST, args.eval_tasks, "sft")}
+        dpo = DPOConfig(beta=args.beta, lr=args.dpo_lr, steps=args.dpo_steps, batch_size=8)
+        for name, pairs in (("random", easy), ("counterfactual", hard)):
+            student = HFPolicy.load(folder, config.rl.sampling, config.batching)
+            logs = DPOTrainer(student, dpo).fit(pairs)
+            results[name] = evaluate(run, student, Split.TEST, args.eval_tasks, name)
+            console.print(
+                f"{name}: DPO loss {logs[-1].loss:.3f}, pair accuracy {logs[-1].accuracy:.2f}; "
+                f"success {results[name].metrics.success:.3f}"
+            )
+    summary = compared(results, console)
+    summary |= {
         "pairs": len(hard),
+        "rejected_kinds": dict(sorted(kinds.items())),
         "failures": len(failed),
-        "eval_tasks": len(test),
+        "tried": len(tried),
+        "eval_tasks": args.eval_tasks,
         "minutes": round((time.monotonic() - started) / 60, 2),
     }
     print(orjson.dumps(summary).decode())

@@ -1,20 +1,23 @@
 """The three training stages on orders, `stages: [imitation, rl, reflection]`, and correction uplift.
 
-The run is the demo's (`sessionrl.train.llm.demo.demo_config`: tiny model, a small imitation budget, a
-few minutes of GRPO with transient faults), shrunk by the flags (by default to a few minutes on 2 cores:
-too small for the policy to learn much), with reflection as stage 3
-(`sessionrl.train.llm.reflection`): the RL policy's failures on training tasks are reflected on by the
-offline extractor, the expert's corrected retries with the reflection in context are imitated, with the
-root-cause prediction loss weighted from 0.1 to 0.2.
+The run is the demo's (`sessionrl.train.llm.demo.demo_config`: its tiny model, its imitation recipe of
+240 steps on 400 expert sessions, GRPO with transient faults at 15%), with fewer GRPO iterations by
+default (`--rl-iterations`; the demo runs 12), then reflection as stage 3
+(`sessionrl.train.llm.reflection`): the RL policy's failures on `--reflect-tasks` training tasks it never
+imitated are reflected on by the judge's offline extractor, and the expert's corrected retries with the
+reflection in context are imitated (half of each batch, beside the demonstrations), with the root-cause
+prediction loss weighted from 0.1 to 0.2.
 
 CU is measured on held-out failures: the RL policy's failures among the first `--held-out` test tasks,
-each retried once by the RL policy without a reflection and once by the reflection policy with it, on
-the same seeds. `stage2_success` and `stage3_success` are the RL and reflection policies' success on the
-first `--eval-tasks` test tasks (the same tasks and faults).
+each retried once by the RL policy without a reflection and once by the reflection policy with it, on the
+same seeds; `untrained_cu` is the RL policy's own retry with the reflection against without. Success of
+each stage is on the first `--eval-tasks` test tasks (the same tasks and faults for every stage), and the
+stages are compared task by task (exact McNemar p, bootstrap 95% interval of the change).
 
-Prints the dimensions and levels tables after each stage; last line: one JSON object with `cu`,
-`cu_p`, `held_out_failures`, `stage1_success`, `stage2_success`, `stage3_success`, `untrained_cu`,
-`levels` and `minutes`.
+Prints the dimensions and levels tables after each stage and the paired comparisons; last line: one JSON
+object with `cu`, `cu_p`, `cu_ci`, `held_out_failures`, `root_causes`, `retry_success_without`,
+`retry_success_with`, `untrained_cu`, `untrained_cu_p`, `stage1_success`, `stage2_success`,
+`stage3_success`, `stage3_vs_stage2_p`, `stage3_vs_stage2_ci`, `levels` and `minutes`.
 """
 
 from __future__ import annotations
@@ -24,78 +27,122 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
+import torch
 from rich.console import Console
 
-from sessionrl.eval.metrics import success_rate
+from sessionrl.eval.metrics import task_success
 from sessionrl.eval.report import dimensions_table, levels_table
-from sessionrl.train.config import EvalSection, ReflectionSection
+from sessionrl.eval.significance import PairedComparison, paired_comparison
+from sessionrl.session import Session
+from sessionrl.train.config import ReflectionSection, RunConfig
 from sessionrl.train.llm.demo import demo_config
-from sessionrl.train.llm.reflection import train_stages
+from sessionrl.train.llm.reflection import StagesResult, train_stages
 from sessionrl.train.llm.sft import SFTConfig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", type=Path, default=Path("runs/bench-reflection"))
-    parser.add_argument("--hidden-size", type=int, default=64, help="the demo's model is 128 wide")
-    parser.add_argument("--layers", type=int, default=2, help="the demo's model has 4 blocks")
-    parser.add_argument("--sft-steps", type=int, default=80)
-    parser.add_argument("--rl-iterations", type=int, default=4)
-    parser.add_argument("--eval-tasks", type=int, default=16)
-    parser.add_argument("--reflect-tasks", type=int, default=24)
-    parser.add_argument("--held-out", type=int, default=16)
-    parser.add_argument("--reflection-steps", type=int, default=30)
-    args = parser.parse_args()
-    shutil.rmtree(args.run_dir, ignore_errors=True)
+def staged_config(args: argparse.Namespace) -> RunConfig:
+    """The demo's run with reflection as a third stage, at the flags' scale."""
     base = demo_config(args.run_dir, sft_steps=args.sft_steps, rl_iterations=args.rl_iterations)
-    tiny = base.model.tiny
     shape = {
         "hidden_size": args.hidden_size,
         "num_layers": args.layers,
         "intermediate_size": 4 * args.hidden_size,
     }
-    model = base.model.model_copy(update={"tiny": dataclasses.replace(tiny, **shape)})
-    config = base.model_copy(
+    model = base.model.model_copy(update={"tiny": dataclasses.replace(base.model.tiny, **shape)})
+    trainer = SFTConfig(
+        lr=args.reflection_lr, steps=args.reflection_steps, batch_sessions=8, token_budget=8192
+    )
+    return base.model_copy(
         update={
             "model": model,
             "stages": ("imitation", "rl", "reflection"),
-            "evaluation": EvalSection(split=base.evaluation.split, tasks=args.eval_tasks, gate_tasks=10),
+            "evaluation": base.evaluation.model_copy(update={"tasks": args.eval_tasks}),
             "reflection": ReflectionSection(
-                tasks=args.reflect_tasks,
-                held_out=args.held_out,
-                trainer=SFTConfig(lr=2e-3, steps=args.reflection_steps, batch_sessions=8, token_budget=8192),
+                tasks=args.reflect_tasks, held_out=args.held_out, trainer=trainer
             ),
         }
     )
+
+
+def outcomes(sessions: tuple[Session, ...]) -> dict[str, bool]:
+    """Success by task id."""
+    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
+
+
+def described(name: str, c: PairedComparison) -> str:
+    """One line: the two rates, who alone solved what, McNemar's p and the interval of the change."""
+    low, high = c.delta.as_list()
+    return (
+        f"{name}: {c.first_rate:.3f} -> {c.second_rate:.3f} on {c.tasks} tasks (first alone {c.first_only}, "
+        f"second alone {c.second_only}); McNemar p = {c.p_value:.3g}; change {c.delta.estimate:+.3f}, "
+        f"95% CI [{low:+.3f}, {high:+.3f}]"
+    )
+
+
+def summary(result: StagesResult, console: Console) -> dict[str, Any]:
+    """The paired comparisons, printed, and the JSON summary's figures."""
+    by_stage = {r.stage: r for r in result.stages}
+    stage2, stage3 = by_stage.get("rl"), by_stage.get("reflection")
+    out: dict[str, Any] = {
+        f"stage{i}_success": by_stage[s].metrics.success if s in by_stage else None
+        for i, s in enumerate(("imitation", "rl", "reflection"), 1)
+    }
+    if stage2 is not None and stage3 is not None:
+        stages = paired_comparison(outcomes(stage2.sessions), outcomes(stage3.sessions))
+        console.print(described("success, stage 2 -> stage 3", stages), markup=False, highlight=False)
+        out |= {"stage3_vs_stage2_p": round(stages.p_value, 6), "stage3_vs_stage2_ci": stages.delta.as_list()}
+    uplift = result.uplift
+    if uplift is not None and uplift.failures:
+        cu = uplift.comparison()
+        untrained = paired_comparison(outcomes(uplift.without), outcomes(uplift.untrained_with_reflection))
+        console.print(described("CU, retry without -> with reflection", cu), markup=False, highlight=False)
+        console.print(described("untrained CU (stage 2 both)", untrained), markup=False, highlight=False)
+        out |= {
+            "cu": uplift.cu,
+            "cu_p": round(cu.p_value, 6),
+            "cu_ci": cu.delta.as_list(),
+            "held_out_failures": uplift.failures,
+            "root_causes": dict(uplift.causes),
+            "retry_success_without": cu.first_rate,
+            "retry_success_with": cu.second_rate,
+            "untrained_cu": untrained.second_rate - untrained.first_rate,
+            "untrained_cu_p": round(untrained.p_value, 6),
+        }
+    else:
+        out |= {"cu": None, "held_out_failures": 0}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/bench-reflection"))
+    parser.add_argument("--hidden-size", type=int, default=128, help="the demo's model is 128 wide")
+    parser.add_argument("--layers", type=int, default=4, help="the demo's model has 4 blocks")
+    parser.add_argument("--sft-steps", type=int, default=240, help="the demo's imitation steps")
+    parser.add_argument("--rl-iterations", type=int, default=4, help="the demo runs 12")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="the demo's held-out test tasks")
+    parser.add_argument("--reflect-tasks", type=int, default=200)
+    parser.add_argument("--held-out", type=int, default=100)
+    parser.add_argument("--reflection-steps", type=int, default=60)
+    parser.add_argument("--reflection-lr", type=float, default=2e-3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shutil.rmtree(args.run_dir, ignore_errors=True)
+    config = staged_config(args)
     console = Console()
     started = time.monotonic()
     result = train_stages(config, console=console)
-    minutes = (time.monotonic() - started) / 60
     title = f"orders · test · {args.eval_tasks} tasks"
     console.print(dimensions_table({r.stage: r.dimensions() for r in result.stages}, title=title))
     console.print(levels_table({r.stage: r.levels for r in result.stages}, title=f"{title} · levels"))
-    success = {r.stage: r.metrics.success for r in result.stages}
-    uplift = result.uplift
-    summary = {
-        "cu": uplift.cu if uplift is not None else None,
-        "cu_p": uplift.p_value if uplift is not None else None,
-        "held_out_failures": uplift.failures if uplift is not None else 0,
-        "retry_success_without": success_rate(uplift.without) if uplift and uplift.without else None,
-        "retry_success_with": success_rate(uplift.with_reflection) if uplift and uplift.failures else None,
-        "untrained_cu": (
-            success_rate(uplift.untrained_with_reflection) - success_rate(uplift.without)
-            if uplift is not None and uplift.failures
-            else None
-        ),
-        "stage1_success": success.get("imitation"),
-        "stage2_success": success.get("rl"),
-        "stage3_success": success.get("reflection"),
-        "levels": {r.stage: r.levels.as_dict()["reached"] for r in result.stages},
-        "minutes": round(minutes, 2),
-    }
-    print(orjson.dumps(summary).decode())
+    figures = summary(result, console)
+    figures["levels"] = {r.stage: r.levels.as_dict()["reached"] for r in result.stages}
+    figures["minutes"] = round((time.monotonic() - started) / 60, 2)
+    print(orjson.dumps(figures).decode())
 
 
 if __name__ == "__main__":

@@ -184,9 +184,15 @@ class DPOTrainer:
         pairs = [tokenize_preference(p, self.policy) for p in preferences]
         if not pairs:
             raise ValueError("DPO needs at least one preference pair")
-        # reference: the frozen model's log-probabilities, once per pair
+        # reference: the frozen model's log-probabilities, once per pair (a batch at a time, so the logits
+        # of every pair are never held at once)
         with torch.no_grad():
-            ref_chosen, ref_rejected = self.logprobs(self.reference, pairs)
+            chunks = [
+                self.logprobs(self.reference, pairs[i : i + cfg.batch_size])
+                for i in range(0, len(pairs), cfg.batch_size)
+            ]
+        ref_chosen = torch.cat([c for c, _ in chunks])
+        ref_rejected = torch.cat([r for _, r in chunks])
         order = random.Random(cfg.seed)
         logs = []
         model.train()

@@ -1,11 +1,14 @@
 """The third training stage, reflection, and the staged run `stages: [imitation, rl, reflection]`.
 
-    try       the RL policy attempts `reflection.tasks` training tasks
+    try       the RL policy attempts `reflection.tasks` training tasks (past the demonstrated ones, when the
+              split has them: the imitated tasks are the ones it fails least, and least like held-out ones)
     reflect   each failure gets a reflection record from the judge's offline extractor (stored as feedback)
     correct   the expert replays each failed task with the reflection in its request: corrected retries
-    train     SFT on the corrected retries (and the imitation demonstrations, so nothing is forgotten), plus
-              a root-cause prediction loss: after a failed transcript and `ROOT_CAUSE_QUESTION`, the
-              answer `root cause: <cause>`, weighted from `root_cause_weight[0]` to `[1]` (the L5 weight,
+    train     SFT on the corrected retries and the imitation demonstrations, half a batch each (the
+              retries are few beside the demonstrations; drawn uniformly from both, a batch would seldom
+              hold one, and the policy would never learn to read a reflection), plus a root-cause
+              prediction loss on half a batch more: after a failed transcript and `ROOT_CAUSE_QUESTION`,
+              the answer `root cause: <cause>`, weighted from `root_cause_weight[0]` to `[1]` (the L5 weight,
               0.1 → 0.2) over the stage's steps ──▶ reflection_policy/
     measure   correction uplift on held-out failures: the RL policy's failures on the report split, each
               retried once by the RL policy without a reflection and once by the reflection policy with
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +37,7 @@ from sessionrl.episodes.llm import PolicyAgent
 from sessionrl.eval.curriculum import expert_steps
 from sessionrl.eval.levels import LevelReport, assess
 from sessionrl.eval.metrics import AgentMetrics, success_rate, task_success
-from sessionrl.eval.significance import mcnemar_p
+from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.reflection import (
     ROOT_CAUSE_QUESTION,
@@ -215,35 +219,49 @@ class Uplift:
             return None
         return success_rate(self.with_reflection) - success_rate(self.without)
 
+    causes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """How many of the failures the judge put down to each root cause."""
+
+    def comparison(self, against: Sequence[Session] | None = None) -> PairedComparison:
+        """The retries with the reflection (stage 3) against `against` (by default the plain retries of
+        stage 2), paired by task: McNemar's exact p and the bootstrap interval of the change."""
+        return paired_comparison(
+            _outcomes(self.without if against is None else against), _outcomes(self.with_reflection)
+        )
+
     @property
     def p_value(self) -> float:
         """McNemar's p of the paired retries."""
-        pairs = list(zip(self.without, self.with_reflection, strict=True))
-        first_only = sum(task_success(a) is True and task_success(b) is not True for a, b in pairs)
-        second_only = sum(task_success(b) is True and task_success(a) is not True for a, b in pairs)
-        return mcnemar_p(first_only, second_only)
+        return self.comparison().p_value
+
+
+def _outcomes(sessions: Sequence[Session]) -> dict[str, bool]:
+    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
 
 
 def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
     """Try, reflect, correct and train (see the module doc); exports `reflection_policy/` and returns what
     the stage used and its last losses."""
     cfg, rc, policy = run.config, run.config.reflection, run.need_policy()
-    tried = attempt(run, policy, run.env.tasks(Split.TRAIN)[: rc.tasks], "s3-try", "s3-try")
+    tried = attempt(run, policy, practice_tasks(run), "s3-try", "s3-try")
     failed = reflect_on(run, tried)
     retries = corrected_retries(run, failed)
     demos = [s for s in run.store.iter_sessions() if s.metadata.get("stage") == "demo" and task_success(s)]
-    examples = weighted(demonstrations(run, policy, [*retries, *demos]), 1.0)
+    corrected = weighted(demonstrations(run, policy, retries), 1.0)
+    imitated = weighted(demonstrations(run, policy, demos), 1.0)
     causes = root_cause_sequences(run, policy, failed)
     trainer = ReflectionTrainer(policy.model, rc.trainer, policy.tokenizer.pad_token_id)
     record: dict[str, Any] = {"tried": len(tried), "failed": len(failed), "corrected": len(retries)}
     run.log.write("reflection", 0, record)
+    console.print(f"reflection: {len(failed)} of {len(tried)} tries failed; {len(retries)} corrected retries")
     with progress(console, "reflection", rc.trainer.steps) as bar:
         for step in range(rc.trainer.steps):
             # batch: corrected retries and demonstrations, then root-cause answers at this step's weight
             rng = random.Random(stream_seed(cfg.seed, "reflection", step, bits=SEED_BITS))
-            batch = rng.sample(examples, min(rc.trainer.batch_sessions, len(examples)))
+            batch = halves(rng, corrected, imitated, rc.trainer.batch_sessions)
             weight = root_cause_weight(step, rc.trainer.steps, rc.root_cause_weight)
-            batch += weighted(rng.sample(causes, min(rc.trainer.batch_sessions, len(causes))), -weight)
+            cause_batch = rng.sample(causes, min(max(rc.trainer.batch_sessions // 2, 1), len(causes)))
+            batch += weighted(cause_batch, -weight)
             # update
             stats = trainer.step(batch)
             # log
@@ -254,11 +272,40 @@ def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
     return record
 
 
-def held_out_uplift(run: Run, stage2: HFPolicy, stage3: HFPolicy) -> Uplift:
-    """CU on the RL policy's failures among the first `reflection.held_out` report-split tasks."""
+def practice_tasks(run: Run) -> list[Task]:
+    """The `reflection.tasks` training tasks the RL policy tries: the first past the `sft.demos`
+    demonstrated ones, or the first of the split when it has too few past them."""
+    tasks, n = run.env.tasks(Split.TRAIN), run.config.reflection.tasks
+    unseen = tasks[run.config.sft.demos :]
+    return list(unseen[:n] if len(unseen) >= n else tasks[:n])
+
+
+def halves(
+    rng: random.Random, first: Sequence[TokenSequence], second: Sequence[TokenSequence], size: int
+) -> list[TokenSequence]:
+    """A batch of `size`: half drawn from `first` (all it has when it has fewer), the rest from `second`;
+    all from one when the other is empty, fewer when both run short.
+
+    >>> len(halves(random.Random(0), ["a"] * 3, ["b"] * 9, 8)), halves(random.Random(0), [], ["b"], 4)
+    (8, ['b'])
+    """
+    take = min(len(first), size // 2 if second else size)
+    batch = rng.sample(list(first), take)
+    return batch + rng.sample(list(second), min(size - take, len(second)))
+
+
+def held_out_uplift(
+    run: Run, stage2: HFPolicy, stage3: HFPolicy, evaluated: Sequence[Session] = ()
+) -> Uplift:
+    """CU on the RL policy's failures among the first `reflection.held_out` report-split tasks.
+
+    `evaluated` are the RL policy's evaluation sessions on the report split, if any: they are its first
+    attempts (same greedy policy, same seeds), so the tasks they cover are not run again."""
     cfg = run.config
     tasks = run.env.tasks(cfg.evaluation.split)[: cfg.reflection.held_out]
-    first = attempt(run, stage2, tasks, "cu-first", "eval")
+    done = {str(s.metadata["task_id"]): s for s in evaluated}
+    first = [done[t.task_id] for t in tasks if t.task_id in done]
+    first += attempt(run, stage2, [t for t in tasks if t.task_id not in done], "cu-first", "eval")
     failed = reflect_on(run, first)
     by_id = {t.task_id: t for t in tasks}
     plain = [by_id[str(s.metadata["task_id"])] for s, _ in failed]
@@ -270,7 +317,8 @@ def held_out_uplift(run: Run, stage2: HFPolicy, stage3: HFPolicy) -> Uplift:
     without = attempt(run, stage2, plain, "cu-retry", "cu-retry", marks(False))
     with_ = attempt(run, stage3, reflected, "cu-reflected", "cu-retry", marks(True))
     untrained = attempt(run, stage2, reflected, "cu-reflected-rl", "cu-retry")
-    return Uplift(len(failed), tuple(without), tuple(with_), tuple(untrained))
+    causes = Counter(r.root_cause.value for _, r in failed)
+    return Uplift(len(failed), tuple(without), tuple(with_), tuple(untrained), dict(sorted(causes.items())))
 
 
 # the staged run
@@ -284,6 +332,8 @@ class StageReport:
     metrics: AgentMetrics
     cu: float | None
     levels: LevelReport
+    sessions: tuple[Session, ...] = ()
+    """The stage's evaluation sessions on the report split (what `metrics` were computed from)."""
 
     def dimensions(self) -> dict[str, float | None]:
         """The five dimensions."""
@@ -307,7 +357,7 @@ def train_stages(config: RunConfig, *, console: Console | None = None) -> Stages
     result = train(config, console=console)
     steps = expert_steps(config.env.build())
     reports = [
-        StageReport(stage, e.metrics, None, assess(e.sessions, config.levels, steps_of=steps))
+        StageReport(stage, e.metrics, None, assess(e.sessions, config.levels, steps_of=steps), e.sessions)
         for stage, label in (("imitation", "sft"), ("rl", "rl"))
         if (e := result.report.get(label)) is not None
     ]
@@ -317,11 +367,11 @@ def train_stages(config: RunConfig, *, console: Console | None = None) -> Stages
         load = (run.folder / "rl_policy", config.rl.sampling, config.batching)
         run.policy = HFPolicy.load(*load)
         reflection_stage(run, console)
-        uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy)
+        uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy, result.report["rl"].sessions)
         final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, "reflection")
         sessions = [*final.sessions, *uplift.without, *uplift.with_reflection]
         levels = assess(sessions, config.levels, steps_of=steps)
-        reports.append(StageReport("reflection", final.metrics, uplift.cu, levels))
+        reports.append(StageReport("reflection", final.metrics, uplift.cu, levels, final.sessions))
         for report in reports:
             run.log.write("stages", 0, {"of": report.stage, **report.dimensions(), **report.levels.as_dict()})
     return StagesResult(result, tuple(reports), uplift)
@@ -334,7 +384,9 @@ __all__ = [
     "Uplift",
     "attempt",
     "corrected_retries",
+    "halves",
     "held_out_uplift",
+    "practice_tasks",
     "reflect_on",
     "reflection_stage",
     "root_cause_sequences",
