@@ -18,10 +18,8 @@ through the same gateway and agent.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import orjson
@@ -29,6 +27,7 @@ import pytest
 import torch
 from openai import OpenAI
 
+from example_agents_support import load_example
 from sessionrl.capture.dataset import stored_sessions
 from sessionrl.envs.base import Split, Task
 from sessionrl.envs.registry import build
@@ -45,21 +44,10 @@ from sessionrl.train.llm.run import split_digits
 ENV = {"train": 24, "dev": 2, "test": 12}
 MODEL = TinyModelConfig(vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 GREEDY = SamplingConfig(max_new_tokens=40, temperature=0)
-REPO = Path(__file__).resolve().parents[2]
 WRITER = "writer"
 
 
-def example(name: str) -> ModuleType:
-    """A module of examples/agents, loaded from its file (the examples are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "agents" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-AGENT, DEMO = example("openai_agent"), example("gateway_demo")
+AGENT, DEMO = load_example("openai_agent"), load_example("gateway_demo")
 
 
 def gateway(db: Path, chat: PolicyChat) -> Any:

@@ -4,9 +4,7 @@ replaying the tasks the captured sessions name."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import orjson
@@ -14,6 +12,7 @@ import pytest
 from openai import OpenAI
 from pydantic import ValidationError
 
+from example_agents_support import load_example
 from sessionrl.envs.base import Split
 from sessionrl.envs.registry import build
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
@@ -25,23 +24,13 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.loop import train, train_sft
 from tiny_run_support import tiny_run
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = tiny_run(trainer="sft")
-
-
-def example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "agents" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def captured_store(tmp_path: Path) -> str:
     """Three orders sessions of the example agent through the gateway, on training tasks of the run's
     environment which their metadata names, and one session whose only call failed (naming no task)."""
-    agent, demo = example("openai_agent"), example("gateway_demo")
+    agent, demo = load_example("openai_agent"), load_example("gateway_demo")
     desk = demo.OrdersDesk(n_tasks=3, split=Split.TRAIN, env=build("orders", **TINY["env"]))
     url = f"sqlite:///{tmp_path / 'captured.db'}"
     config = ServiceConfig(db_url=url, tokens=parse_tokens("tok:read,write"))

@@ -3,18 +3,17 @@ tools for an agent, and a scripted chat backend that solves its tasks with real 
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import uvicorn
 
+from example_agents_support import load_example
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,16 +51,6 @@ def gateway_app(db_url: str, **kwargs: Any) -> Any:
     fields = {k: kwargs.pop(k) for k in names if k in kwargs}
     config = ServiceConfig(db_url=db_url, tokens=TOKENS, **fields)
     return create_app(config, skills=[], **kwargs)
-
-
-def load_example(name: str) -> ModuleType:
-    """A module of examples/agents, loaded from its file (the examples are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / "agents" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 OrdersDesk: Any = load_example("gateway_demo").OrdersDesk
