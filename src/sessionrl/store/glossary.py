@@ -13,7 +13,8 @@ of each concept it mentions. So the typed query and a hand-written one agree:
     SELECT session_id FROM comment_terms WHERE term = 'chronic disease'
 
 The views are computed when read (nothing is stored per comment), so a change to `TERMS` applies to every
-stored comment at once.
+stored comment at once: opening a store (re)makes its views when they are missing or were made from other
+statements (SQLite remakes them on every open; PostgreSQL keeps their statements' hash in `store_meta`).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ alone, as SQLite's `LIKE` does. For SQL users:
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -47,6 +48,8 @@ from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.backend import Connection
 from sessionrl.store.dialect import check_read_only_text, contains_pattern
 from sessionrl.store.glossary import view_ddl
+
+_log = logging.getLogger(__name__)
 
 LAYOUT = 2
 """Layout version of the store's tables on PostgreSQL, kept in `store_meta` (SQLite's has its own; 2 added
@@ -258,7 +261,7 @@ class PostgresBackend:
 
     def _create_tables(self) -> None:
         """Create the tables of a new store, or check the layout of an existing one (which needs no
-        right beyond reading it)."""
+        right beyond reading it); either way, bring the glossary's views up to date when they are not."""
         with self.atomic() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (DDL_LOCK,))
             found = 0
@@ -277,13 +280,10 @@ class PostgresBackend:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
                 self.writer.execute(DDL)
                 conn.execute(TEXT_INDEX_DDL)
-                for statement in view_ddl("ILIKE", ' COLLATE "C"'):  # see sessionrl.store.glossary
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO store_meta (key, value) VALUES ('layout', ?)"
-                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (LAYOUT,),
-                )
+                _create_views(conn)
+                _set_meta(conn, "layout", LAYOUT)
+            elif not _views_current(conn):
+                _create_views(conn)
 
     def _begin(self, role: str, begin: str) -> psycopg.Connection[Any]:
         """Start a transaction on the `writer` or `reader` connection, first connecting again if the
@@ -398,6 +398,46 @@ class PostgresBackend:
             self.writer.close()
             if hasattr(self, "reader"):
                 self.reader.close()
+
+
+def _view_statements() -> tuple[str, ...]:
+    """The glossary's views as this version spells them on PostgreSQL (see `sessionrl.store.glossary`)."""
+    return view_ddl("ILIKE", ' COLLATE "C"')
+
+
+def _views_current(conn: PostgresConnection) -> bool:
+    """Whether both glossary views exist and were made from this version's statements (their hash is the
+    `store_meta` row `views`): a store made before the views existed, or before the glossary changed,
+    lacks them or holds an older glossary, whatever its layout."""
+    row = conn.execute(
+        "SELECT (SELECT value FROM store_meta WHERE key = 'views'),"
+        " to_regclass('glossary') IS NOT NULL AND to_regclass('comment_terms') IS NOT NULL"
+    ).fetchone()
+    return row is not None and bool(row[1]) and row[0] == lock_key("\n".join(_view_statements()))
+
+
+def _create_views(conn: PostgresConnection) -> None:
+    """(Re)create the glossary views and record which statements made them. A role that may only read
+    the store opens it all the same, without the views, saying so: they are a convenience for SQL users,
+    and the typed `comment_mentions` filter does not read them."""
+    statements = _view_statements()
+    conn.execute("SAVEPOINT views")
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        _set_meta(conn, "views", lock_key("\n".join(statements)))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        conn.execute("ROLLBACK TO SAVEPOINT views")
+        _log.warning("the glossary views could not be brought up to date: %s", str(exc).strip())
+    conn.execute("RELEASE SAVEPOINT views")
+
+
+def _set_meta(conn: PostgresConnection, key: str, value: int) -> None:
+    conn.execute(
+        "INSERT INTO store_meta (key, value) VALUES (?, ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:
