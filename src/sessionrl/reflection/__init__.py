@@ -3,6 +3,7 @@ offline extractor or by the policy, and put into the context of the retry."""
 
 from sessionrl.reflection.extract import reflect
 from sessionrl.reflection.record import (
+    ANNOTATOR,
     ROOT_CAUSE_QUESTION,
     Reflection,
     RootCause,
@@ -12,6 +13,7 @@ from sessionrl.reflection.record import (
 )
 
 __all__ = [
+    "ANNOTATOR",
     "ROOT_CAUSE_QUESTION",
     "Reflection",
     "RootCause",

@@ -7,7 +7,8 @@
     aaac   structured imitation, then AAAC                  sessionrl.train.structured.run.train_structured
 
 A config with `stages:` runs the grpo loop stage by stage (`sessionrl.train.llm.reflection.train_stages`;
-`[imitation, rl, reflection]` adds reflection as stage 3) and reports each stage.
+`[imitation, rl, reflection]` adds reflection as stage 3) and reports each stage; it resumes from the
+loop's last checkpoint, and runs reflection again from the RL policy.
 
 Each writes under `config.run_dir` (config.yaml, metrics.jsonl, the exported policies) and ends with an
 evaluation of what it exported. Only the LLM loop (`sft`, `grpo`) keeps checkpoints, so only it resumes.
@@ -37,9 +38,7 @@ def run_trainer(
             f"trainer {config.trainer} keeps no checkpoint to resume; only sft and grpo runs resume"
         )
     if config.stages is not None:
-        if resume:
-            raise ValueError("a staged run (`stages:`) does not resume; start it in a new run_dir")
-        return train_stages(config, console=console)
+        return train_stages(config, resume=resume, console=console)
     match config.trainer:
         case Trainer.SFT:
             return train_sft(config, resume=resume, console=console)

@@ -40,6 +40,7 @@ from sessionrl.eval.metrics import AgentMetrics, success_rate, task_success
 from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.reflection import (
+    ANNOTATOR,
     ROOT_CAUSE_QUESTION,
     Reflection,
     RootCause,
@@ -99,9 +100,11 @@ def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Ref
     for session in sessions:
         task = tasks[str(session.metadata["task_id"])]
         reflection = reflect(session, run.env.expert(task))
-        if reflection is not None:
+        if reflection is None:
+            continue
+        if not any(f.annotator == ANNOTATOR for f in session.feedback):  # a resumed run reflected already
             run.store.append(session.session_id, FeedbackAdded(feedback=reflection.as_feedback()))
-            out.append((session, reflection))
+        out.append((session, reflection))
     return out
 
 
@@ -350,11 +353,16 @@ class StagesResult:
     uplift: Uplift | None
 
 
-def train_stages(config: RunConfig, *, console: Console | None = None) -> StagesResult:
+def train_stages(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> StagesResult:
     """Imitation and RL (`train`), then reflection when `config.stages` names it and RL ran; a report
-    after each stage (see the module doc)."""
+    after each stage (see the module doc).
+
+    With `resume`, an interrupted run goes on from the last checkpoint of the grpo loop (imitation's every
+    25 steps, RL's every iteration; a finished stage is not run again). The reflection stage keeps no
+    checkpoint: it runs again from `rl_policy/`, and the episodes it had already finished (tries,
+    corrected retries, CU retries) are read back from the store, not played again."""
     console = console or Console()
-    result = train(config, console=console)
+    result = train(config, resume=resume, console=console)
     steps = expert_steps(config.env.build())
     reports = [
         StageReport(stage, e.metrics, None, assess(e.sessions, config.levels, steps_of=steps), e.sessions)
