@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from sessionrl.train.llm.packing import length_buckets, segment_attention
+from sessionrl.train.llm.packing import length_buckets, plan_segments, segment_attention
 
 
 def test_each_segment_attends_causally_to_itself_alone_whatever_its_bucket() -> None:
@@ -42,3 +42,29 @@ def test_segment_attention_refuses_a_mask_or_missing_boundaries() -> None:
         segment_attention(SimpleNamespace(), x, x, x, None)
     with pytest.raises(ValueError, match="no mask"):
         segment_attention(SimpleNamespace(), x, x, x, torch.ones(1, 4), cu_seq_lens_q=torch.tensor([0, 4]))
+
+
+def test_a_segment_sees_its_parents_context_then_its_parent_then_itself() -> None:
+    # segments [0, 3) root, [3, 5) after it, [5, 6) after that, [6, 8) after the root
+    plan = plan_segments([0, 3, 5, 6, 8], [-1, 0, 1, 0], torch.device("cpu"))
+    seen: dict[int, list[int]] = {}
+    for group in plan.groups:
+        for row in range(group.query.shape[0]):
+            for slot in range(int(group.real[row].sum())):
+                visible = group.key[row] if group.mask is None else group.key[row][group.mask[row, 0, slot]]
+                if group.mask is None:
+                    visible = visible[: slot + 1]
+                seen[int(group.query[row, slot])] = sorted(set(visible.tolist()))
+    assert seen == {
+        0: [0],
+        1: [0, 1],
+        2: [0, 1, 2],
+        3: [0, 1, 2, 3],
+        4: [0, 1, 2, 3, 4],
+        5: [0, 1, 2, 3, 4, 5],
+        6: [0, 1, 2, 6],
+        7: [0, 1, 2, 6, 7],
+    }
+    assert sorted(plan.positions.tolist()) == list(range(8))
+    with pytest.raises(ValueError, match="does not come before"):
+        plan_segments([0, 2, 4], [1, -1], torch.device("cpu"))
