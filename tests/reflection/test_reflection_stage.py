@@ -1,25 +1,42 @@
 """Stage 3's data and trainer on a tiny model: root-cause answers after a failed transcript, weighted
-sequences, and a weighted SFT step that lowers both the retry and the root-cause losses."""
+sequences, a weighted SFT step that lowers both the retry and the root-cause losses, and the policy's own
+reflection once it has learned to name a cause."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.episodes import EpisodeSpec, ScriptedAgent, run_episodes
+from sessionrl.episodes import EpisodeSpec, RolloutConfig, ScriptedAgent, run_episodes
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
-from sessionrl.reflection import ROOT_CAUSE_QUESTION, RootCause, reflect
+from sessionrl.reflection import (
+    ANNOTATOR,
+    ROOT_CAUSE_QUESTION,
+    RootCause,
+    reflect,
+    root_cause_answer,
+    with_reflection,
+)
 from sessionrl.session import Session
 from sessionrl.store import SessionStore
+from sessionrl.train.config import EnvSection, RunConfig
 from sessionrl.train.llm.data import demonstration_turns, merge_turns
-from sessionrl.train.llm.reflection import ReflectionTrainer, root_cause_turn, transcript, weighted
+from sessionrl.train.llm.reflection import (
+    ReflectionTrainer,
+    root_cause_turn,
+    self_reflect,
+    transcript,
+    weighted,
+)
+from sessionrl.train.llm.run import open_run
 from sessionrl.train.llm.sft import SFTConfig
 
 ENV = OrdersEnv(DomainConfig(train=6, dev=1, test=1, time_factor=0))
@@ -71,3 +88,36 @@ def test_a_weighted_step_lowers_retry_and_root_cause_losses(policy: HFPolicy) ->
     assert last.parts["retry_nll"] < first.parts["retry_nll"]
     assert last.parts["root_cause_nll"] < first.parts["root_cause_nll"]
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_policy_that_learned_root_causes_reflects_itself_once(tmp_path: Path) -> None:
+    config = RunConfig(
+        run_dir=tmp_path / "run",
+        env=EnvSection(train=6, dev=1, test=1),
+        rollout=RolloutConfig(max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=120),
+    )
+    with open_run(config) as run:
+        task = run.env.tasks(Split.TRAIN)[0]
+        plan = run.env.expert(task)
+        short = ScriptedAgent("short", lambda _: dataclasses.replace(plan, steps=plan.steps[:-1]))
+        (ran,) = asyncio.run(run_episodes(run.env, [EpisodeSpec(task)], short, run.store))
+        failed = run.store.get(ran.session_id)
+        texts = [run.system, failed.user_query, ROOT_CAUSE_QUESTION, root_cause_answer(RootCause.WRONG_ORDER)]
+        shape = TinyModelConfig(
+            vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+        )
+        model, tokenizer = build_tiny_policy(texts * 3, shape, tmp_path / "tiny")
+        run.policy = policy = HFPolicy(model, tokenizer)
+        # taught to name a cause (not the judge's: what the policy says is what it reflects)
+        turn = root_cause_turn(failed, RootCause.WRONG_ORDER, run.system, policy, 120)
+        config_sft = SFTConfig(lr=0.02, steps=40, warmup_steps=0, cosine=False)
+        trainer = ReflectionTrainer(model, config_sft, tokenizer.pad_token_id)
+        for _ in range(40):
+            trainer.step(weighted(merge_turns([turn]), 1.0))
+        notes = self_reflect(run, policy, [failed])
+        assert notes[failed.session_id].root_cause is RootCause.WRONG_ORDER
+        assert notes[failed.session_id].source == "policy"
+        assert "Root cause: wrong_order" in with_reflection(task, notes[failed.session_id]).instruction
+        self_reflect(run, policy, [run.store.get(failed.session_id)])  # a resumed run asks again
+        stored = [f for f in run.store.get(failed.session_id).feedback if f.annotator == ANNOTATOR]
+        assert [f.data["reflection"]["source"] for f in stored] == ["policy"]

@@ -4,9 +4,11 @@ offline extractor or by the policy, and put into the context of the retry."""
 from sessionrl.reflection.extract import reflect
 from sessionrl.reflection.record import (
     ANNOTATOR,
+    GENERIC_PLANS,
     ROOT_CAUSE_QUESTION,
     Reflection,
     RootCause,
+    cause_reflection,
     parse_root_cause,
     root_cause_answer,
     with_reflection,
@@ -14,9 +16,11 @@ from sessionrl.reflection.record import (
 
 __all__ = [
     "ANNOTATOR",
+    "GENERIC_PLANS",
     "ROOT_CAUSE_QUESTION",
     "Reflection",
     "RootCause",
+    "cause_reflection",
     "parse_root_cause",
     "reflect",
     "root_cause_answer",

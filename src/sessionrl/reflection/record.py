@@ -2,7 +2,8 @@
 and the smallest plan that corrects it.
 
 A record is written for a failed session by the judge (`sessionrl.reflection.extract.reflect`, the offline
-extractor) or by the policy (`parse_reflection` reads its answer). It goes into the retry's context as text
+extractor) or by the policy (asked `ROOT_CAUSE_QUESTION`; `parse_root_cause` reads its answer, and
+`cause_reflection` makes the record from the cause alone). It goes into the retry's context as text
 (`Reflection.as_text`, `with_reflection`), and into the failed session as a `comment` feedback
 (`Reflection.as_feedback`), so the store keeps what was concluded and by whom.
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from sessionrl.envs.base import Task
 from sessionrl.session import Anchor, Feedback, FeedbackType
@@ -89,6 +91,32 @@ def with_reflection(task: Task, reflection: Reflection) -> Task:
     return dataclasses.replace(task, instruction=f"{task.instruction}\n{reflection.as_text()}")
 
 
+GENERIC_PLANS: Final[Mapping[RootCause, tuple[str, str]]] = {
+    RootCause.WRONG_TOOL: ("do not call a tool the request does not ask for", "no_extra_actions"),
+    RootCause.BAD_PARAMETER: (
+        "call each tool with the values the request and earlier results give",
+        "pattern",
+    ),
+    RootCause.WRONG_ORDER: ("make each call only after the calls it depends on", "pattern"),
+    RootCause.MISSING_STEP: ("make every call the request needs before answering", "pattern"),
+    RootCause.IGNORED_ERROR: ("call a tool again when it fails, before going on", "pattern"),
+    RootCause.HALLUCINATED_RESULT: ("state only what the calls returned", "message"),
+}
+"""Each cause's corrective step and the check it should make pass, when who reflects knows only the cause."""
+
+
+def cause_reflection(session_id: str, cause: RootCause, source: str = "policy") -> Reflection:
+    """A reflection that knows only its root cause (the policy's own, which names a cause and no more):
+    the cause's generic corrective step (`GENERIC_PLANS`).
+
+    >>> cause_reflection("s1", RootCause.IGNORED_ERROR).as_text().split(". Hypothesis")[0]
+    'Reflection on the last attempt. Root cause: ignored_error'
+    """
+    step, check = GENERIC_PLANS[cause]
+    hypothesis = f"Correcting the {cause.value.replace('_', ' ')} makes the `{check}` check pass."
+    return Reflection(session_id, cause, hypothesis, (step,), check, source=source)
+
+
 ROOT_CAUSE_QUESTION = "The attempt above failed. What was the root cause?"
 """What a policy is asked after a failed transcript, to reflect itself (and to learn root causes)."""
 
@@ -122,9 +150,11 @@ def parse_root_cause(text: str) -> RootCause | None:
 
 __all__ = [
     "ANNOTATOR",
+    "GENERIC_PLANS",
     "ROOT_CAUSE_QUESTION",
     "Reflection",
     "RootCause",
+    "cause_reflection",
     "parse_root_cause",
     "root_cause_answer",
     "with_reflection",

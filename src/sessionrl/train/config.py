@@ -227,6 +227,11 @@ class ReflectionSection(Section):
     root_cause_weight: tuple[float, float] = Field(
         default=(0.1, 0.2), description="Weight of the root-cause prediction loss (L5), first to last step."
     )
+    reflector: Literal["judge", "policy"] = Field(
+        default="judge",
+        description="Who writes the reflection a held-out retry reads: the judge's offline extractor, or "
+        "the policy itself (it names the root cause; the plan is the cause's generic one).",
+    )
 
 
 Stage = Literal["imitation", "rl", "reflection"]

@@ -1,9 +1,11 @@
 """A staged run (`stages: [imitation, rl, reflection]`) interrupted in its reflection stage resumes from
 the loop's last checkpoint: imitation and RL are not run again, and the reflection stage's finished
-episodes are read back from the store rather than played (or reflected on) twice."""
+episodes are read back from the store rather than played (or reflected on) twice. The run's held-out
+retries read the policy's own reflections (`reflector: policy`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -49,7 +51,10 @@ def staged(folder: Path) -> RunConfig:
         ),
         evaluation=EvalSection(tasks=2, gate_tasks=2, max_new_tokens=12),
         reflection=ReflectionSection(
-            tasks=3, held_out=2, trainer=SFTConfig(steps=1, batch_sessions=2, token_budget=4096)
+            tasks=3,
+            held_out=2,
+            trainer=SFTConfig(steps=1, batch_sessions=2, token_budget=4096),
+            reflector="policy",
         ),
     )
 
@@ -76,6 +81,10 @@ def test_an_interrupted_staged_run_resumes_after_its_last_finished_stage(
     assert [r.stage for r in result.stages] == ["imitation", "rl", "reflection"]
     assert [r["iteration"] for r in result.train.curve] == [0]
     assert (config.run_dir / "reflection_policy").is_dir()
+    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert result.uplift is not None
+    asked = [r["failed"] for r in records if r["stage"] == "self_reflection"]
+    assert asked == [result.uplift.failures], "the policy was asked about each held-out failure"
     with SessionStore.open(f"sqlite:///{config.run_dir / 'sessions.db'}") as store:
         tries = [store.get(s) for s in store.session_ids() if s.startswith("s3-try-")]
     assert len(tries) == 3, "each try played once"

@@ -14,6 +14,11 @@
               retried once by the RL policy without a reflection and once by the reflection policy with
               it, on the same seeds (so the same faults); CU is the difference of their success rates
 
+The reflection a held-out retry reads is the judge's (`reflection.reflector: judge`), or the reflection
+policy's own (`policy`): asked `ROOT_CAUSE_QUESTION` after the failed transcript, it names a cause, and the
+cause's generic plan goes with it (`cause_reflection`); the corrected retries it trains on then carry the
+judge's cause in that same form, so training and measurement read one kind of reflection.
+
 `train_stages` runs imitation and RL (the grpo loop), then this stage, and reports after each stage the
 five dimensions (TCSR, DVR, ER@5, CU, SPT) and the capability levels on the report split.
 """
@@ -44,6 +49,8 @@ from sessionrl.reflection import (
     ROOT_CAUSE_QUESTION,
     Reflection,
     RootCause,
+    cause_reflection,
+    parse_root_cause,
     reflect,
     root_cause_answer,
     with_reflection,
@@ -100,11 +107,38 @@ def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Ref
     for session in sessions:
         task = tasks[str(session.metadata["task_id"])]
         reflection = reflect(session, run.env.expert(task))
-        if reflection is None:
-            continue
-        if not any(f.annotator == ANNOTATOR for f in session.feedback):  # a resumed run reflected already
-            run.store.append(session.session_id, FeedbackAdded(feedback=reflection.as_feedback()))
-        out.append((session, reflection))
+        if reflection is not None:
+            kept(run, session, reflection)
+            out.append((session, reflection))
+    return out
+
+
+def kept(run: Run, session: Session, reflection: Reflection) -> None:
+    """Store `reflection` as the session's feedback, unless one from the same source is there already
+    (a resumed run reflects on the episodes it reads back)."""
+    for feedback in session.feedback:
+        if feedback.annotator == ANNOTATOR and feedback.data["reflection"]["source"] == reflection.source:
+            return
+    run.store.append(session.session_id, FeedbackAdded(feedback=reflection.as_feedback()))
+
+
+def self_reflect(run: Run, policy: HFPolicy, failed: Sequence[Session]) -> dict[str, Reflection]:
+    """The policy's own reflections on `failed`, by session id: asked `ROOT_CAUSE_QUESTION` after each
+    transcript (greedily), the cause its answer names, with that cause's generic plan (`cause_reflection`),
+    stored as feedback. An answer that names no cause of the taxonomy gives no reflection; how many did
+    is logged (`self_reflection` record)."""
+    max_chars = run.config.rollout.max_tool_chars
+    greedy = evaluation_view(policy, 24)
+    question = Message(role="user", content=ROOT_CAUSE_QUESTION)
+    prompts = [greedy.encode_prompt([*transcript(s, run.system, max_chars), question]) for s in failed]
+    answers = greedy.sample_prompts(prompts) if prompts else []
+    out = {}
+    for session, answer in zip(failed, answers, strict=True):
+        cause = parse_root_cause(answer.text)
+        if cause is not None:
+            out[session.session_id] = cause_reflection(session.session_id, cause)
+            kept(run, session, out[session.session_id])
+    run.log.write("self_reflection", 0, {"failed": len(failed), "named_a_cause": len(out)})
     return out
 
 
@@ -248,7 +282,7 @@ def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
     cfg, rc, policy = run.config, run.config.reflection, run.need_policy()
     tried = attempt(run, policy, practice_tasks(run), "s3-try", "s3-try")
     failed = reflect_on(run, tried)
-    retries = corrected_retries(run, failed)
+    retries = corrected_retries(run, failed if rc.reflector == "judge" else as_the_policy_writes(failed))
     demos = [s for s in run.store.iter_sessions() if s.metadata.get("stage") == "demo" and task_success(s)]
     corrected = weighted(demonstrations(run, policy, retries), 1.0)
     imitated = weighted(demonstrations(run, policy, demos), 1.0)
@@ -273,6 +307,12 @@ def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
             bar.advance(info=f"loss {stats.loss:.3f}")
     export_policy(policy, run.folder / "reflection_policy")
     return record
+
+
+def as_the_policy_writes(failed: Sequence[tuple[Session, Reflection]]) -> list[tuple[Session, Reflection]]:
+    """The judge's reflections as the policy writes its own (`self_reflect`): the cause and its generic
+    plan, so the corrected retries teach the retry to read what it will be given."""
+    return [(s, cause_reflection(s.session_id, r.root_cause, r.source)) for s, r in failed]
 
 
 def practice_tasks(run: Run) -> list[Task]:
@@ -312,7 +352,14 @@ def held_out_uplift(
     failed = reflect_on(run, first)
     by_id = {t.task_id: t for t in tasks}
     plain = [by_id[str(s.metadata["task_id"])] for s, _ in failed]
-    reflected = [with_reflection(by_id[str(s.metadata["task_id"])], r) for s, r in failed]
+    notes: Mapping[str, Reflection] = {s.session_id: r for s, r in failed}
+    if cfg.reflection.reflector == "policy":
+        notes = self_reflect(run, stage3, [s for s, _ in failed])
+    # a failure the policy named no cause for is retried as it was (nothing to read)
+    reflected = [
+        with_reflection(task, notes[s.session_id]) if s.session_id in notes else task
+        for task, (s, _) in zip(plain, failed, strict=True)
+    ]
 
     def marks(flag: bool) -> dict[str, dict[str, Any]]:
         return {str(s.metadata["task_id"]): {"retry_of": s.session_id, "reflected": flag} for s, _ in failed}
@@ -390,16 +437,19 @@ __all__ = [
     "StageReport",
     "StagesResult",
     "Uplift",
+    "as_the_policy_writes",
     "attempt",
     "corrected_retries",
     "halves",
     "held_out_uplift",
+    "kept",
     "practice_tasks",
     "reflect_on",
     "reflection_stage",
     "root_cause_sequences",
     "root_cause_turn",
     "root_cause_weight",
+    "self_reflect",
     "train_stages",
     "transcript",
     "weighted",
