@@ -4,15 +4,22 @@ Both trainers update the same tiny model (built here from the orders domain's te
 TRL samples completions for real orders prompts (the prompt of the last policy call of expert-shaped
 sessions: system prompt, request, earlier actions and tool answers), and we turn exactly those tokens
 into our sequences. Timed is one policy update each (forward, clipped loss, backward, optimiser step),
-not the sampling. TRL runs on the CPU with `use_cpu=True, bf16=False`.
+not the sampling. TRL runs on the CPU with `use_cpu=True, bf16=False`. Ours runs twice: as it trains,
+each group's shared prompt computed once (`sessionrl.train.llm.prefixes`), and with every sequence
+computed whole (`share_prefixes=False`), so the gain of sharing reads apart from that of packing.
+
+Tokens per second count the same tokens for every trainer: the batch's real (unpadded) prompt and
+completion tokens, a prompt once per completion, as TRL computes them (TRL's `prompt_mask` plus
+`completion_mask`). Ours computes fewer where prefixes are shared; that count (`computed_tokens`) is
+printed apart and no rate is taken of it.
 
 The second measure lays out real session lengths (imitation sequences of the orders domain) three ways and
 reports the share of padded slots of each: as our trainer does (end to end in rows of at most the token
 budget, `sessionrl.train.llm.data.packed`), one right-padded sequence per row grouped by the token budget
 (first-fit decreasing), and fixed-size micro-batches in arrival order.
 
-Last line: one JSON object with `ours_tok_per_s`, `trl_tok_per_s`, `ratio`, `padding_ours`, `padding_rows`,
-`padding_fixed`.
+Last line: one JSON object with `ours_tok_per_s`, `trl_tok_per_s`, `ratio`, `unshared_tok_per_s`,
+`ratio_unshared`, `tokens`, `computed_tokens`, `padding_ours`, `padding_rows`, `padding_fixed`, `threads`.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +57,7 @@ from sessionrl.train.llm.data import (
 )
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
 from sessionrl.train.llm.run import split_digits, tokenizer_corpus
+from sessionrl.train.llm.update import accumulate
 
 ROLLOUT = RolloutConfig(full_schemas=False, domain_policy=False, max_tool_chars=300)
 
@@ -124,6 +133,13 @@ def as_sequences(inputs: dict[str, Any]) -> list[TokenSequence]:
     return out
 
 
+def timed(update: Callable[[], object]) -> float:
+    """Wall time of one call of `update`, in seconds."""
+    started = time.perf_counter()
+    update()
+    return time.perf_counter() - started
+
+
 def tokens_of(inputs: dict[str, Any]) -> int:
     """Real (unpadded) prompt and completion tokens of a TRL batch."""
     return int(inputs["prompt_mask"].sum() + inputs["completion_mask"].sum())
@@ -142,7 +158,9 @@ def main() -> None:
         "--budget", type=int, default=16384, help="token budget of a micro-batch (TRL takes the batch whole)"
     )
     parser.add_argument("--fixed", type=int, default=8, help="sequences per fixed-size micro-batch")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
 
@@ -178,20 +196,30 @@ def main() -> None:
     tokens = tokens_of(inputs)
     assert tokens == sum(len(s) for s in sequences)
 
-    ours = GRPOTrainer(model, GRPOConfig(lr=1e-3, token_budget=args.budget), tokenizer.pad_token_id)
-    ours.step(sequences)  # warm-up
-    trl_update(trl, inputs)
-    ours_times, trl_times = [], []
-    for _ in range(args.repeats):  # interleaved, so both meet the same machine load
-        started = time.perf_counter()
-        ours.step(sequences)
-        ours_times.append(time.perf_counter() - started)
-        trl_times.append(trl_update(trl, inputs))
+    config = GRPOConfig(lr=1e-3, token_budget=args.budget)
+    ours = GRPOTrainer(model, config, tokenizer.pad_token_id)
+    computed = packed(sequences, args.budget).computed
 
-    ours_rate = tokens / statistics.median(ours_times)
-    trl_rate = tokens / statistics.median(trl_times)
+    def unshared() -> None:  # the same update, every sequence computed whole
+        batch = packed(sequences, args.budget, share_prefixes=False)
+        accumulate(model, ours.optimizer, batch, ours.loss, config.max_grad_norm)
+
+    ours.step(sequences)  # warm-up
+    unshared()
+    trl_update(trl, inputs)
+    times: dict[str, list[float]] = {"ours": [], "unshared": [], "trl": []}
+    for _ in range(args.repeats):  # interleaved, so all meet the same machine load
+        times["ours"].append(timed(lambda: ours.step(sequences)))
+        times["unshared"].append(timed(unshared))
+        times["trl"].append(trl_update(trl, inputs))
+
+    ours_rate, unshared_rate, trl_rate = (tokens / statistics.median(times[k]) for k in times)
     print(f"batch: {len(sequences)} sequences, {tokens} tokens; demo lengths {min(lengths)}..{max(lengths)}")
-    print(f"ours: {ours_rate:,.0f} tok/s   TRL GRPOTrainer: {trl_rate:,.0f} tok/s")
+    print(f"ours computes {computed} tokens (each shared prefix once), TRL {tokens}")
+    print(
+        f"ours: {ours_rate:,.0f} tok/s ({ours_rate / trl_rate:.2f}x)   unshared: {unshared_rate:,.0f} tok/s "
+        f"({unshared_rate / trl_rate:.2f}x)   TRL GRPOTrainer: {trl_rate:,.0f} tok/s"
+    )
     print(
         f"padding: ours (end to end) {padding_ours:.3f}, one sequence per row by token budget "
         f"{padding_rows:.3f}, fixed {args.fixed} per batch {padding_fixed:.3f}"
@@ -200,10 +228,13 @@ def main() -> None:
         "ours_tok_per_s": round(ours_rate, 1),
         "trl_tok_per_s": round(trl_rate, 1),
         "ratio": round(ours_rate / trl_rate, 3),
+        "unshared_tok_per_s": round(unshared_rate, 1),
+        "ratio_unshared": round(unshared_rate / trl_rate, 3),
         "padding_ours": round(padding_ours, 4),
         "padding_rows": round(padding_rows, 4),
         "padding_fixed": round(padding_fixed, 4),
         "tokens": tokens,
+        "computed_tokens": computed,
         "threads": torch.get_num_threads(),
     }
     print(orjson.dumps(summary).decode())
