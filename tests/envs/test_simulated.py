@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,3 +122,16 @@ async def test_episode_reads_flags_mask_and_hash_from_its_state(contracts_dir: P
     assert episode.risk_flags == ("big",)
     assert episode.action_mask() == {"tally_add": True, "tally_zero": True}
     assert episode.state_hash() == "[{'n': 11}]"
+
+
+def test_an_episode_is_freed_without_the_garbage_collector(contracts_dir: Path) -> None:
+    # Its skills hold the state, not the episode: no reference cycle keeps a finished episode alive.
+    env = SimulatedEnv(DomainConfig(time_factor=0.0), contracts_dir=contracts_dir, generate=generate)
+    episode, _ = open_episode(env)
+    ref = weakref.ref(episode)
+    gc.disable()
+    try:
+        del episode
+        assert ref() is None
+    finally:
+        gc.enable()

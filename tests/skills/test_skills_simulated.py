@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 
 import pytest
@@ -96,3 +98,33 @@ async def test_every_answer_is_a_fresh_copy_of_the_sample(make_contract: Contrac
             value.append(99)
     first["extra"] = True
     assert await skill.invoke({"amount": 1}, ManualClock()) == expected
+
+
+async def test_draws_follow_one_generator_seeded_with_the_seed(make_contract: ContractFactory):
+    # The generator is built at the first draw; its draws are those of one seeded up front: per call a
+    # log-normal latency, a failure draw, and a code when the call fails.
+    skill = simulated_skill(make_contract(simulation=PROFILE), seed=11)
+    clock, reference = ManualClock(), random.Random(11)
+    sigma2 = math.log1p((100.0 / 300.0) ** 2)
+    for _ in range(30):
+        before = clock.now()
+        expected = reference.lognormvariate(math.log(300.0) - sigma2 / 2, math.sqrt(sigma2))
+        fails = reference.random() < 0.2
+        code = reference.choice(["FLAKY", "BROKEN"]) if fails else None
+        try:
+            await skill.invoke({"amount": 1}, clock)
+            got = None
+        except SkillError as error:
+            got = error.code
+        assert got == code
+        assert (clock.now() - before) * 1000 == pytest.approx(expected)
+
+
+async def test_a_skill_whose_draws_change_nothing_builds_no_generator(make_contract: ContractFactory):
+    fixed = simulated_skill(make_contract(simulation={"mean_ms": 5.0, "std_ms": 0.0}), seed=1)
+    for _ in range(3):
+        await fixed.invoke({"amount": 1}, ManualClock())
+    assert fixed._rng is None
+    noisy = simulated_skill(make_contract(simulation={"mean_ms": 5.0, "std_ms": 1.0}), seed=1)
+    await noisy.invoke({"amount": 1}, ManualClock())
+    assert noisy._rng is not None

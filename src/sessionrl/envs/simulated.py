@@ -25,6 +25,7 @@ from sessionrl.envs.faults import Faults, with_faults
 from sessionrl.skills import Skill, SkillContract, load_contracts, simulated_skill
 
 Json = dict[str, Any]
+T = TypeVar("T")
 Tool = Callable[..., Json]
 """A domain tool: called with the episode's state and the call's parameters as keywords; gives the output."""
 
@@ -99,6 +100,25 @@ def simulated_skills(
     return with_faults(skills, faults, seed)
 
 
+def json_copy(value: T) -> T:
+    """A deep copy of `value` that copies plain dicts and lists itself and shares strings, numbers and None
+    (immutable); anything else (a tuple, a dict subclass) goes through `copy.deepcopy`.
+
+    >>> data = {"a": [1, {"b": "c"}]}
+    >>> copied = json_copy(data)
+    >>> copied == data and copied["a"] is not data["a"] and copied["a"][1] is not data["a"][1]
+    True
+    """
+    data: Any = value
+    if type(data) is dict:
+        return {key: json_copy(item) for key, item in data.items()}  # type: ignore[return-value]
+    if type(data) is list:
+        return [json_copy(item) for item in data]  # type: ignore[return-value]
+    if data is None or isinstance(data, str | int | float):
+        return value
+    return copy.deepcopy(value)
+
+
 class SimulatedState(Protocol):
     """What the shared plumbing reads of a domain's episode state."""
 
@@ -167,14 +187,18 @@ class SimulatedEpisode(Episode, Generic[StateT]):
         self._skills = simulated_skills(contracts, self._bind, seed=seed, task_id=task.task_id, faults=faults)
 
     def _bind(self, name: str) -> Callable[[Json], Json]:
-        """Skill `name`'s answer: its tool over a copy of the parameters, logged, the output copied out."""
-        tool = self._tools[name]
+        """Skill `name`'s answer: its tool over a copy of the parameters, logged, the output copied out.
+
+        The answer holds the state, not the episode, so an episode and its skills form no reference cycle
+        and are freed as soon as the last reference goes (not at the next garbage collection).
+        """
+        tool, state = self._tools[name], self._state
 
         def run(params: Json) -> Json:
-            params = copy.deepcopy(params)
-            output = tool(self._state, **params)
-            self._state.calls.append((name, params, output))
-            return copy.deepcopy(output)
+            params = json_copy(params)
+            output = tool(state, **params)
+            state.calls.append((name, params, output))
+            return json_copy(output)
 
         return run
 

@@ -71,7 +71,17 @@ class SimulatedSkill(Skill):
             and all(isinstance(value, str | int | float | None) for value in self._sample.values())
         )
         """Whether the sample is a scalar or a mapping of scalars, so a shallow copy is a full one."""
-        self._rng = random.Random(seed)
+        self._seed = seed
+        self._rng: random.Random | None = None
+        self._draws = self._profile.fail_rate > 0 or self._profile.mean_ms * self._profile.std_ms != 0
+        """Whether a call's draws can change what it does: with no failures and a fixed latency they cannot,
+        so such a skill never builds (seeds) its generator, which costs more than the rest of a call."""
+
+    def _stream(self) -> random.Random:
+        """The skill's generator, seeded at its first draw (the same draws as one seeded up front)."""
+        if self._rng is None:
+            self._rng = random.Random(self._seed)
+        return self._rng
 
     def draw_latency_ms(self) -> float:
         """One latency draw: log-normal with the profile's mean and standard deviation."""
@@ -79,13 +89,13 @@ class SimulatedSkill(Skill):
         if mean == 0 or std == 0:
             return mean
         sigma2 = math.log1p((std / mean) ** 2)
-        return self._rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
+        return self._stream().lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
 
     async def invoke(self, params: Json, clock: Clock) -> JsonValue:
         """Sleep a drawn latency on `clock`, then fail with the profile's probability or answer."""
         latency_ms = self.draw_latency_ms()
-        fails = self._rng.random() < self._profile.fail_rate
-        code = self._rng.choice(self._profile.fail_codes) if fails and self._profile.fail_codes else None
+        fails = self._draws and self._stream().random() < self._profile.fail_rate
+        code = self._stream().choice(self._profile.fail_codes) if fails and self._profile.fail_codes else None
         if latency_ms > 0:  # a zero-latency skill answers at once, as an in-process function does
             await clock.sleep(latency_ms / 1000.0)
         if fails:
