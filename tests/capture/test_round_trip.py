@@ -12,8 +12,8 @@ its first answer, a well-formed call of the tool the expert calls first. In that
 the action format and the common first tools (a constant guess of the most common one is printed beside
 the scores, for scale; telling every ticket apart takes longer), and whole tickets stay unsolved by both
 (solving one needs ids and amounts copied, which takes a tiny model minutes of training), so task
-success is not what this test compares. Both policies answer the same held-out tickets, greedily,
-through the same gateway and agent.
+success is not what this test compares (`bench/round_trip.py` compares it, after the hundreds of steps
+it takes). Both policies answer the same held-out tickets, greedily, through the same gateway and agent.
 """
 
 from __future__ import annotations
