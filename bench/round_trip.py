@@ -6,8 +6,8 @@ answer that states the SKU and its stock (units on hand, or the restock date). T
 (`examples/agents/openai_agent.py`) forwards the ticket's header line as the user message and runs the
 domain's tools on its side. While sessions are captured, the gateway's own-policy backend answers as the
 expert would, in the served tiny policy's tokens, so the captured sessions carry the token ids of the
-model that training then updates; its answers quote the inventory record's fields (`"sku": "SKU-1",
-"on_hand": 4`). Held-out tickets (the test split's, never captured) are answered greedily by both
+model that training then updates; its answers state the two facts and nothing else (`SKU-1: 4 on
+hand.`). Held-out tickets (the test split's, never captured) are answered greedily by both
 policies through the same gateway and agent, and the environment's judge says which were solved.
 
 Solving a held-out ticket needs the SKU copied from the ticket and the stock from the tool's answer,
@@ -73,11 +73,11 @@ def ticket_line(task: Task) -> str:
 
 
 def record_answer(task: Task) -> str:
-    """The captured model's answer: the inventory record's SKU and stock fields, as the record writes them."""
+    """The captured model's answer: the SKU and its stock, tersely."""
     ticket = Ticket.from_payload(task.payload)
     if ticket.on_hand:
-        return f'"sku": "{ticket.sku}", "on_hand": {ticket.on_hand}'
-    return f'"sku": "{ticket.sku}", "restock_date": "{ticket.restock_date()}"'
+        return f"{ticket.sku}: {ticket.on_hand} on hand."
+    return f"{ticket.sku}: back on {ticket.restock_date()}."
 
 
 class Teacher:
