@@ -177,8 +177,17 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     >>> round(categorical_entropy(torch.tensor([0.0, 0.0, float("-inf")])).item(), 4)  # ln 2
     0.6931
     """
-    logp = torch.log_softmax(logits, dim=-1).clamp_min(torch.finfo(logits.dtype).min)
-    return -(logp.exp() * logp).sum(-1)
+    return entropy_of(torch.log_softmax(logits, dim=-1))
+
+
+def entropy_of(logp: Tensor) -> Tensor:
+    """Entropy over the last axis from log-probabilities (``-inf`` entries add nothing, gradients included).
+
+    >>> round(entropy_of(torch.log(torch.tensor([0.5, 0.5, 0.0]))).item(), 4)  # ln 2
+    0.6931
+    """
+    finite = logp.clamp_min(torch.finfo(logp.dtype).min)
+    return -(finite.exp() * finite).sum(-1)
 
 
 class StructuredDist:
@@ -197,8 +206,20 @@ class StructuredDist:
         self.std = log_std.exp().expand_as(mean)
         pad = layout_index(layout).pad.to(choice_logits.device)
         padded = F.pad(choice_logits, (0, 1), value=float("-inf"))
-        self.choice_logits = padded[:, pad.reshape(-1)].reshape(choice_logits.shape[0], *pad.shape)
+        # index_select, not advanced indexing: its backward adds rows instead of sorting indices
+        picked = padded.index_select(1, pad.reshape(-1))
+        self.choice_logits = picked.reshape(choice_logits.shape[0], *pad.shape)
         """``[B, H, K_max]`` logits of every choice head."""
+
+    @functools.cached_property
+    def skill_logp(self) -> Tensor:
+        """``[B, actions]`` log-probabilities of the skills (log-softmax once, for scores and entropy)."""
+        return torch.log_softmax(self.skill_logits, -1)
+
+    @functools.cached_property
+    def choice_logp(self) -> Tensor:
+        """``[B, H, K_max]`` log-probabilities of every choice head's options."""
+        return torch.log_softmax(self.choice_logits, -1)
 
     def sample(self, generator: torch.Generator | None = None) -> StructuredAction:
         """Draw one action per state (masked skills have probability 0)."""
@@ -216,18 +237,18 @@ class StructuredDist:
 
     def log_prob(self, action: StructuredAction) -> Tensor:
         """``[B]`` log-probability of each action: its skill plus its skill's own parameters."""
-        logp = torch.log_softmax(self.skill_logits, -1).gather(-1, action.skill[:, None]).squeeze(-1)
+        logp = self.skill_logp.gather(-1, action.skill[:, None]).squeeze(-1)
         own_num, own_choice = self.layout.owned(action.skill)
         gauss = -0.5 * ((action.raw - self.mean) / self.std) ** 2 - self.std.log() - 0.5 * LOG_2PI
-        chosen = torch.log_softmax(self.choice_logits, -1).gather(-1, action.choice[..., None]).squeeze(-1)
+        chosen = self.choice_logp.gather(-1, action.choice[..., None]).squeeze(-1)
         return logp + (gauss * own_num).sum(-1) + (chosen * own_choice).sum(-1)
 
     def entropy(self, skill: Tensor) -> Tensor:
         """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
         own_num, own_choice = self.layout.owned(skill)
         gauss = 0.5 + 0.5 * LOG_2PI + self.std.log()
-        choices = categorical_entropy(self.choice_logits) * own_choice
-        return categorical_entropy(self.skill_logits) + (gauss * own_num).sum(-1) + choices.sum(-1)
+        choices = entropy_of(self.choice_logp) * own_choice
+        return entropy_of(self.skill_logp) + (gauss * own_num).sum(-1) + choices.sum(-1)
 
 
 def _trunk(inputs: int, hidden: int) -> nn.Sequential:
@@ -374,6 +395,7 @@ __all__ = [
     "StructuredPolicy",
     "build_policy",
     "categorical_entropy",
+    "entropy_of",
     "flatten_batch",
     "flatten_observation",
     "layout_index",

@@ -36,6 +36,9 @@ FEATURES: Final = (
 """Names of the features, in order. Issue, damaged share and courier come from the ticket the customer
 filed; the package size is known once an inventory check answered; the rest say what has been done."""
 
+_ISSUES: Final = tuple(IssueType)
+"""The issue types in `FEATURES` order, listed once (iterating an enum is slow, and features run per step)."""
+
 
 def features(world: World) -> tuple[float, ...]:
     """The episode's features in `FEATURES` order, each in [0, 1]."""
@@ -56,7 +59,7 @@ def features(world: World) -> tuple[float, ...]:
         notified,
     )
     return (
-        *(float(ticket.issue is issue) for issue in IssueType),
+        *(float(ticket.issue is issue) for issue in _ISSUES),
         share,
         *(float(courier == c) for c in COURIERS),
         *(float(size == s) for s in SIZES),

@@ -148,7 +148,7 @@ def clone(
     land within the judge's tolerance (a refund within 1% of the order amount), which a constant rate
     keeps stepping over.
     """
-    optimizer = torch.optim.Adam(policy.param_groups(config.lr))
+    optimizer = torch.optim.Adam(policy.param_groups(config.lr), fused=True)
     generator = torch.Generator().manual_seed(seed)
     size = demos.obs.shape[0]
     count = max(1, size // config.batch_size)
