@@ -12,6 +12,7 @@ import torch
 from sessionrl.policy import toolhead
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.policy.toolhead import (
     FINAL,
     HeadGuide,
@@ -91,7 +92,10 @@ def test_the_guide_imposes_the_heads_tool_before_the_lm_writes(policy: HFPolicy)
     guided.guide = HeadGuide(guided, head, allowed=lambda _: allowed)
     plain = policy.encode_prompt(messages)
     ids, start = guided.guided_prompt(messages)
-    assert start == '{"tool":"refund_trigger","params":'
+    assert start == '{"tool":"refund_trigger","params'
+    # the cut falls where the tokenizer splits the whole reply, so the prompt holds the reply's own tokens
+    whole = guided.tokenizer.encode(tool_action("refund_trigger", {"sku": "S"}), add_special_tokens=False)
+    assert ids[len(plain) :] == whole[: len(ids) - len(plain)]
     assert ids[: len(plain)] == plain
     assert guided.tokenizer.decode(ids[len(plain) :]) == start
     [reply] = guided.generate_now([messages])
@@ -99,7 +103,7 @@ def test_the_guide_imposes_the_heads_tool_before_the_lm_writes(policy: HFPolicy)
     assert reply.prompt_token_ids == tuple(ids)
     allowed.clear()  # nothing allowed but final: the mask overrides the head's preference
     [reply] = guided.generate_now([messages])
-    assert reply.text.startswith('{"final":')
+    assert reply.text.startswith('{"final')
     assert policy.guide is None  # the guide sits on the view only
 
 
@@ -118,3 +122,9 @@ def test_examples_come_from_step_calls_whose_reply_is_an_action() -> None:
     assert [e.label for e in tool_examples([session])] == ["inventory_check", FINAL]
     with pytest.raises(ValueError, match="as many"):
         accuracy(["a"], ["a", "b"])
+
+
+def test_the_guide_refuses_a_policy_that_does_not_speak_the_action_language(policy: HFPolicy) -> None:
+    tagged = HFPolicy(policy.model, policy.tokenizer, SamplingConfig(), tool_format=ToolFormat.TAGGED)
+    with pytest.raises(ValueError, match="action language"):
+        HeadGuide(tagged, ToolHead(CONFIG.hidden_size, TOOLS))

@@ -4,8 +4,12 @@ The LM acts in `llm.tool_action`'s language, ``{"tool":"NAME","params":{...}}`` 
 The head reads the hidden state of the prompt's last token (the final layer, `prompt_states`) and scores
 every tool and *final* (`ToolHead.classes`). Masked classes (tools whose preconditions fail) get ``-inf``
 before the softmax. `HeadGuide` imposes its choice on the LM (the policy's `llm.ReplyGuide` hook): the
-prompt is extended with ``{"tool":"NAME","params":`` so the model generates only the parameters; for
-*final* with ``{"final":``, and the reply's text starts with that prefix.
+prompt is extended with ``{"tool":"NAME","params`` so the model generates only the parameters; for
+*final* with ``{"final``, and the reply's text starts with that prefix. The prefix stops after a word, not
+after the ``":`` that follows it: a byte-level tokenizer splits words from punctuation before merging, so
+text cut there is tokenized as it was in the replies the model learned from, whereas a cut inside the
+punctuation run ``":{"`` leaves a token the model never saw end a prompt (it then wrote numbers where the
+parameters' ``{`` belonged, and no guided reply parsed).
 
 `tool_examples` draws the training examples from stored sessions, the same ones imitation learns from:
 each recorded policy call whose reply was a tool call or a final answer, labelled with that choice.
@@ -24,6 +28,7 @@ from torch import Tensor, nn
 from sessionrl.policy.llm import HFPolicy, final_action, tool_action
 from sessionrl.policy.sampling import left_pad
 from sessionrl.policy.structured import masked_logits
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session.model import Message, Session
 
 FINAL = "final"
@@ -113,14 +118,15 @@ def fit_tool_head(
 
 
 def forced_prefix(choice: str) -> str:
-    """The start of the reply the head's `choice` imposes; the LM writes the rest.
+    """The start of the reply the head's `choice` imposes, cut after its last word (see the module doc);
+    the LM writes the rest, from the ``":`` on.
 
     >>> forced_prefix("refund"), forced_prefix("final")
-    ('{"tool":"refund","params":', '{"final":')
+    ('{"tool":"refund","params', '{"final')
     """
     if choice == FINAL:
-        return final_action("")[: -len('""}')]
-    return tool_action(choice, {})[: -len("{}}")]
+        return final_action("")[: -len('":""}')]
+    return tool_action(choice, {})[: -len('":{}}')]
 
 
 class HeadGuide:
@@ -134,6 +140,11 @@ class HeadGuide:
         head: ToolHead,
         allowed: Callable[[Sequence[Message]], Sequence[str]] | None = None,
     ) -> None:
+        if policy.tool_format is not ToolFormat.ACTION:
+            raise ValueError(
+                f"HeadGuide imposes the action language's prefixes; this policy writes tool calls in the "
+                f"{policy.tool_format} format"
+            )
         self.policy = policy
         self.head = head
         self.allowed = allowed
