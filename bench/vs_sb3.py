@@ -8,7 +8,8 @@ norm 0.5, two tanh layers of 64, one torch thread).
 SB3 takes no Dict action, so it sees the environment through `SB3View`: a MultiDiscrete action (the skill,
 then each parameter slot in `BINS` levels over [-1, 1]) with the skill mask offered through
 `action_masks()` (masks matter: masked skills are refused and cost a penalty), and the same hashed query
-embedding our policy reads, as one more observation entry. Our policy keeps its continuous parameter heads.
+embedding our policy reads, as one more observation entry (each distinct instruction encoded once, as our
+collector does). Our policy keeps its continuous parameter heads.
 
 Reported, as mean over seeds: environment steps per second of the whole training call (rollouts and
 updates), per wall second and per CPU second of the process (on a shared machine the wall clock also
@@ -51,7 +52,9 @@ def orders() -> DecisionEnv:
 class SB3View(gym.Wrapper[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray], dict[str, Any]]):
     """A `DecisionGymEnv` with MultiDiscrete actions, the query embedding observed, and `action_masks()`."""
 
-    def __init__(self, env: DecisionGymEnv, encoder: HashingEncoder) -> None:
+    def __init__(
+        self, env: DecisionGymEnv, encoder: HashingEncoder, queries: dict[str, np.ndarray] | None = None
+    ) -> None:
         super().__init__(env)
         self.encoder = encoder
         width = env.action_space["params"].shape[0]
@@ -60,6 +63,8 @@ class SB3View(gym.Wrapper[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarra
         query = spaces.Box(-1.0, 1.0, (encoder.dim,), np.float32)
         self.observation_space = spaces.Dict({**env.observation_space.spaces, "query": query})
         self._query = np.zeros(encoder.dim, np.float32)
+        self._queries = {} if queries is None else queries
+        """Each distinct instruction's embedding, encoded once (as our collector does); views may share it."""
         self._mask = np.ones(self.skills, bool)
 
     def _observe(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -70,7 +75,10 @@ class SB3View(gym.Wrapper[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarra
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._query = self.encoder.encode([info["instruction"]])[0].numpy()
+        instruction = info["instruction"]
+        if instruction not in self._queries:
+            self._queries[instruction] = self.encoder.encode([instruction])[0].numpy()
+        self._query = self._queries[instruction]
         return self._observe(obs), info
 
     def step(self, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
@@ -114,9 +122,11 @@ def run_sb3(seed: int, iterations: int) -> tuple[float, float, float]:
     torch.set_num_threads(1)
     env = orders()
     encoder = HashingEncoder(StructuredRunConfig().text_dim)
+    queries: dict[str, np.ndarray] = {}
 
     def make(i: int) -> SB3View:
-        return SB3View(DecisionGymEnv(env, Split.TRAIN, seed=seed * 1000 + i, config=GymConfig()), encoder)
+        gym_env = DecisionGymEnv(env, Split.TRAIN, seed=seed * 1000 + i, config=GymConfig())
+        return SB3View(gym_env, encoder, queries)
 
     vec = DummyVecEnv([lambda i=i: make(i) for i in range(ENVS)])
     model = MaskablePPO(
