@@ -3,6 +3,7 @@ and log-probabilities it sampled are recorded, and train as they are, with no re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,24 @@ def test_tool_choice_none_leaves_the_policy_s_tool_call_as_text() -> None:
     )
     # a tool the request does not offer is no call either
     assert read_action('{"tool":"delete_all","params":{}}', auto, seed="s")[1] == ()
+
+
+def test_references_in_the_policy_s_actions_reach_the_agent_as_the_values_they_name() -> None:
+    tool = {"type": "function", "function": {"name": "stock", "parameters": {"type": "object"}}}
+    asked = {"role": "assistant", "content": None, "tool_calls": [_call("c1", "stock", {"sku": "SKU-7"})]}
+    conversation = [
+        {"role": "user", "content": "Is it in stock? · item SKU-7 · phone 13800001234"},
+        asked,
+        {"role": "tool", "tool_call_id": "c1", "content": '{"sku": "SKU-7", "on_hand": 4}'},
+    ]
+    request = ChatRequest(messages=conversation, tools=[tool])
+    (call,) = read_action('{"tool":"stock","params":{"sku":"{{user.item}}"}}', request, seed="s")[1]
+    assert call.arguments == '{"sku":"SKU-7"}'
+    answer = read_action('{"final":"{{stock.sku}}: {{stock.on_hand}} on hand."}', request, seed="s")
+    assert answer == ("SKU-7: 4 on hand.", ())
+    # a reference to nothing the conversation holds stays as written, for the agent to see
+    assert read_action('{"final":"{{refund.id}}"}', request, seed="s") == ("{{refund.id}}", ())
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}

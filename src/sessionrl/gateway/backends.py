@@ -25,6 +25,7 @@ import orjson
 from sessionrl.gateway.chat import ChatRequest
 from sessionrl.orchestrator.lanes import route
 from sessionrl.orchestrator.policy import PolicyBackend, PolicyError
+from sessionrl.policy.references import Context, resolve
 from sessionrl.policy.toolcalls import ToolFormat, parse_reply, tool_format_of, write_call
 from sessionrl.session.model import Message, ToolRequest
 
@@ -147,7 +148,9 @@ def read_action(
 ) -> tuple[str, tuple[ToolRequest, ...]]:
     """The policy's text (tool calls in format `fmt`, read by `toolcalls.parse_reply`) as an answer: its
     tool calls when each names a tool the request offers, the message of a final answer, or the text as
-    it is.
+    it is. Value references the policy wrote (`sessionrl.policy.references`: ``{{user.order}}``,
+    ``{{inventory_check.on_hand}}``) are resolved against the request's conversation
+    (`conversation_context`), as an episode resolves them, so the agent receives the values.
 
     >>> req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"function": {"name": "f"}}])
     >>> read_action('{"tool": "f", "params": {"a": 1}}', req, seed="s")[1][0].arguments
@@ -157,9 +160,37 @@ def read_action(
     """
     reply = parse_reply(fmt, text, seed=f"{seed}:{text}")
     offered = request.tool_names()
+    context = conversation_context([m.to_message() for m in request.messages])
     if request.allows_tools() and reply.tool_calls and all(c.name in offered for c in reply.tool_calls):
-        return reply.text, reply.tool_calls
-    return (reply.text if reply.is_final else text), ()
+        return reply.text, tuple(_resolved(c, context) for c in reply.tool_calls)
+    return (str(resolve(reply.text, context)) if reply.is_final else text), ()
+
+
+def conversation_context(messages: Sequence[Message]) -> Context:
+    """What references in a reply to `messages` can point at: the first user message, and each tool
+    result the agent sent back (its JSON, under the name of the call it answers by `tool_call_id`)."""
+    names = {c.id: c.name for m in messages if m.role == "assistant" for c in m.tool_calls}
+    results = []
+    for message in messages:
+        if message.role != "tool" or message.tool_call_id not in names:
+            continue
+        try:
+            output = orjson.loads(message.content)
+        except orjson.JSONDecodeError:
+            output = message.content
+        results.append((names[message.tool_call_id], output))
+    request = next((m.content for m in messages if m.role == "user"), "")
+    return Context.of(request, results)
+
+
+def _resolved(call: ToolRequest, context: Context) -> ToolRequest:
+    """`call` with the references in its arguments resolved (arguments that are not JSON stay as they are)."""
+    try:
+        arguments = orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        return call
+    resolved = orjson.dumps(resolve(arguments, context)).decode()
+    return call if resolved == call.arguments else call.model_copy(update={"arguments": resolved})
 
 
 class UpstreamChat:
