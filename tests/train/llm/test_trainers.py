@@ -99,6 +99,41 @@ def test_grpo_raises_what_was_rewarded_and_lowers_what_was_punished(orders_world
     assert trainer.updates == 4
 
 
+def test_grpo_without_negative_weight_leaves_what_was_punished_alone(orders_world: OrdersWorld) -> None:
+    policy = orders_world.policy(SamplingConfig(max_new_tokens=6, seed=1))
+    punished = [seq for seq in sampled(policy, 4) if seq.advantages[-1] < 0]
+    config = GRPOConfig(lr=3e-3, token_budget=256, negative_weight=0.0)
+    trainer = GRPOTrainer(policy.model, config, policy.tokenizer.pad_token_id)
+    before = weights(policy.model)
+    stats = trainer.step(punished)
+    assert stats.grad_norm == 0.0  # a punished reply alone moves nothing
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    assert not config.moves(punished[0].advantages)
+    assert config.moves((0.0, 0.5))
+    assert GRPOConfig().moves((-0.5,))
+    with pytest.raises(ValueError, match="negative_weight"):
+        GRPOConfig(negative_weight=1.5)
+
+
+def test_grpo_with_sgd_steps_along_the_gradient(orders_world: OrdersWorld) -> None:
+    policy = orders_world.policy(SamplingConfig(max_new_tokens=6, seed=1))
+    batch = sampled(policy, 4)
+    config = GRPOConfig(lr=0.5, token_budget=256, optimizer="sgd")
+    trainer = GRPOTrainer(policy.model, config, policy.tokenizer.pad_token_id)
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    good, bad = sequence_logprob(policy, batch[0]), sequence_logprob(policy, batch[1])
+    before = weights(policy.model)
+    trainer.step(batch)
+    assert sequence_logprob(policy, batch[0]) > good
+    assert sequence_logprob(policy, batch[1]) < bad
+    # Unlike Adam's first step (every touched parameter moves by about lr), a parameter moves by lr times
+    # its own gradient: most of them barely move.
+    moved = torch.cat([(v - before[k]).abs().flatten() for k, v in policy.model.state_dict().items()])
+    assert float(moved.median()) < 0.01 * config.lr
+    with pytest.raises(ValueError, match="optimizer"):
+        GRPOConfig(optimizer="lion")
+
+
 def test_grpo_kl_penalty_keeps_a_frozen_reference(orders_world: OrdersWorld) -> None:
     policy = orders_world.policy(SamplingConfig(max_new_tokens=6))
     batch = sampled(policy, 2)

@@ -5,6 +5,14 @@ against the mean and std of its group (`losses.group_advantages`), spread over t
 (`sessionrl.train.llm.data.call_advantages`). The update is the PPO clipped surrogate with the
 log-probabilities recorded at sampling time as the old policy, plus an optional KL penalty to a frozen
 reference (the imitation checkpoint) with a decaying coefficient.
+
+Two settings keep a small policy from unlearning what imitation taught it. `negative_weight` scales the
+advantages below zero: when most of a weak policy's episodes fail, pushing down every token of every
+failed reply also pushes down the tokens those replies share with good ones (the format, the ids it
+copied right), and the policy drifts away from acting at all; at 0 the update only raises replies that
+did better than their group, an expert-iteration step weighted by the group's advantage. `optimizer`
+picks AdamW or plain SGD: a fresh AdamW moves every parameter with any gradient by about `lr` on its first
+steps, however faint that gradient is, while SGD moves each parameter in proportion to its own gradient.
 """
 
 from __future__ import annotations
@@ -25,17 +33,26 @@ from sessionrl.train.llm.update import (
     build_optimizer,
     local_sequences,
     token_logprobs,
+    trainable,
 )
 from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
 
 REWARD_KEY = re.compile(r"session|long_term|(layer|term):\w+")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass(frozen=True, slots=True)
 class GRPOConfig:
     """Reinforcement-learning settings."""
 
-    lr: float = field(default=5e-4, metadata={"help": "AdamW learning rate"})
+    lr: float = field(default=5e-4, metadata={"help": "learning rate"})
+    optimizer: str = field(
+        default="adamw",
+        metadata={
+            "help": "adamw, or sgd (steps along the gradient itself, so parameters the rewards barely "
+            "touch barely move)"
+        },
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     group_size: int = field(default=4, metadata={"help": "sessions per task and policy version (K)"})
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε"})
@@ -44,6 +61,13 @@ class GRPOConfig:
     kl_decay: float = field(default=1.0, metadata={"help": "β is multiplied by this after every update"})
     step_coef: float = field(
         default=0.0, metadata={"help": "weight of per-step rewards in a call's advantage"}
+    )
+    negative_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of negative advantages (1: plain GRPO; 0: learn only from replies that did "
+            "better than their group)"
+        },
     )
     reward: str = field(
         default="long_term",
@@ -66,6 +90,15 @@ class GRPOConfig:
             raise ValueError(
                 "GRPOConfig needs clip_eps > 0, kl_coef >= 0, 0 < kl_decay <= 1, token_budget >= 16"
             )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"GRPOConfig.optimizer must be one of {OPTIMIZERS}: {self.optimizer!r}")
+        if not 0 <= self.negative_weight <= 1:
+            raise ValueError(f"GRPOConfig.negative_weight must lie in [0, 1]: {self.negative_weight}")
+
+    def moves(self, advantages: Sequence[float]) -> bool:
+        """Whether a sequence with these advantages moves the policy at all (without a KL term, one whose
+        weighted advantages are all zero carries no gradient and need not be computed)."""
+        return self.kl_coef > 0 or any(a > 0 or (a < 0 and self.negative_weight > 0) for a in advantages)
 
 
 class GRPOTrainer:
@@ -75,7 +108,11 @@ class GRPOTrainer:
         self.model = model
         self.config = config
         self.pad_id = pad_id
-        self.optimizer = build_optimizer(model, config.lr, config.weight_decay)
+        self.optimizer: torch.optim.Optimizer = (
+            build_optimizer(model, config.lr, config.weight_decay)
+            if config.optimizer == "adamw"
+            else torch.optim.SGD(trainable(model), lr=config.lr, weight_decay=config.weight_decay)
+        )
         self.reference = reference
         if config.kl_coef > 0 and reference is None:
             self.reference = frozen_copy(model)
@@ -90,9 +127,10 @@ class GRPOTrainer:
     def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
         """Clipped policy-gradient loss (plus β·KL to the reference) over the micro-batch's policy tokens."""
         logp = token_logprobs(self.model, micro, self.config.temperature)
-        pg = clipped_pg_loss(
-            logp, micro.old_logprobs, micro.advantages, micro.loss_mask, self.config.clip_eps
-        )
+        advantages = micro.advantages
+        if self.config.negative_weight != 1:
+            advantages = torch.where(advantages < 0, advantages * self.config.negative_weight, advantages)
+        pg = clipped_pg_loss(logp, micro.old_logprobs, advantages, micro.loss_mask, self.config.clip_eps)
         parts = {"pg_loss": pg.loss.item(), "clip_fraction": pg.clip_fraction, "approx_kl": pg.approx_kl}
         loss = pg.loss
         if self.reference is not None and self.beta > 0:

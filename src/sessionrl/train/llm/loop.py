@@ -380,8 +380,7 @@ def learn(run: Run, trainer: GRPOTrainer) -> Learned:
     # update: in an order set by the sequences alone, since which of a group's identical episodes drew
     # which reply is not (see `sessionrl.train.llm.lockstep`)
     sequences.sort(key=lambda q: (q.input_ids, q.advantages, q.old_logprobs))
-    if cfg.trainer.kl_coef == 0:  # without a KL term, all-zero advantages carry no gradient: skip them
-        sequences = [seq for seq in sequences if any(a != 0 for a in seq.advantages)]
+    sequences = [seq for seq in sequences if cfg.trainer.moves(seq.advantages)]
     stats = trainer.step(sequences) if sequences else None
     run.state = dataclasses.replace(
         run.state,
