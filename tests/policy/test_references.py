@@ -93,3 +93,11 @@ def test_resolve_undoes_abstract(request_ids: list[str], output: dict[str, str])
     ctx = Context.of(request, [("lookup", output)])
     literal = {"first": request_ids[0], "all": list(output.values()), "text": f"id {request_ids[-1]} done"}
     assert resolve(abstract(literal, ctx), ctx) == literal
+
+
+def test_a_label_in_any_script_resolves_as_abstract_wrote_it() -> None:
+    ctx = Context.of("我搬家了。改寄到 369 Zhongshan Avenue · order O-756514", [])
+    address = "369 Zhongshan Avenue"
+    written = abstract({"new_address": address}, ctx)
+    assert written == {"new_address": "{{user.改寄到}} Zhongshan Avenue"}
+    assert resolve(written, ctx) == {"new_address": address}

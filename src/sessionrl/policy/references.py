@@ -40,7 +40,8 @@ import orjson
 
 from sessionrl.session.model import Message
 
-REFERENCE = re.compile(r"\{\{\s*([A-Za-z0-9_.-]+)\s*\}\}")
+REFERENCE = re.compile(r"\{\{\s*([\w.-]+)\s*\}\}")
+"""A reference: names as `Context.names` writes them (a request's label may be any word, 改寄到 too)."""
 IDENTIFIER = r"(?=[\w-]*\d)[\w-]+"
 LABELLED = re.compile(rf"([^\W\d_]+)[\s:#]+({IDENTIFIER})")
 """A label word, then (after spaces, a colon or a hash) an identifier holding a digit."""
