@@ -65,8 +65,8 @@ def segment_attention(
     gqa = int(getattr(module, "num_key_value_groups", 1)) > 1
     parts = []
     for group in segment_plan.groups:
-        q = query[0][:, group.query].transpose(0, 1)  # [segments, heads, width, head_dim]
-        k, v = (x[0][:, group.key].transpose(0, 1) for x in (key, value))
+        q = _rows(query, group.query)  # [segments, heads, width, head_dim]
+        k, v = _rows(key, group.key), _rows(value, group.key)
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -81,6 +81,17 @@ def segment_attention(
     heads, n, dim = query.shape[1], query.shape[2], query.shape[3]
     placed = query.new_zeros(heads, n, dim).index_copy(1, segment_plan.positions, torch.cat(parts, dim=1))
     return placed.transpose(0, 1).unsqueeze(0).contiguous(), None
+
+
+def _rows(x: Tensor, index: Tensor) -> Tensor:
+    """Tokens `index` (``[S, L]`` row indices) of ``x [1, heads, N, dim]`` as ``[S, heads, L, dim]``.
+
+    Gathered with `index_select`, whose backward adds the gradients of a token taken several times (a
+    shared prefix's keys) in a fixed order, so a step gives the same weights every time on several threads
+    (indexing with the index tensor may sum them in a different order from one run to the next).
+    """
+    tokens = x[0].transpose(0, 1).index_select(0, index.reshape(-1))  # [S * L, heads, dim]
+    return tokens.view(*index.shape, x.shape[1], x.shape[3]).transpose(1, 2)
 
 
 @dataclass(frozen=True)
