@@ -178,6 +178,7 @@ def main() -> None:
     summary: dict[str, float] = {}
     for domain in domains:
         scores = measure(domain, args, console)
+        console.print(f"{domain}: " + ", ".join(f"{key} {value:.3f}" for key, value in scores.items()))
         table.add_row(
             domain,
             f"{scores['steps']:.0f}",
