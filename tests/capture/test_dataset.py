@@ -15,6 +15,7 @@ from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session import SessionCreate, created
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
 from sessionrl.store import SessionStore
+from sessionrl.train.llm.data import TokenSequence
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ASK = (Message(role="user", content="where is O-1?"),)
@@ -58,14 +59,32 @@ def test_recorded_tokens_are_trained_as_sampled_and_only_the_model_s_own() -> No
 
 
 def test_without_tokens_replies_are_written_in_the_policy_s_action_language() -> None:
-    asked = call("a", tool_calls=(ToolRequest(id="c1", name="lookup", arguments='{"id": "O-1"}'),))
+    asked = call("a", tool_calls=(ToolRequest(id="c1", name="lookup", arguments='{"id": "O-2"}'),))
     answered = call("b", response="shipped")
     data = captured_sequences([session("s2", [asked, answered])], CharEncoder())
-    trained = [
-        "".join(chr(i) for i, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m and i)
-        for seq in data.sequences
+    assert trained_texts(data.sequences) == ['{"tool":"lookup","params":{"id":"O-2"}}', '{"final":"shipped"}']
+
+
+def test_without_tokens_values_the_conversation_holds_are_written_as_references() -> None:
+    ask = Message(role="user", content="where is order O-17?")
+    lookup = ToolRequest(id="c1", name="lookup", arguments='{"id": "O-17"}')
+    looked = (ask, Message(role="assistant", content="", tool_calls=(lookup,)))
+    result = Message(role="tool", content='{"waybill": "SF123"}', tool_call_id="c1")
+    asked = LLMCall(call_id="a", messages=(ask,), tool_calls=(lookup,))
+    answered = LLMCall(call_id="b", messages=(*looked, result), response="O-17 ships as SF123.")
+    data = captured_sequences([session("s3", [asked, answered])], CharEncoder())
+    assert trained_texts(data.sequences) == [
+        '{"tool":"lookup","params":{"id":"{{user.order}}"}}',
+        '{"final":"{{user.order}} ships as {{lookup.waybill}}."}',
     ]
-    assert trained == ['{"tool":"lookup","params":{"id":"O-1"}}', '{"final":"shipped"}']
+
+
+def trained_texts(sequences: Sequence[TokenSequence]) -> list[str]:
+    """The texts a CharEncoder's sequences train on (their masked characters)."""
+    return [
+        "".join(chr(i) for i, m in zip(seq.input_ids, seq.loss_mask, strict=True) if m and i)
+        for seq in sequences
+    ]
 
 
 class TaggedCharEncoder(CharEncoder):

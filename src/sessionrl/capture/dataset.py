@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 
 from sessionrl.envs.base import DecisionEnv, Split, Task
-from sessionrl.gateway.backends import policy_view
+from sessionrl.gateway.backends import conversation_context, policy_view
+from sessionrl.policy.references import Context, abstract
 from sessionrl.policy.toolcalls import ToolFormat, tool_format_of, write_call, write_final
 from sessionrl.session.model import CallStatus, LLMCall, Session
 from sessionrl.store import SessionQuery, SessionStore
@@ -108,15 +109,20 @@ def check_call(call: LLMCall) -> None:
 
 
 def reply_text(call: LLMCall, fmt: ToolFormat = ToolFormat.ACTION) -> str:
-    """What the model wrote, in the tool-call format `fmt`: its first tool call, or its answer."""
+    """What the model wrote, in the tool-call format `fmt`: its first tool call, or its answer. In the
+    action language, values the call's conversation already holds are written as references
+    (`references.abstract` against the gateway's `conversation_context`), as the demonstrations write
+    them and as the gateway resolves them when the trained policy is served."""
+    said = conversation_context(call.messages) if fmt is ToolFormat.ACTION else Context.of("", ())
     if call.tool_calls:
         first = call.tool_calls[0]
         try:
             params = orjson.loads(first.arguments)
         except orjson.JSONDecodeError:
             raise Unfit(f"call {call.call_id}: tool call arguments are not JSON") from None
-        return write_call(fmt, first.name, params if isinstance(params, dict) else {"arguments": params})
-    return write_final(fmt, call.response)
+        arguments = params if isinstance(params, dict) else {"arguments": params}
+        return write_call(fmt, first.name, abstract(arguments, said))
+    return write_final(fmt, abstract(call.response, said))
 
 
 def template_turn(call: LLMCall, encoder: ChatEncoder) -> Turn:
