@@ -11,7 +11,10 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
    15%, K episodes per ticket sampled at temperature 0.6 with the same faults (the group's baseline
    compares what the policy did), rewards from the demo's rules (`demo_rewards.yaml`: the task's outcome
    ranks the group; a failed call the policy caused, or a reply that is not an action, is charged to the
-   reply that made it), updates from the change feed;
+   reply that made it), updates from the change feed. The update raises only the replies that beat their
+   group (`negative_weight=0`), in small steps: most of the rough policy's episodes fail, and plain GRPO,
+   pushing down every token of those, unlearned the imitation (fewer calls per episode, more bad
+   parameters) within a dozen iterations;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
    same faults, and prints the learning curve, the metrics table, the paired comparison (exact McNemar
    p for success; bootstrap 95% intervals for the change in success and in TCSR, tasks resampled in
@@ -124,11 +127,13 @@ def demo_config(
                 max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536, seed=seed
             ),
             trainer=GRPOConfig(
-                lr=2e-4,
+                lr=1e-4,
                 group_size=4,
                 clip_eps=0.2,
+                epochs=2,
                 reward="layer:long_term",
                 step_coef=0.5,
+                negative_weight=0.0,
                 temperature=temperature,
                 token_budget=8192,
             ),
