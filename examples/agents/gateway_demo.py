@@ -6,6 +6,10 @@ the agent on each task with its base URL naming a session, the domain's tools ru
 side. Each session ends up in the store with its LLM steps, tool steps and a rating posted afterwards.
 
     python examples/agents/gateway_demo.py --tasks 3
+
+`ExpertPolicy` is the same expert as a policy backend for the gateway's own-policy path, speaking a tiny
+policy's action language in its tokens: what the round trip (`tests/capture/test_round_trip.py`,
+`bench/round_trip.py`) captures and then trains on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -29,9 +33,18 @@ from sessionrl.cli.sessions import store_url
 from sessionrl.envs.base import DecisionEnv, Episode, Split, Task
 from sessionrl.envs.registry import build
 from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
+from sessionrl.orchestrator.policy import PolicyReply
+from sessionrl.policy.references import Context, abstract
+from sessionrl.policy.toolcalls import ToolFormat, write_call, write_final
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
-from sessionrl.session.model import ToolRequest
+from sessionrl.session.model import Message, ToolRequest
 from sessionrl.skills import SystemClock
+
+if TYPE_CHECKING:  # the scripted demo runs without torch's import time
+    from sessionrl.policy.llm import HFPolicy
+
+ACTION = ToolFormat.ACTION
+"""The tiny policy's tool-call format, which `ExpertPolicy` writes."""
 
 
 class OrdersDesk:
@@ -86,6 +99,50 @@ class OrdersDesk:
     def backend(self) -> ScriptedChat:
         """The scripted model."""
         return ScriptedChat(self.reply, model="scripted-expert")
+
+    def actions(self, task: Task, outputs: Sequence[Any]) -> list[str]:
+        """The expert's turns on `task` in the tiny policy's action language, as the demo's demonstrations
+        write them: each value the conversation already holds (the request, and the results `outputs` the
+        agent sent back for the calls before) becomes a reference such as ``{{user.order}}``, which the
+        gateway resolves before the agent sees it."""
+        plan = self.env.expert(task)
+        results = list(zip((step.tool for step in plan.steps), outputs, strict=False))
+        calls = [
+            write_call(
+                ACTION, step.tool, abstract(dict(step.params), Context.of(task.instruction, results[:k]))
+            )
+            for k, step in enumerate(plan.steps)
+        ]
+        answer = abstract(plan.final_message, Context.of(task.instruction, results))
+        return [*calls, write_final(ACTION, answer)]
+
+    def corpus(self) -> list[str]:
+        """The texts a tiny policy's tokenizer learns for this desk: each task's request, the expert's
+        actions (`actions`) and the tools' results as the agent sends them back (JSON)."""
+        texts = []
+        for task in self.tasks:
+            _, call_tool = self.episode(task)
+            outputs = [call_tool(step.tool, dict(step.params)) for step in self.env.expert(task).steps]
+            texts += [task.instruction, *self.actions(task, outputs), *map(json.dumps, outputs)]
+        return texts
+
+
+class ExpertPolicy:
+    """A policy backend (for `PolicyChat`) answering a desk task's turn with the expert's action
+    (`OrdersDesk.actions`), reporting the served policy's tokens for the prompt and the reply: sessions
+    captured through it carry the token ids of the model that training then updates."""
+
+    def __init__(self, desk: OrdersDesk, served: HFPolicy) -> None:
+        self.desk, self.served = desk, served
+
+    async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
+        task = self.desk.task_of(next(m.content for m in messages if m.role == "user"))
+        outputs = [orjson.loads(m.content) for m in messages if m.role == "tool"]
+        text = self.desk.actions(task, outputs)[sum(m.role == "assistant" for m in messages)]
+        prompt = self.served.encode_prompt(messages)
+        return PolicyReply(
+            text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(self.served.encode_reply(text))
+        )
 
 
 @contextmanager
