@@ -10,7 +10,7 @@ the gateway resolves them before the agent sees them. So the captured sessions c
 model that training then updates, which has the demo's shape and SFT recipe
 (`sessionrl.train.llm.demo.demo_config`). Held-out tickets (the test split's, never captured) are
 answered greedily by both policies through the same gateway and agent, and the environment's judge says
-which were solved. `tests/capture/test_round_trip.py` runs the same pipeline at smaller settings.
+which were solved. `tests/capture/test_round_trip.py` runs the same pipeline on fewer held-out tickets.
 
 The last line is one JSON object: the solved counts of each policy, McNemar's p of the paired difference,
 the final SFT loss, and the seconds each phase took.
