@@ -5,15 +5,16 @@ For each domain a tiny LM imitates the expert's sessions on training tasks (the 
 the expert wrote there, labelled with the tool it called (or *final*). Then, on the held-out steps:
 
 - **LM alone**: the share of steps whose greedy reply calls the expert's tool (a reply that is not an
-  action counts as wrong);
+  action counts as wrong), and the share of its replies that parse as an action at all;
 - **head**: the share whose class the tool-call head picks (`policy.toolhead.ToolHead`, fit on the LM's
   states of the training steps, the LM frozen);
 - **guided**: the share whose reply, generated with the head's choice imposed (`toolhead.HeadGuide`),
   calls the expert's tool, and the share of those replies that parse as an action at all.
 
 Retail needs the τ-bench data (``--retail-data``, default ``../shared/taubench/retail``); without it only
-orders runs. The last line is one JSON object: ``<domain>_lm_accuracy``, ``<domain>_head_accuracy``,
-``<domain>_guided_accuracy``, ``<domain>_guided_parsed`` and ``<domain>_steps`` (held-out steps).
+orders runs. The last line is one JSON object: ``<domain>_lm_accuracy``, ``<domain>_lm_parsed``,
+``<domain>_head_accuracy``, ``<domain>_guided_accuracy``, ``<domain>_guided_parsed`` and ``<domain>_steps``
+(held-out steps).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def measure(domain: str, args: argparse.Namespace, console: Console) -> dict[str
         test_steps, test_labels = steps_of(run, held_out(run, args.test))
         head = ToolHead(int(policy.model.config.hidden_size), sorted(c.name for c in run.env.contracts()))
         fit_tool_head(head, states_of(policy, train_steps), train_labels, epochs=args.head_epochs)
-        plain = [reply_class(text) for text in replies(policy, test_steps)]
+        plain_texts = replies(policy, test_steps)
+        plain = [reply_class(text) for text in plain_texts]
         chosen = HeadGuide(policy, head).choose([policy.encode_prompt(c) for c in test_steps])
         guided_view = evaluation_view(policy, args.max_new_tokens)
         guided_view.guide = HeadGuide(guided_view, head)
@@ -151,6 +153,7 @@ def measure(domain: str, args: argparse.Namespace, console: Console) -> dict[str
         )
         return {
             "lm_accuracy": accuracy(plain, test_labels),
+            "lm_parsed": sum(parses(t) for t in plain_texts) / len(plain_texts),
             "head_accuracy": accuracy(chosen, test_labels),
             "guided_accuracy": accuracy([reply_class(t) for t in guided_texts], test_labels),
             "guided_parsed": sum(parses(t) for t in guided_texts) / len(guided_texts),
@@ -173,7 +176,7 @@ def main() -> None:
     if len(domains) == 1:
         console.print(f"no τ-bench retail data at {args.retail_data}: orders only")
     table = Table(title="tool choice on held-out expert steps")
-    for column in ("domain", "steps", "LM alone", "head", "guided", "guided parses"):
+    for column in ("domain", "steps", "LM alone", "LM parses", "head", "guided", "guided parses"):
         table.add_column(column, justify="right")
     summary: dict[str, float] = {}
     for domain in domains:
@@ -184,7 +187,7 @@ def main() -> None:
             f"{scores['steps']:.0f}",
             *(
                 f"{scores[k]:.3f}"
-                for k in ("lm_accuracy", "head_accuracy", "guided_accuracy", "guided_parsed")
+                for k in ("lm_accuracy", "lm_parsed", "head_accuracy", "guided_accuracy", "guided_parsed")
             ),
         )
         summary |= {f"{domain}_{key}": round(value, 4) for key, value in scores.items()}
