@@ -129,13 +129,17 @@ def main() -> None:
     parser.add_argument("--reflection-steps", type=int, default=60)
     parser.add_argument("--reflection-lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
+    parser.add_argument(
+        "--resume", action="store_true", help="go on with the run in --run-dir: reflection runs again"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    shutil.rmtree(args.run_dir, ignore_errors=True)
+    if not args.resume:
+        shutil.rmtree(args.run_dir, ignore_errors=True)
     config = staged_config(args)
     console = Console()
     started = time.monotonic()
-    result = train_stages(config, console=console)
+    result = train_stages(config, resume=args.resume, console=console)
     title = f"orders · test · {args.eval_tasks} tasks"
     console.print(dimensions_table({r.stage: r.dimensions() for r in result.stages}, title=title))
     console.print(levels_table({r.stage: r.levels for r in result.stages}, title=f"{title} · levels"))

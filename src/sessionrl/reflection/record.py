@@ -87,8 +87,10 @@ class Reflection:
 
 
 def with_reflection(task: Task, reflection: Reflection) -> Task:
-    """`task` retried with `reflection` in its context (after the request, before anything else)."""
-    return dataclasses.replace(task, instruction=f"{task.instruction}\n{reflection.as_text()}")
+    """`task` retried with `reflection` in its context: in the user's message, before the request, so the
+    request stays where a policy always reads it, last before its reply (a small policy reads a ticket by
+    where it sits: with the reflection after it, one that solved some plain retries solved none)."""
+    return dataclasses.replace(task, instruction=f"{reflection.as_text()}\n{task.instruction}")
 
 
 GENERIC_PLANS: Final[Mapping[RootCause, tuple[str, str]]] = {

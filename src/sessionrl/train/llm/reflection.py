@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -151,7 +152,7 @@ def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) ->
     specs = [
         EpisodeSpec(
             with_reflection(tasks[str(s.metadata["task_id"])], r),
-            session_id=f"corrected-{s.session_id}",
+            session_id=f"corrected-{stamp(r.as_text())}-{s.session_id}",
             seed=stream_seed(run.config.seed, "corrected", s.session_id, bits=SEED_BITS),
             metadata={"stage": "reflection-demo", "corrects": s.session_id},
         )
@@ -159,6 +160,28 @@ def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) ->
     ]
     batch = run_episodes(run.env, specs, expert(run.env), run.store, run.config.rollout)
     return [run.store.get(r.session_id) for r in asyncio.run(batch) if r.success]
+
+
+def stamp(*texts: str) -> str:
+    """A short digest of `texts`, for the ids of episodes that depend on them: a resumed run reads back an
+    episode only when what it depends on (a reflection's text, the trained weights) is the same.
+
+    >>> stamp("a"), stamp("a") == stamp("a"), stamp("a") == stamp("b")
+    ('4c368117', True, False)
+    """
+    digest = hashlib.blake2b(digest_size=4)
+    for text in texts:
+        digest.update(text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def weights(policy: HFPolicy) -> str:
+    """A digest of the policy's weights, as text for `stamp`."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name, tensor in sorted(policy.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
 
 
 # data
@@ -365,8 +388,11 @@ def held_out_uplift(
         return {str(s.metadata["task_id"]): {"retry_of": s.session_id, "reflected": flag} for s, _ in failed}
 
     without = attempt(run, stage2, plain, "cu-retry", "cu-retry", marks(False))
-    with_ = attempt(run, stage3, reflected, "cu-reflected", "cu-retry", marks(True))
-    untrained = attempt(run, stage2, reflected, "cu-reflected-rl", "cu-retry")
+    read = [t.instruction for t in reflected]
+    with_ = attempt(
+        run, stage3, reflected, f"cu-reflected-{stamp(weights(stage3), *read)}", "cu-retry", marks(True)
+    )
+    untrained = attempt(run, stage2, reflected, f"cu-reflected-rl-{stamp(*read)}", "cu-retry")
     causes = Counter(r.root_cause.value for _, r in failed)
     return Uplift(len(failed), tuple(without), tuple(with_), tuple(untrained), dict(sorted(causes.items())))
 
@@ -423,7 +449,8 @@ def train_stages(config: RunConfig, *, resume: bool = False, console: Console | 
         run.policy = HFPolicy.load(*load)
         reflection_stage(run, console)
         uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy, result.report["rl"].sessions)
-        final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, "reflection")
+        label = f"reflection-{stamp(weights(run.policy))}"
+        final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, label)
         sessions = [*final.sessions, *uplift.without, *uplift.with_reflection]
         levels = assess(sessions, config.levels, steps_of=steps)
         reports.append(StageReport("reflection", final.metrics, uplift.cu, levels, final.sessions))
@@ -450,7 +477,9 @@ __all__ = [
     "root_cause_turn",
     "root_cause_weight",
     "self_reflect",
+    "stamp",
     "train_stages",
     "transcript",
     "weighted",
+    "weights",
 ]
