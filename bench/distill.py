@@ -40,7 +40,7 @@ from sessionrl.envs.base import DecisionEnv, ExpertPlan, Split, Task, stream_see
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, ScriptedAgent, run_episodes
 from sessionrl.episodes.llm import PolicyAgent, prompt_messages
-from sessionrl.eval.metrics import compute, task_success
+from sessionrl.eval.metrics import compute
 from sessionrl.eval.significance import paired_comparison
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import build_tiny_policy
@@ -50,6 +50,7 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import TokenSequence, demonstration_turns, merge_turns
 from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.distill import distill, savings
+from sessionrl.train.llm.reflection import success_by_task
 from sessionrl.train.llm.run import split_digits, tokenizer_corpus
 from sessionrl.train.llm.sft import SFTConfig, SFTTrainer
 
@@ -131,16 +132,11 @@ def evaluate(env: DecisionEnv, policy: HFPolicy, config: RunConfig, n: int, labe
     return [store.get(r.session_id) for r in ran]
 
 
-def outcomes(sessions: Sequence[Session]) -> dict[str, bool]:
-    """Success by task id."""
-    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
-
-
 def figures(
     results: dict[str, Any], evaluated: dict[str, list[Session]], saved: dict[str, Any]
 ) -> dict[str, Any]:
     """Both arms' figures, their paired comparison (printed), and the demonstrations' savings."""
-    c = paired_comparison(outcomes(evaluated["raw"]), outcomes(evaluated["distilled"]))
+    c = paired_comparison(success_by_task(evaluated["raw"]), success_by_task(evaluated["distilled"]))
     print(
         f"raw -> distilled: {c.first_rate:.3f} -> {c.second_rate:.3f} on {c.tasks} tasks, raw alone "
         f"{c.first_only}, distilled alone {c.second_only}, McNemar p = {c.p_value:.3g}"

@@ -39,6 +39,7 @@ from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.dpo import DPOConfig, DPOTrainer, Preference
 from sessionrl.train.llm.loop import Evaluation, evaluate, imitation, in_lockstep, once_per_task, start_run
 from sessionrl.train.llm.negatives import counterfactual_pair, random_pair
+from sessionrl.train.llm.reflection import success_by_task
 from sessionrl.train.llm.run import Run, evaluation_view, open_run
 
 
@@ -74,17 +75,14 @@ def pairs_of(run: Run, failed: Sequence[Session]) -> tuple[list[Preference], lis
     return hard, easy, kinds
 
 
-def outcomes(sessions: Sequence[Session]) -> dict[str, bool]:
-    """Success by task id."""
-    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
-
-
 def compared(results: dict[str, Evaluation], console: Console) -> dict[str, Any]:
     """Each arm's success and SPT, and the arms compared task by task (printed, and as figures)."""
     summary: dict[str, Any] = {f"{k}_success": e.metrics.success for k, e in results.items()}
     summary |= {f"{k}_spt": e.metrics.spt for k, e in results.items()}
     for first, second in (("sft", "random"), ("sft", "counterfactual"), ("random", "counterfactual")):
-        c = paired_comparison(outcomes(results[first].sessions), outcomes(results[second].sessions))
+        c = paired_comparison(
+            success_by_task(results[first].sessions), success_by_task(results[second].sessions)
+        )
         console.print(
             f"{first} -> {second}: {c.first_rate:.3f} -> {c.second_rate:.3f}, {first} alone "
             f"{c.first_only}, {second} alone {c.second_only}, McNemar p = {c.p_value:.3g}"

@@ -33,13 +33,11 @@ import orjson
 import torch
 from rich.console import Console
 
-from sessionrl.eval.metrics import task_success
 from sessionrl.eval.report import dimensions_table, levels_table
 from sessionrl.eval.significance import PairedComparison, paired_comparison
-from sessionrl.session import Session
 from sessionrl.train.config import ReflectionSection, RunConfig
 from sessionrl.train.llm.demo import demo_config
-from sessionrl.train.llm.reflection import StagesResult, train_stages
+from sessionrl.train.llm.reflection import StagesResult, success_by_task, train_stages
 from sessionrl.train.llm.sft import SFTConfig
 
 
@@ -67,11 +65,6 @@ def staged_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def outcomes(sessions: tuple[Session, ...]) -> dict[str, bool]:
-    """Success by task id."""
-    return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
-
-
 def described(name: str, c: PairedComparison) -> str:
     """One line: the two rates, who alone solved what, McNemar's p and the interval of the change."""
     low, high = c.delta.as_list()
@@ -91,13 +84,15 @@ def summary(result: StagesResult, console: Console) -> dict[str, Any]:
         for i, s in enumerate(("imitation", "rl", "reflection"), 1)
     }
     if stage2 is not None and stage3 is not None:
-        stages = paired_comparison(outcomes(stage2.sessions), outcomes(stage3.sessions))
+        stages = paired_comparison(success_by_task(stage2.sessions), success_by_task(stage3.sessions))
         console.print(described("success, stage 2 -> stage 3", stages), markup=False, highlight=False)
         out |= {"stage3_vs_stage2_p": round(stages.p_value, 6), "stage3_vs_stage2_ci": stages.delta.as_list()}
     uplift = result.uplift
     if uplift is not None and uplift.failures:
         cu = uplift.comparison()
-        untrained = paired_comparison(outcomes(uplift.without), outcomes(uplift.untrained_with_reflection))
+        untrained = paired_comparison(
+            success_by_task(uplift.without), success_by_task(uplift.untrained_with_reflection)
+        )
         console.print(described("CU, retry without -> with reflection", cu), markup=False, highlight=False)
         console.print(described("untrained CU (stage 2 both)", untrained), markup=False, highlight=False)
         out |= {

@@ -286,7 +286,8 @@ class Uplift:
         """The retries with the reflection (stage 3) against `against` (by default the plain retries of
         stage 2), paired by task: McNemar's exact p and the bootstrap interval of the change."""
         return paired_comparison(
-            _outcomes(self.without if against is None else against), _outcomes(self.with_reflection)
+            success_by_task(self.without if against is None else against),
+            success_by_task(self.with_reflection),
         )
 
     @property
@@ -295,7 +296,8 @@ class Uplift:
         return self.comparison().p_value
 
 
-def _outcomes(sessions: Sequence[Session]) -> dict[str, bool]:
+def success_by_task(sessions: Sequence[Session]) -> dict[str, bool]:
+    """Whether each session's task was solved, by task id (what `paired_comparison` pairs)."""
     return {str(s.metadata["task_id"]): task_success(s) is True for s in sessions}
 
 
@@ -478,6 +480,7 @@ __all__ = [
     "root_cause_weight",
     "self_reflect",
     "stamp",
+    "success_by_task",
     "train_stages",
     "transcript",
     "weighted",
