@@ -59,6 +59,7 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
                 sft.trainer,
                 steps=args.sft_steps or sft.trainer.steps,
                 batch_sessions=args.sft_batch or sft.trainer.batch_sessions,
+                lr=args.sft_lr or sft.trainer.lr,
                 warmup_steps=min(
                     sft.trainer.warmup_steps, max((args.sft_steps or sft.trainer.steps) // 4, 1)
                 ),
@@ -163,6 +164,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--demos", type=int, default=None, help="expert demonstrations recorded")
     parser.add_argument("--sft-steps", type=int, default=None, help="imitation optimiser steps")
     parser.add_argument("--sft-batch", type=int, default=None, help="demonstrations per imitation step")
+    parser.add_argument("--sft-lr", type=float, default=None, help="imitation learning rate")
     parser.add_argument("--rl-iterations", type=int, default=None, help="GRPO iterations")
     parser.add_argument("--rl-tasks", type=int, default=None, help="training tasks per GRPO iteration")
     parser.add_argument("--group", type=int, default=None, help="episodes per task in GRPO (K)")
