@@ -10,7 +10,9 @@ are only evaluated on.
 
 `--jobs N` runs N seeds at once, each in its own process with one torch thread (on a crowded machine one
 thread per process runs faster than two threads sharing one process). `--rows FILE` appends each seed's
-JSON row to FILE as soon as the seed ends, so a bench that is stopped early keeps the seeds it finished.
+JSON row to FILE as soon as the seed ends, so a bench that is stopped early keeps the seeds it finished;
+run again with the same FILE, it reads the seeds found there (same iterations and evaluation tasks) instead
+of running them again.
 
 Last line: one JSON object with `seeds`, `rl_wins` (seeds where RL success >= imitation success),
 `mean_gain`, `pooled_p`, and the per-seed rows.
@@ -69,15 +71,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def seed_rows(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+def finished(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """The rows `args.rows` already holds for the seeds asked for, run with the same budget, by seed."""
+    if args.rows is None or not args.rows.is_file():
+        return {}
+    rows = [orjson.loads(line) for line in args.rows.read_bytes().splitlines() if line.strip()]
+    return {
+        r["seed"]: r
+        for r in rows
+        if r["seed"] in args.seeds
+        and r["rl_iterations"] == args.rl_iterations
+        and r["n_eval"] == args.eval_tasks
+    }
+
+
+def seed_rows(args: argparse.Namespace, seeds: list[int]) -> Iterator[dict[str, Any]]:
     """Each seed's demo summary as it ends: in this process one after another, or `args.jobs` at once."""
     run = (args.out, args.rl_iterations, args.eval_tasks, not args.verbose)
     if args.jobs <= 1:
-        for seed in args.seeds:
+        for seed in seeds:
             yield one_seed(seed, *run)
         return
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(one_seed_alone, seed, *run) for seed in args.seeds]
+        futures = [pool.submit(one_seed_alone, seed, *run) for seed in seeds]
         for future in as_completed(futures):
             yield future.result()
 
@@ -94,9 +110,10 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.monotonic()
-    rows = []
-    print(HEADER, flush=True)
-    for row in seed_rows(args):
+    done = finished(args)
+    rows = list(done.values())
+    print(table(rows) if rows else HEADER, flush=True)
+    for row in seed_rows(args, [seed for seed in args.seeds if seed not in done]):
         rows.append(row)
         print(table(rows).splitlines()[-1], flush=True)
         if args.rows is not None:
