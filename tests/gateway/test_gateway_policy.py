@@ -3,6 +3,7 @@ and log-probabilities it sampled are recorded, and train as they are, with no re
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ from openai import OpenAI
 
 from sessionrl.capture.dataset import captured_sequences
 from sessionrl.gateway import ChatRequest
-from sessionrl.gateway.backends import read_action
+from sessionrl.gateway.backends import PolicyChat, read_action
+from sessionrl.orchestrator.policy import PolicyReply
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.policy.toolcalls import ToolFormat, listed_tools
 from sessionrl.session.model import Message, Session
 
 TINY = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -87,3 +90,34 @@ def test_references_in_the_policy_s_actions_reach_the_agent_as_the_values_they_n
 
 def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+class _NativeEcho:
+    """A policy backend that writes native tool calls and keeps the conversations it was given."""
+
+    tool_format = ToolFormat.NATIVE
+
+    def __init__(self) -> None:
+        self.seen: list[list[Message]] = []
+
+    async def generate(self, messages: list[Message], purpose: str = "step") -> PolicyReply:
+        self.seen.append(list(messages))
+        return PolicyReply(text="Nothing to call.")
+
+
+def test_a_native_policy_is_shown_the_request_s_tools_where_its_chat_template_finds_them() -> None:
+    backend = _NativeEcho()
+    chat = PolicyChat([backend])
+    with_system = ChatRequest(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "O-1?"}],
+        tools=[TOOL],
+    )
+    without_system = ChatRequest(messages=[{"role": "user", "content": "O-1?"}], tools=[TOOL])
+    asyncio.run(chat.complete(with_system, "s-1"))
+    asyncio.run(chat.complete(without_system, "s-2"))
+    asyncio.run(chat.complete(ChatRequest(messages=[{"role": "user", "content": "hi"}]), "s-3"))
+    first, second, untooled = backend.seen
+    assert listed_tools(first[0].content) == ("Be brief.", [TOOL])
+    assert [m.role for m in second] == ["system", "user"]
+    assert listed_tools(second[0].content)[1] == [TOOL]
+    assert [m.role for m in untooled] == ["user"]

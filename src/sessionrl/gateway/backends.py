@@ -26,7 +26,13 @@ from sessionrl.gateway.chat import ChatRequest
 from sessionrl.orchestrator.lanes import route
 from sessionrl.orchestrator.policy import PolicyBackend, PolicyError
 from sessionrl.policy.references import Context, resolve
-from sessionrl.policy.toolcalls import ToolFormat, parse_reply, tool_format_of, write_call
+from sessionrl.policy.toolcalls import (
+    ToolFormat,
+    parse_reply,
+    tool_format_of,
+    tool_listing,
+    write_call,
+)
 from sessionrl.session.model import Message, ToolRequest
 
 
@@ -104,7 +110,7 @@ class PolicyChat:
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
         backend = self._backends[route(session_id, len(self._backends))]
         fmt = tool_format_of(backend)
-        messages = [policy_view(m.to_message(), fmt) for m in request.messages]
+        messages = offered_tools([policy_view(m.to_message(), fmt) for m in request.messages], request, fmt)
         try:
             reply = await backend.generate(messages, purpose="chat")
         except PolicyError as exc:
@@ -128,6 +134,24 @@ class PolicyChat:
 
     async def models(self) -> list[str]:
         return [self.model]
+
+
+def offered_tools(messages: list[Message], request: ChatRequest, fmt: ToolFormat) -> list[Message]:
+    """`messages` as a policy in format `fmt` must read them to know the request's tools.
+
+    A native chat template renders tools itself, and `HFPolicy.render` takes them from the
+    `toolcalls.tool_listing` that ends the system message, as episodes write it; so for the native format
+    the request's tools are listed there (in a system message of their own when the agent sent none).
+    The action language and the tagged format read the agent's messages as they are: its own prompt
+    says what it offers.
+    """
+    if fmt is not ToolFormat.NATIVE or not request.tools:
+        return messages
+    listing = tool_listing(request.tools)
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        return [first.model_copy(update={"content": f"{first.content}\n\n{listing}"}), *messages[1:]]
+    return [Message(role="system", content=listing), *messages]
 
 
 def policy_view(message: Message, fmt: ToolFormat = ToolFormat.ACTION) -> Message:

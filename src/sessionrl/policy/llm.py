@@ -345,6 +345,8 @@ class HFPolicy:
             if chat and chat[0]["role"] == "system":
                 chat[0]["content"], listed = listed_tools(chat[0]["content"])
                 tools = tools or listed
+                if not chat[0]["content"]:  # a system message that only listed the tools
+                    del chat[0]
             if tools:
                 extra["tools"] = list(tools)
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra)

@@ -103,14 +103,16 @@ def listed_tools(system: str) -> tuple[str, list[dict[str, Any]]]:
 
     >>> listed_tools('Be kind.\\n\\nTools:\\n{"type":"function","function":{"name":"f"}}')
     ('Be kind.', [{'type': 'function', 'function': {'name': 'f'}}])
+    >>> listed_tools('Tools:\\n{"type":"function","function":{"name":"f"}}')
+    ('', [{'type': 'function', 'function': {'name': 'f'}}])
     >>> listed_tools("Be kind.\\nTools:\\nsms_send(phone)")
     ('Be kind.\\nTools:\\nsms_send(phone)', [])
     """
-    head, found, listing = system.rpartition(f"\n{TOOLS_HEADING}\n")
+    head, found, listing = f"\n{system}".rpartition(f"\n{TOOLS_HEADING}\n")
     tools = [_json(line) for line in listing.splitlines()] if found else []
     if not tools or not all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools):
         return system, []
-    return head.rstrip(), tools
+    return head.removeprefix("\n").rstrip(), tools
 
 
 def write_call(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> str:
