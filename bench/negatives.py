@@ -100,9 +100,9 @@ def main() -> None:
     parser.add_argument(
         "--sft-policy", type=Path, default=None, help="an imitation policy of the demo's recipe"
     )
-    parser.add_argument("--pair-tasks", type=int, default=300)
-    parser.add_argument("--dpo-steps", type=int, default=40)
-    parser.add_argument("--dpo-lr", type=float, default=5e-4)
+    parser.add_argument("--pair-tasks", type=int, default=200)
+    parser.add_argument("--dpo-steps", type=int, default=25)
+    parser.add_argument("--dpo-lr", type=float, default=1e-4, help="5e-4 wrecked the policy")
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--eval-tasks", type=int, default=100, help="the demo's held-out test tasks")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")

@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=100, help="the demo's held-out test tasks")
     parser.add_argument("--reflect-tasks", type=int, default=200)
     parser.add_argument("--held-out", type=int, default=100)
-    parser.add_argument("--reflection-steps", type=int, default=60)
+    parser.add_argument("--reflection-steps", type=int, default=80)
     parser.add_argument("--reflection-lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
     parser.add_argument(
