@@ -12,9 +12,9 @@ initial weights) are trained by the demo's imitation recipe (lr 5e-3, warm-up an
 of 8 sessions), one on each set, until each has seen the same number of training tokens (prompt and action
 tokens of its packed sequences): what `--raw-steps` steps on the raw set take (by default 120, about two
 thirds of the tokens of the demo's 240 steps on its clean demonstrations, so both arms fit on 2 crowded
-cores in under an hour), so the distilled arm, with shorter sequences, takes more steps. Both are then evaluated greedily on
-the demo's held-out test tickets with its evaluation faults (seeded by the ticket) and compared task by
-task (exact McNemar p, bootstrap 95% interval). SPT counts tool and LLM calls per episode.
+cores in under an hour), so the distilled arm, with shorter sequences, takes more steps. Both are then
+evaluated greedily on the demo's held-out test tickets with its evaluation faults (seeded by the ticket) and
+compared task by task (exact McNemar p, bootstrap 95% interval). SPT counts tool and LLM calls per episode.
 
 Last line: one JSON object with `raw_success`, `distilled_success`, `raw_spt`, `distilled_spt`, the
 paired comparison, the demonstrations' step savings, the steps and tokens each arm took, and `minutes`.
