@@ -28,7 +28,8 @@ def train_command(
         Path, typer.Argument(help="Run config (YAML); see examples/orders-<trainer>.yaml for each trainer.")
     ],
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from the run's last checkpoint (sft and grpo runs).")
+        bool,
+        typer.Option("--resume", help="Continue from the run's last checkpoint (sft, grpo and staged runs)."),
     ] = False,
 ) -> None:
     """Train what the config's `trainer:` names (sft, grpo, dpo, ppo, aaac), then evaluate the exported

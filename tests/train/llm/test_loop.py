@@ -97,6 +97,11 @@ def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> No
     assert [r["iteration"] for r in records if r["stage"] == "rl"] == [0, 1]
     kinds = [(r["stage"], r["step"], r.get("label"), *sorted(set(r) - {"time"})) for r in records]
     assert len(kinds) == len(set(kinds)), "a resumed run logs each step once"
+    # the imitation policy is the same, so its evaluation is read back; the RL policy trained further, so
+    # it is evaluated anew rather than reported from the first run's sessions
+    ids = {label: [s.session_id for s in e.sessions] for label, e in result.report.items()}
+    assert [s.session_id for s in resumed.report["sft"].sessions] == ids["sft"]
+    assert not {s.session_id for s in resumed.report["rl"].sessions} & set(ids["rl"])
 
 
 def test_a_loaded_checkpoint_takes_the_same_next_batch_and_makes_the_same_update(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ then those an uninterrupted run would have made.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -160,4 +161,35 @@ def _python_tuple(saved: list[Any]) -> tuple[Any, ...]:
     return (version, tuple(internal), gauss)
 
 
-__all__ = ["LoopState", "Stage", "has_checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]
+def stamp(*texts: str) -> str:
+    """A short digest of `texts`, for the ids of episodes that depend on them: a resumed run reads back an
+    episode only when what it depends on (a reflection's text, the trained weights) is the same.
+
+    >>> stamp("a"), stamp("a") == stamp("a"), stamp("a") == stamp("b")
+    ('4c368117', True, False)
+    """
+    digest = hashlib.blake2b(digest_size=4)
+    for text in texts:
+        digest.update(text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def weights(model: torch.nn.Module) -> str:
+    """A digest of a model's weights, as text for `stamp`."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+__all__ = [
+    "LoopState",
+    "Stage",
+    "has_checkpoint",
+    "load_checkpoint",
+    "read_state",
+    "save_checkpoint",
+    "stamp",
+    "weights",
+]

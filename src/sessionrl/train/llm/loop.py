@@ -45,6 +45,8 @@ from sessionrl.train.llm.checkpoint import (
     read_state,
     save_checkpoint,
     saved_at,
+    stamp,
+    weights,
 )
 from sessionrl.train.llm.data import (
     TokenSequence,
@@ -112,13 +114,15 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     evaluation fault rate.
 
     Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
-    faults on the same tasks.
+    faults on the same tasks. Session ids carry a digest of the policy's weights: an interrupted evaluation
+    reads back the episodes it finished, but a resumed run whose policy has trained further evaluates anew.
     """
     cfg = run.config
     view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
     faults = cfg.faults.fixed(cfg.faults.eval_rate)
     tasks = run.env.tasks(split)[:n_tasks]
-    specs = once_per_task(cfg.seed, tasks, "eval", f"eval-{label}", faults, {"stage": "eval", "label": label})
+    prefix = f"eval-{label}-{stamp(weights(policy.model))}"
+    specs = once_per_task(cfg.seed, tasks, "eval", prefix, faults, {"stage": "eval", "label": label})
     ran = in_lockstep(run, specs, view)
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))

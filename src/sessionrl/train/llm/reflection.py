@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -58,6 +57,7 @@ from sessionrl.reflection import (
 )
 from sessionrl.session import FeedbackAdded, Message, Session
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.checkpoint import stamp, weights
 from sessionrl.train.llm.data import (
     ChatEncoder,
     MicroBatch,
@@ -160,28 +160,6 @@ def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) ->
     ]
     batch = run_episodes(run.env, specs, expert(run.env), run.store, run.config.rollout)
     return [run.store.get(r.session_id) for r in asyncio.run(batch) if r.success]
-
-
-def stamp(*texts: str) -> str:
-    """A short digest of `texts`, for the ids of episodes that depend on them: a resumed run reads back an
-    episode only when what it depends on (a reflection's text, the trained weights) is the same.
-
-    >>> stamp("a"), stamp("a") == stamp("a"), stamp("a") == stamp("b")
-    ('4c368117', True, False)
-    """
-    digest = hashlib.blake2b(digest_size=4)
-    for text in texts:
-        digest.update(text.encode() + b"\0")
-    return digest.hexdigest()
-
-
-def weights(policy: HFPolicy) -> str:
-    """A digest of the policy's weights, as text for `stamp`."""
-    digest = hashlib.blake2b(digest_size=8)
-    for name, tensor in sorted(policy.model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().float().numpy().tobytes())
-    return digest.hexdigest()
 
 
 # data
@@ -392,7 +370,7 @@ def held_out_uplift(
     without = attempt(run, stage2, plain, "cu-retry", "cu-retry", marks(False))
     read = [t.instruction for t in reflected]
     with_ = attempt(
-        run, stage3, reflected, f"cu-reflected-{stamp(weights(stage3), *read)}", "cu-retry", marks(True)
+        run, stage3, reflected, f"cu-reflected-{stamp(weights(stage3.model), *read)}", "cu-retry", marks(True)
     )
     untrained = attempt(run, stage2, reflected, f"cu-reflected-rl-{stamp(*read)}", "cu-retry")
     causes = Counter(r.root_cause.value for _, r in failed)
@@ -451,8 +429,7 @@ def train_stages(config: RunConfig, *, resume: bool = False, console: Console | 
         run.policy = HFPolicy.load(*load)
         reflection_stage(run, console)
         uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy, result.report["rl"].sessions)
-        label = f"reflection-{stamp(weights(run.policy))}"
-        final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, label)
+        final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, "reflection")
         sessions = [*final.sessions, *uplift.without, *uplift.with_reflection]
         levels = assess(sessions, config.levels, steps_of=steps)
         reports.append(StageReport("reflection", final.metrics, uplift.cu, levels, final.sessions))
