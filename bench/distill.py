@@ -4,8 +4,8 @@ same token budget, on orders.
 Raw demonstrations are noisy expert sessions on the demo's 400 imitation tickets: the expert's plan with
 redundant lookups added (the stock check or the return check made again, at random), run with transient
 tool faults that the expert calls again after, so a raw session holds failed calls, retries and redundant
-steps. Distillation (`sessionrl.train.llm.distill`) cuts each to its shortest path that still verifies by
-replay.
+steps. Distillation (`sessionrl.train.llm.distill`) cuts each to its shortest path that still reads every
+value its calls and answer read from the conversation and still verifies by replay.
 
 Two copies of the demo's tiny model (`sessionrl.train.llm.demo.demo_config`: same shape, tokenizer and
 initial weights) are trained by the demo's imitation recipe (lr 5e-3, warm-up and half-cosine, batches

@@ -1,18 +1,23 @@
-"""Trace distillation on real orders episodes: failed calls and redundant lookups go, the rest replays."""
+"""Trace distillation on real episodes: failed calls and redundant lookups go, lookups whose results a later
+call reads stay, the rest replays."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
+from sessionrl.envs.retail import RetailEnv
 from sessionrl.episodes import EpisodeSpec, RolloutConfig, ScriptedAgent, run_episodes
 from sessionrl.eval.metrics import task_success
+from sessionrl.policy.references import REFERENCE
 from sessionrl.session import CallStatus
 from sessionrl.store import SessionStore
-from sessionrl.train.llm.distill import distill, savings
+from sessionrl.train.llm.data import demonstration_replies
+from sessionrl.train.llm.distill import distill, replays, savings
 
 ENV = OrdersEnv(DomainConfig(train=12, dev=1, test=1, time_factor=0))
 
@@ -55,3 +60,44 @@ def test_a_session_that_does_not_replay_is_kept_and_counted() -> None:
     assert not d.verified
     assert d.session is wrong
     assert savings([d])["unverified"] == 1
+
+
+def test_lookups_a_later_call_reads_stay_though_the_replay_needs_only_the_write(retail_data: Path) -> None:
+    # retail's checker compares the final database, so the return alone replays; but the return's order
+    # and item ids come from the user and order lookups, and the user lookup's id from the first one
+    env = RetailEnv(retail_data)
+    task = next(t for t in env.tasks(Split.TRAIN) if t.task_id == "retail-train-0")
+    plan = env.expert(task)
+    assert [s.tool for s in plan.steps] == [
+        "find_user_id_by_name_zip",
+        "get_user_details",
+        "get_order_details",
+        "return_delivered_order_items",
+    ]
+    again = dataclasses.replace(plan.steps[1], id="again")  # the user's details read twice: redundant
+    noisy = dataclasses.replace(plan, steps=(*plan.steps[:2], again, *plan.steps[2:]))
+    with SessionStore.open("sqlite://") as store:
+        (ran,) = asyncio.run(
+            run_episodes(env, [EpisodeSpec(task)], ScriptedAgent("e", lambda _: noisy), store)
+        )
+        session = store.get(ran.session_id)
+    order = session.tool_calls[3]
+    failed = order.model_copy(update={"call_id": "failed", "status": CallStatus.ERROR, "output": None})
+    session = session.model_copy(
+        update={"tool_calls": (*session.tool_calls[:3], failed, *session.tool_calls[3:])}
+    )
+    final = session.final_output.text if session.final_output else ""
+    assert asyncio.run(replays(env, task, session.tool_calls[-1:], final, 0))
+
+    (d,) = distill(env, [session])
+    assert d.verified
+    kept = d.session.tool_calls
+    assert [c.call_id for c in kept] == [session.tool_calls[i].call_id for i in (0, 1, 4, 5)]
+    assert d.saved == 2  # the second user lookup and the failed order lookup
+    # the distilled demonstration still reads every id it needs: no lookup's value is typed out
+    written = [r.text for r in demonstration_replies(d.session, "", 100_000)]
+    full = [r.text for r in demonstration_replies(session, "", 100_000)]
+    assert [len(REFERENCE.findall(t)) for t in written] == [
+        len(REFERENCE.findall(full[i])) for i in (0, 1, 4, 5, 6)
+    ]
+    assert all(c.params["order_id"] not in written[-2] for c in kept[2:3])

@@ -1,9 +1,19 @@
 """Trace distillation: from a solved session, the shortest path of calls that still solves the task.
 
     drop every call that failed (a failed-then-retried step keeps only the call that went through)
-    then, one call at a time from the last, drop each call whose removal still verifies by replay
+    then, one call at a time from the last, drop each call whose removal keeps every read and still
+    verifies by replay
+    reads  = where the kept calls' parameters and the final answer, written as a demonstration writes them
+             (`sessionrl.policy.references.abstract`: values the request or an earlier result holds become
+             references), read a value from the conversation; a removal must leave each of them readable
     replay = the kept calls, in order, on a fresh episode of the same task and seed, each succeeding,
              and the env's checker accepting the session's final message
+
+The reads matter because the replay types the expert's literal values: a lookup whose result a later call
+uses (a user id, an order's item ids, a courier) is not needed by the replay, yet a policy imitating the
+cut path would have to write a value it never read. A lookup made twice goes (the second's references
+read the first's result), and a lookup whose values the request already gives goes (references to the
+request come first). The reads are taken against the calls' full outputs, not the cut text a prompt shows.
 
 What is left is the session with only the kept calls (`Distilled.session`), ready for imitation like any
 demonstration (`sessionrl.train.llm.data.demonstration_turns`); `Distilled.saved` counts the calls dropped.
@@ -18,7 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from sessionrl.envs.base import DecisionEnv, Split, Task
+from sessionrl.policy.references import REFERENCE, Context, abstract
 from sessionrl.session import CallStatus, Session, ToolCall
 from sessionrl.skills import ExecutorConfig, ManualClock, SkillExecutor
 
@@ -50,6 +63,30 @@ async def replays(env: DecisionEnv, task: Task, calls: Sequence[ToolCall], final
     return episode.outcome([final] if final else []).success
 
 
+def reads(request: str, calls: Sequence[ToolCall], final: str) -> dict[str, str]:
+    """Each call's parameters (by call id) and the final answer (key ``""``) as a demonstration writes them
+    after `request` and the results of the calls before it, every reference's name blanked: what is left
+    says where each action reads a value from the conversation and what it types itself."""
+    written: dict[str, str] = {}
+    for index, call in enumerate(calls):
+        context = Context.of(request, [(c.tool, c.output) for c in calls[:index]])
+        written[call.call_id] = _blanked(abstract(call.params, context))
+    context = Context.of(request, [(c.tool, c.output) for c in calls])
+    written[""] = _blanked(abstract(final, context))
+    return written
+
+
+def _blanked(value: Any) -> str:
+    return REFERENCE.sub("{{}}", orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode())
+
+
+def keeps_reads(request: str, calls: Sequence[ToolCall], final: str, needed: dict[str, str]) -> bool:
+    """Whether the path `calls` still reads every value the full path's actions read (`needed`, from
+    `reads`): each kept action written the same, a reference standing wherever one stood (it may name
+    another result that holds the same value)."""
+    return all(needed[key] == written for key, written in reads(request, calls, final).items())
+
+
 async def shortest_path(env: DecisionEnv, task: Task, session: Session) -> Distilled:
     """`session` cut to its shortest verified path (see the module doc)."""
     seed = int(session.metadata.get("seed", 0))
@@ -57,9 +94,12 @@ async def shortest_path(env: DecisionEnv, task: Task, session: Session) -> Disti
     calls = [c for c in session.tool_calls if c.status == CallStatus.SUCCESS]
     if not await replays(env, task, calls, final, seed):
         return Distilled(session, len(session.tool_calls), verified=False)
+    needed = reads(session.user_query, calls, final)
     for index in reversed(range(len(calls))):
         shorter = calls[:index] + calls[index + 1 :]
-        if await replays(env, task, shorter, final, seed):
+        if keeps_reads(session.user_query, shorter, final, needed) and await replays(
+            env, task, shorter, final, seed
+        ):
             calls = shorter
     kept = session.model_copy(update={"tool_calls": tuple(calls)})
     return Distilled(kept, len(session.tool_calls), verified=True)
@@ -88,4 +128,4 @@ def savings(distilled: Sequence[Distilled]) -> dict[str, Any]:
     }
 
 
-__all__ = ["Distilled", "distill", "replays", "savings", "shortest_path"]
+__all__ = ["Distilled", "distill", "keeps_reads", "reads", "replays", "savings", "shortest_path"]
