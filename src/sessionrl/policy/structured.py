@@ -101,17 +101,17 @@ class ActionLayout:
 
     def owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, H]`` masks of the numeric and the choice heads that belong to each row's skill."""
-        index = layout_index(self)
-        return skill[:, None] == index.numeric_skill[None, :], skill[:, None] == index.choice_skill[None, :]
+        return layout_index(self).owned(skill)
 
     def env_params(self, action: StructuredAction) -> Tensor:
         """``[B, width]`` parameter vectors for the environment: ``tanh(u)`` for numbers, bin centres for
         choices, each in its skill's slot; slots the skill does not use stay 0."""
         index = layout_index(self)
         params = torch.zeros((action.skill.shape[0], self.width), device=action.raw.device)
-        own_num, own_choice = self.owned(action.skill)
+        own_num, own_choice = index.owned(action.skill)
         params.index_add_(1, index.numeric_slot, torch.tanh(action.raw) * own_num)
-        centre = -1.0 + (2.0 * action.choice.to(params.dtype) + 1.0) / index.choice_size
+        # the centre of bin j of k, -1 + (2j + 1) / k, as one multiply-add
+        centre = torch.addcmul(index.centre_offset, action.choice.to(params.dtype), index.centre_scale)
         return params.index_add_(1, index.choice_slot, centre * own_choice)
 
 
@@ -119,7 +119,8 @@ class ActionLayout:
 class LayoutIndex:
     """An `ActionLayout` as index tensors: each head's skill and slot, each choice head's size, and where
     choice head ``h``'s option ``j`` sits in the flat choice logits (`pad`, ``[H, K_max]``; the value
-    ``sum(k)`` points at a padding column of ``-inf``)."""
+    ``sum(k)`` points at a padding column of ``-inf``). A bin's centre is ``j · centre_scale +
+    centre_offset`` (``2 / k`` and ``1 / k - 1``)."""
 
     numeric_skill: Tensor
     numeric_slot: Tensor
@@ -127,11 +128,24 @@ class LayoutIndex:
     choice_slot: Tensor
     choice_size: Tensor
     pad: Tensor
+    centre_scale: Tensor
+    centre_offset: Tensor
+
+    def owned(self, skill: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, H]`` masks of the numeric and the choice heads that belong to each row's skill."""
+        column = skill[:, None]
+        return column == self.numeric_skill, column == self.choice_skill
 
 
 @functools.cache
 def layout_index(layout: ActionLayout) -> LayoutIndex:
-    """The index tensors of `layout`, built once per layout."""
+    """The index tensors of `layout`, built once per layout (as ordinary tensors even when first asked for
+    in inference mode: the cache outlives that mode, and autograd may save them later)."""
+    with torch.inference_mode(False):
+        return _built_index(layout)
+
+
+def _built_index(layout: ActionLayout) -> LayoutIndex:
     sizes = [k for _, _, k in layout.choices]
     widest, total = max(sizes, default=1), sum(sizes)
     pad = torch.full((len(sizes), widest), total, dtype=torch.long)
@@ -139,13 +153,16 @@ def layout_index(layout: ActionLayout) -> LayoutIndex:
     for h, k in enumerate(sizes):
         pad[h, :k] = torch.arange(start, start + k)
         start += k
+    size = torch.tensor(sizes, dtype=torch.float32)
     return LayoutIndex(
         numeric_skill=torch.tensor([s for s, _ in layout.numeric], dtype=torch.long),
         numeric_slot=torch.tensor([slot for _, slot in layout.numeric], dtype=torch.long),
         choice_skill=torch.tensor([s for s, _, _ in layout.choices], dtype=torch.long),
         choice_slot=torch.tensor([slot for _, slot, _ in layout.choices], dtype=torch.long),
-        choice_size=torch.tensor(sizes, dtype=torch.float32),
+        choice_size=size,
         pad=pad,
+        centre_scale=2.0 / size,
+        centre_offset=1.0 / size - 1.0,
     )
 
 
@@ -168,7 +185,7 @@ def masked_logits(logits: Tensor, mask: Tensor) -> Tensor:
     >>> masked_logits(torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 0]])).softmax(-1).tolist()
     [[1.0, 0.0]]
     """
-    return logits.masked_fill(~mask.bool(), float("-inf"))
+    return logits.masked_fill(mask == 0, float("-inf"))
 
 
 def categorical_entropy(logits: Tensor) -> Tensor:
@@ -195,16 +212,19 @@ class StructuredDist:
 
     The choice heads' logits are laid out as one ``[B, H, K_max]`` tensor (options past a head's ``k`` are
     ``-inf``), so every choice head samples, scores and adds its entropy in one tensor operation.
+    `log_std` and `std` are one per numeric head (``[H_num]``, the same for every state).
     """
 
     def __init__(
         self, layout: ActionLayout, skill_logits: Tensor, mean: Tensor, log_std: Tensor, choice_logits: Tensor
     ) -> None:
         self.layout = layout
+        self.index = layout_index(layout)
         self.skill_logits = skill_logits
         self.mean = mean
-        self.std = log_std.exp().expand_as(mean)
-        pad = layout_index(layout).pad.to(choice_logits.device)
+        self.log_std = log_std
+        self.std = log_std.exp()
+        pad = self.index.pad.to(choice_logits.device)
         padded = F.pad(choice_logits, (0, 1), value=float("-inf"))
         # index_select, not advanced indexing: its backward adds rows instead of sorting indices
         picked = padded.index_select(1, pad.reshape(-1))
@@ -238,15 +258,16 @@ class StructuredDist:
     def log_prob(self, action: StructuredAction) -> Tensor:
         """``[B]`` log-probability of each action: its skill plus its skill's own parameters."""
         logp = self.skill_logp.gather(-1, action.skill[:, None]).squeeze(-1)
-        own_num, own_choice = self.layout.owned(action.skill)
-        gauss = -0.5 * ((action.raw - self.mean) / self.std) ** 2 - self.std.log() - 0.5 * LOG_2PI
+        own_num, own_choice = self.index.owned(action.skill)
+        z = (action.raw - self.mean) / self.std
+        gauss = -0.5 * z.square() - (self.log_std + 0.5 * LOG_2PI)
         chosen = self.choice_logp.gather(-1, action.choice[..., None]).squeeze(-1)
         return logp + (gauss * own_num).sum(-1) + (chosen * own_choice).sum(-1)
 
     def entropy(self, skill: Tensor) -> Tensor:
         """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
-        own_num, own_choice = self.layout.owned(skill)
-        gauss = 0.5 + 0.5 * LOG_2PI + self.std.log()
+        own_num, own_choice = self.index.owned(skill)
+        gauss = self.log_std + (0.5 + 0.5 * LOG_2PI)
         choices = entropy_of(self.choice_logp) * own_choice
         return entropy_of(self.skill_logp) + (gauss * own_num).sum(-1) + choices.sum(-1)
 

@@ -3,8 +3,9 @@
 Conventions shared by every function here:
 
 * ``B`` is the batch (sequences or episodes), ``T`` the time axis (tokens or steps).
-* A ``mask`` has the shape of the values it selects; it may be ``bool`` or float (1 = counted). Means over
-  a mask are token-level: every unmasked element of the whole batch weighs the same (see :func:`masked_mean`).
+* A ``mask`` has the shape of the values it selects; it may be ``bool`` or float (1 = counted), or None when
+  every element counts. Means over a mask are token-level: every unmasked element of the whole batch weighs
+  the same (see :func:`masked_mean`).
 * ``dones[t] = 1`` means the episode ended after step ``t``: nothing is bootstrapped across it.
 * Log-probabilities are natural-log probabilities of the sampled tokens, one per position.
 """
@@ -19,14 +20,19 @@ from torch import Tensor
 from torch.nn import functional as F
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``x`` over the positions where ``mask`` is set; 0 when nothing is set.
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is set; 0 when nothing is set; the plain mean when
+    ``mask`` is None (no weights to multiply in: fewer operations when every element counts).
 
     ``x`` and ``mask`` share any shape; the result is a 0-d tensor that keeps the gradient of ``x``.
 
     >>> masked_mean(torch.tensor([1.0, 2.0, 6.0]), torch.tensor([True, False, True])).item()
     3.5
+    >>> masked_mean(torch.tensor([1.0, 2.0, 6.0]), None).item()
+    3.0
     """
+    if mask is None:
+        return x.mean()
     weights = mask.to(x.dtype)
     return (x * weights).sum() / weights.sum().clamp_min(1.0)
 
@@ -74,7 +80,7 @@ class PolicyLoss:
 
 
 def clipped_pg_loss(
-    logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float = 0.2
+    logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | None, clip_eps: float = 0.2
 ) -> PolicyLoss:
     """PPO clipped surrogate over token log-probs: ``-mean(min(ρ·A, clip(ρ, 1-ε, 1+ε)·A))``.
 
@@ -103,7 +109,7 @@ def clipped_pg_loss(
 KLKind = Literal["k1", "k2", "k3"]
 
 
-def kl_penalty(logp: Tensor, logp_ref: Tensor, mask: Tensor, kind: KLKind = "k3") -> Tensor:
+def kl_penalty(logp: Tensor, logp_ref: Tensor, mask: Tensor | None, kind: KLKind = "k3") -> Tensor:
     """Estimate KL(π ‖ π_ref) per token from tokens sampled by π, averaged over ``mask``.
 
     With ``d = logp - logp_ref`` (shape ``[B, T]``) the per-token estimators are
@@ -173,7 +179,7 @@ def td_lambda_returns(
 def value_loss(
     values: Tensor,
     returns: Tensor,
-    mask: Tensor,
+    mask: Tensor | None,
     clip: float | None = None,
     old_values: Tensor | None = None,
 ) -> Tensor:

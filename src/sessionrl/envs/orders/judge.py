@@ -14,6 +14,7 @@ timestamp (any time the tool accepted).
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -155,13 +156,21 @@ def _with_refunded_amount(facts: Facts, world: World) -> Facts:
     return tuple(tuple(dict.fromkeys(fact + got)) if fact == want else fact for fact in facts)
 
 
+@functools.lru_cache(maxsize=4096)
+def expected(ticket: Ticket) -> tuple[tuple[ExpertStep, ...], Facts]:
+    """The pattern and the key facts of `ticket`, built once per ticket: every episode of a task is judged
+    against the same ones, and building them cost as much as the rest of a judgement. Read them only."""
+    return pattern(ticket), key_facts(ticket)
+
+
 def judge(world: World, messages: Sequence[str]) -> Outcome:
     """Judge an episode's world and the messages sent to the customer (see the module doc)."""
     ticket = world.ticket
-    matched, missing = match_pattern(pattern(ticket), world.calls, ticket)
+    steps, key = expected(ticket)
+    matched, missing = match_pattern(steps, world.calls, ticket)
     used = set(matched.values())
     extra = [tool for i, (tool, _, _) in enumerate(world.calls) if tool in EFFECTFUL and i not in used]
-    facts = unsaid(_with_refunded_amount(key_facts(ticket), world), messages)
+    facts = unsaid(_with_refunded_amount(key, world), messages)
     details = [f"no call did {step.id} ({step.description})" for step in missing]
     details += [f"unasked-for {tool} call" for tool in extra]
     details += [f"risky: {flag}" for flag in world.risk_flags]

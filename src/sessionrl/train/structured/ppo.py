@@ -124,7 +124,7 @@ def risk_loss(out: PolicyOutput, returns: Tensor) -> Tensor:
     """The risk critic's loss against its targets ``[B]``: squared error of its one value, or the quantile
     Huber loss of its quantiles (each target one sample of the return's distribution)."""
     if out.risk_quantiles is None:
-        return value_loss(out.risk_value, returns, torch.ones_like(returns))
+        return value_loss(out.risk_value, returns, None)
     taus = quantile_midpoints(out.risk_quantiles.shape[-1]).to(out.risk_quantiles)
     return quantile_huber_loss(out.risk_quantiles, returns[:, None], taus)
 
@@ -148,6 +148,7 @@ def train_clipped(
     policy, encoder, collector = build_run(env, cfg, policy)
     # fused: one kernel over every parameter; per-parameter steps cost more than the maths of a small net
     optimizer = torch.optim.Adam(policy.param_groups(update.lr), eps=1e-5, fused=True)
+    parameters = list(policy.parameters())
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch_threads(cfg.threads), closing(collector):
         history, updates, beta = [], 0, 0.0
@@ -167,22 +168,22 @@ def train_clipped(
                 for idx in minibatches(cfg.batch_size, update.minibatches, generator):
                     out = policy(obs[idx], text[idx], mask[idx])
                     taken = action[idx]
-                    ones = torch.ones(len(idx))
                     logp = out.dist.log_prob(taken)
                     advantages = normalise(target.advantages[idx])
-                    pg = clipped_pg_loss(logp, old_logp[idx], advantages, ones, update.clip_eps)
+                    # every step of a minibatch counts: no mask (None) rather than one of ones
+                    pg = clipped_pg_loss(logp, old_logp[idx], advantages, None, update.clip_eps)
                     loss = pg.loss
                     if kl_beta is not None:
                         beta = kl_beta(updates)
-                        loss = loss + beta * kl_penalty(old_logp[idx], logp, ones)
-                    critics = value_loss(out.value, target.returns[idx], ones)
+                        loss = loss + beta * kl_penalty(old_logp[idx], logp, None)
+                    critics = value_loss(out.value, target.returns[idx], None)
                     if target.risk_returns is not None:
                         critics = critics + risk_loss(out, target.risk_returns[idx])
                     entropy = out.dist.entropy(taken.skill).mean()
                     loss = loss + update.value_coef * critics - update.entropy_coef * entropy
                     optimizer.zero_grad(set_to_none=True)
                     torch.autograd.backward(loss)
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), update.max_grad_norm, foreach=True)
+                    torch.nn.utils.clip_grad_norm_(parameters, update.max_grad_norm, foreach=True)
                     optimizer.step()
                     updates += 1
                     stats = (pg.loss.item(), critics.item(), entropy.item(), pg.approx_kl, pg.clip_fraction)

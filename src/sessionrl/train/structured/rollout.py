@@ -249,7 +249,10 @@ class Collector:
         that ended (their environments restart at once)."""
         actions = {"skill": skill.numpy(), "params": params.numpy()}
         self.obs, reward, terminated, truncated, info = self.vector.step(actions)
-        self._counts += np.stack([np.ones_like(info["calls"]), info["calls"], info["risky_calls"]], axis=1)
+        counts = self._counts
+        counts[:, 0] += 1
+        counts[:, 1] += info["calls"]
+        counts[:, 2] += info["risky_calls"]
         done = terminated | truncated
         for i in np.flatnonzero(done):
             steps, calls, risky = (int(c) for c in self._counts[i])
@@ -266,9 +269,10 @@ class Collector:
         """Close every environment and the vector's event loop."""
         self.vector.close()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def collect(self, policy: StructuredPolicy) -> Rollout:
-        """`config.rollout_steps` steps of every environment, sampled from `policy`."""
+        """`config.rollout_steps` steps of every environment, sampled from `policy` (in inference mode: no
+        autograd bookkeeping; the update reads the rollout through indexing, which makes ordinary tensors)."""
         t = self.config.rollout_steps
         rows: dict[str, list[Tensor]] = {k: [] for k in ("obs", "text", "mask", "skill", "raw", "choice")}
         rows |= {
