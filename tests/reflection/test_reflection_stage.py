@@ -1,6 +1,7 @@
 """Stage 3's data and trainer on a tiny model: root-cause answers after a failed transcript, weighted
-sequences, a weighted SFT step that lowers both the retry and the root-cause losses, and the policy's own
-reflection once it has learned to name a cause."""
+sequences, a weighted SFT step that lowers both the retry and the root-cause losses, the policy's own
+reflection once it has learned to name a cause, and corrected retries that meet the failed episode's
+faults."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from sessionrl.reflection import (
     root_cause_answer,
     with_reflection,
 )
-from sessionrl.session import Session
+from sessionrl.session import CallStatus, Session
 from sessionrl.store import SessionStore
-from sessionrl.train.config import EnvSection, RunConfig
+from sessionrl.train.config import EnvSection, FaultSection, RunConfig
 from sessionrl.train.llm.data import demonstration_turns, merge_turns
 from sessionrl.train.llm.reflection import (
     ReflectionTrainer,
+    attempt_faults,
+    corrected_retries,
     root_cause_turn,
     self_reflect,
     transcript,
@@ -121,3 +124,36 @@ def test_a_policy_that_learned_root_causes_reflects_itself_once(tmp_path: Path) 
         self_reflect(run, policy, [run.store.get(failed.session_id)])  # a resumed run asks again
         stored = [f for f in run.store.get(failed.session_id).feedback if f.annotator == ANNOTATOR]
         assert [f.data["reflection"]["source"] for f in stored] == ["policy"]
+
+
+def test_a_corrected_retry_meets_the_fault_its_attempt_ignored_and_calls_again(tmp_path: Path) -> None:
+    config = RunConfig(
+        run_dir=tmp_path / "run",
+        env=EnvSection(train=6, dev=1, test=1),
+        rollout=RolloutConfig(max_steps=7, full_schemas=False, domain_policy=False, expert_retries=2),
+        faults=FaultSection(eval_rate=0.3, garbled=False),
+    )
+    giving_up = dataclasses.replace(config.rollout, expert_retries=0)
+    with open_run(config) as run:
+        task = run.env.tasks(Split.TRAIN)[0]
+        plan = run.env.expert(task)
+        # an attempt (with the faults `attempt` gives) that met a fault and went on without calling again
+        specs = [
+            EpisodeSpec(task, f"try-{seed}", seed=seed, faults=attempt_faults(config)) for seed in range(40)
+        ]
+        ran = asyncio.run(
+            run_episodes(run.env, specs, ScriptedAgent("e", run.env.expert), run.store, giving_up)
+        )
+        failed = next(run.store.get(r.session_id) for r in ran if not r.success)
+        reflection = reflect(failed, plan)
+        assert reflection is not None
+        assert reflection.root_cause is RootCause.IGNORED_ERROR
+        ignored = next(c for c in failed.tool_calls if c.call_id == reflection.call_id)
+
+        (corrected,) = corrected_retries(run, [(failed, reflection)])
+    assert corrected.user_query.startswith(reflection.as_text())
+    assert corrected.metadata["seed"] == failed.metadata["seed"]
+    same_tool = [c for c in corrected.tool_calls if c.tool == ignored.tool]
+    assert same_tool[0].status != CallStatus.SUCCESS, "the fault the attempt ignored is met again"
+    assert same_tool[0].error_code == ignored.error_code
+    assert same_tool[1].status == CallStatus.SUCCESS, "and the expert calls again"

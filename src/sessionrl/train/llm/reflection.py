@@ -3,7 +3,11 @@
     try       the RL policy attempts `reflection.tasks` training tasks (past the demonstrated ones, when the
               split has them: the imitated tasks are the ones it fails least, and least like held-out ones)
     reflect   each failure gets a reflection record from the judge's offline extractor (stored as feedback)
-    correct   the expert replays each failed task with the reflection in its request: corrected retries
+    correct   the expert replays each failed episode (its task, seed and faults) with the reflection in
+              its request: corrected retries. The same seed and faults make a tool fault the attempt
+              ignored hit the expert's call of that tool too, so the retry shows the error met and the call
+              made again, which is what such a reflection says (paired with a retry that never meets what
+              it describes, a reflection teaches the policy nothing to read in it)
     train     SFT on the corrected retries and the imitation demonstrations, half a batch each (the
               retries are few beside the demonstrations; drawn uniformly from both, a batch would seldom
               hold one, and the policy would never learn to read a reflection), plus a root-cause
@@ -37,6 +41,7 @@ from rich.console import Console
 from torch import Tensor
 
 from sessionrl.envs.base import Split, Task, stream_seed
+from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, expert, progress, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
 from sessionrl.eval.curriculum import expert_steps
@@ -89,16 +94,21 @@ def attempt(
     stream: str,
     extra: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Session]:
-    """One greedy episode of `policy` per task (evaluation faults, seeded by `stream` and the task), in
+    """One greedy episode of `policy` per task (`attempt_faults`, seeded by `stream` and the task), in
     sessions `<label>-<task id>`; `extra` adds metadata by task id."""
     cfg = run.config
     view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
-    faults = cfg.faults.fixed(cfg.faults.eval_rate)
+    faults = attempt_faults(cfg)
     specs = once_per_task(cfg.seed, tasks, stream, label, faults, {"stage": "reflection", "label": label})
     extra = extra or {}
     specs = [dataclasses.replace(s, metadata={**s.metadata, **extra.get(s.task.task_id, {})}) for s in specs]
     batch = run_episodes(run.env, specs, PolicyAgent(view, policy.version), run.store, cfg.rollout)
     return [run.store.get(r.session_id) for r in asyncio.run(batch)]
+
+
+def attempt_faults(config: RunConfig) -> Faults:
+    """The faults a policy's attempt meets in this stage: the evaluation rate."""
+    return config.faults.fixed(config.faults.eval_rate)
 
 
 def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Reflection]]:
@@ -144,16 +154,19 @@ def self_reflect(run: Run, policy: HFPolicy, failed: Sequence[Session]) -> dict[
 
 
 def corrected_retries(run: Run, failed: Sequence[tuple[Session, Reflection]]) -> list[Session]:
-    """The expert's replays of the failed tasks with their reflections in the request; the solved ones.
+    """The expert's replays of the failed episodes (same seed, same faults as `attempt` met) with their
+    reflections in the request; the solved ones.
 
     They are demonstrations (`metadata.corrects` names the failed session), not the policy's retries, so
     they carry no `retry_of` and never count towards L5."""
     tasks = {t.task_id: t for t in run.env.tasks(Split.TRAIN)}
+    faults = attempt_faults(run.config)
     specs = [
         EpisodeSpec(
             with_reflection(tasks[str(s.metadata["task_id"])], r),
-            session_id=f"corrected-{stamp(r.as_text())}-{s.session_id}",
-            seed=stream_seed(run.config.seed, "corrected", s.session_id, bits=SEED_BITS),
+            session_id=f"corrected-{stamp(r.as_text(), repr(faults))}-{s.session_id}",
+            seed=int(s.metadata["seed"]),
+            faults=faults,
             metadata={"stage": "reflection-demo", "corrects": s.session_id},
         )
         for s, r in failed
@@ -445,6 +458,7 @@ __all__ = [
     "Uplift",
     "as_the_policy_writes",
     "attempt",
+    "attempt_faults",
     "corrected_retries",
     "halves",
     "held_out_uplift",
