@@ -416,6 +416,7 @@ class DecisionVectorEnv(VectorEnv[Observation, dict[str, Any], np.ndarray]):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._finish = [env.finish_action for env in self.envs]
 
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
@@ -442,41 +443,37 @@ class DecisionVectorEnv(VectorEnv[Observation, dict[str, Any], np.ndarray]):
         the calls run together on the vector's loop, and ended episodes restart (see the module doc)."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        skills, params = np.asarray(actions["skill"]), np.asarray(actions["params"])
-        steps = [env.astep({"skill": int(skills[i]), "params": params[i]}) for i, env in enumerate(self.envs)]
+        skills, params = np.asarray(actions["skill"]).tolist(), np.asarray(actions["params"])
+        steps = [env.astep({"skill": skills[i], "params": params[i]}) for i, env in enumerate(self.envs)]
         results = self._loop.run_until_complete(_gathered(steps))
         n = self.num_envs
+        rewards, terminated, truncated = np.empty(n, np.float64), np.empty(n, np.bool_), np.empty(n, np.bool_)
+        flags, calls, risky = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
         ended = np.zeros(n, np.bool_)
-        infos: Json = {
-            "risk_flags": np.array([r[4].get("risk_flags", 0) for r in results], np.int64),
-            "calls": np.array([r[4].get("macro_steps", 1) for r in results], np.int64),
-            "risky_calls": np.array(
-                [r[4].get("risky_calls", r[4].get("risk_flags", 0) > 0) for r in results], np.int64
-            ),
-            "success": np.zeros(n, np.bool_),
-            "final_obs": np.full(n, None, dtype=object),
-            "task_id": np.full(n, None, dtype=object),
-            "instruction": np.full(n, None, dtype=object),
-        }
+        success, final_obs = np.zeros(n, np.bool_), np.full(n, None, dtype=object)
+        task_ids, instructions = np.full(n, None, dtype=object), np.full(n, None, dtype=object)
         observations = []
-        for i, (obs, _, ended_here, cut_here, info) in enumerate(results):
+        for i, (obs, reward, ended_here, cut_here, info) in enumerate(results):
+            rewards[i], terminated[i], truncated[i] = reward, ended_here, cut_here
+            flags[i] = info.get("risk_flags", 0)
+            calls[i] = 0 if skills[i] == self._finish[i] else info.get("macro_steps", 1)
+            risky[i] = info.get("risky_calls", flags[i] > 0)
             if ended_here or cut_here:
-                ended[i] = True
-                infos["success"][i] = bool(info.get("success", False))
-                infos["final_obs"][i] = obs
+                ended[i], success[i], final_obs[i] = True, bool(info.get("success", False)), obs
                 obs, reset_info = self.envs[i].reset()
-                infos["task_id"][i], infos["instruction"][i] = (
-                    reset_info["task_id"],
-                    reset_info["instruction"],
-                )
+                task_ids[i], instructions[i] = reset_info["task_id"], reset_info["instruction"]
             observations.append(obs)
+        infos: Json = {
+            "risk_flags": flags,
+            "calls": calls,
+            "risky_calls": risky,
+            "success": success,
+            "final_obs": final_obs,
+            "task_id": task_ids,
+            "instruction": instructions,
+        }
         for key in ("success", "final_obs", "task_id", "instruction"):
             infos[f"_{key}"] = ended
-        calls = skills != np.array([env.finish_action for env in self.envs])
-        infos["calls"] = infos["calls"] * calls
-        rewards = np.array([r[1] for r in results], np.float64)
-        terminated = np.array([r[2] for r in results], np.bool_)
-        truncated = np.array([r[3] for r in results], np.bool_)
         return self._batch(observations), rewards, terminated, truncated, infos
 
     def _batch(self, observations: Sequence[Observation]) -> Observation:

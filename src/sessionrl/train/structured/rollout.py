@@ -227,7 +227,10 @@ class Collector:
         self._queries: dict[str, Tensor] = {}
         self.obs, info = self.vector.reset()
         self.task_ids: list[str] = list(info["task_id"])
-        self.text = torch.stack([self._query(q) for q in info["instruction"]])
+        self._texts = [self._query(q) for q in info["instruction"]]
+        self.text = torch.stack(self._texts)
+        """``[N, text_dim]`` query embeddings of the running episodes: replaced, never written in place, when an
+        episode restarts, so a rollout may keep each step's tensor as it is."""
         self._counts = np.zeros((config.num_envs, 3), np.int64)  # steps, calls, risky calls
         self.episodes: list[EpisodeStats] = []
         """Every episode finished so far, in order."""
@@ -255,13 +258,15 @@ class Collector:
         counts[:, 2] += info["risky_calls"]
         done = terminated | truncated
         for i in np.flatnonzero(done):
-            steps, calls, risky = (int(c) for c in self._counts[i])
+            steps, calls, risky = counts[i].tolist()
             self.episodes.append(
                 EpisodeStats(self.task_ids[i], bool(info["success"][i]), steps, calls, risky)
             )
             self._counts[i] = 0
             self.task_ids[i] = str(info["task_id"][i])
-            self.text[i] = self._query(str(info["instruction"][i]))
+            self._texts[i] = self._query(str(info["instruction"][i]))
+        if done.any():
+            self.text = torch.stack(self._texts)
         risks = -torch.from_numpy(info["risk_flags"].astype(np.float32))
         return torch.from_numpy(reward.astype(np.float32)), risks, torch.from_numpy(done.astype(np.float32))
 
@@ -282,7 +287,7 @@ class Collector:
             out, flat, mask = policy_step(policy, self.obs, self.text)
             action = out.dist.sample(self.generator)
             params = policy.layout.env_params(action)
-            for key, value in (("obs", flat), ("text", self.text.clone()), ("mask", mask)):
+            for key, value in (("obs", flat), ("text", self.text), ("mask", mask)):
                 rows[key].append(value)
             rows["skill"].append(action.skill)
             rows["raw"].append(action.raw)
