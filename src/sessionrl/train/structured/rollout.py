@@ -229,8 +229,8 @@ class Collector:
         self.task_ids: list[str] = list(info["task_id"])
         self._texts = [self._query(q) for q in info["instruction"]]
         self.text = torch.stack(self._texts)
-        """``[N, text_dim]`` query embeddings of the running episodes: replaced, never written in place, when an
-        episode restarts, so a rollout may keep each step's tensor as it is."""
+        """``[N, text_dim]`` query embeddings of the running episodes: replaced (never written in place) when
+        an episode restarts, so a rollout may keep each step's tensor as it is."""
         self._counts = np.zeros((config.num_envs, 3), np.int64)  # steps, calls, risky calls
         self.episodes: list[EpisodeStats] = []
         """Every episode finished so far, in order."""
