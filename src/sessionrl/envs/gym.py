@@ -364,11 +364,6 @@ class DecisionGymEnv(gym.Env[Observation, dict[str, Any]]):
         }
 
 
-async def _gathered(coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """The results of `coroutines`, run concurrently on the running loop."""
-    return await asyncio.gather(*coroutines)
-
-
 class AsyncView(Protocol):
     """What `DecisionVectorEnv` steps: a `DecisionGymEnv`, or a view over one (`prototypes.MacroGymEnv`)."""
 
@@ -444,8 +439,13 @@ class DecisionVectorEnv(VectorEnv[Observation, dict[str, Any], np.ndarray]):
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         skills, params = np.asarray(actions["skill"]).tolist(), np.asarray(actions["params"])
-        steps = [env.astep({"skill": skills[i], "params": params[i]}) for i, env in enumerate(self.envs)]
-        results = self._loop.run_until_complete(_gathered(steps))
+        loop = self._loop
+        # one task per call, gathered straight away: no wrapping coroutine, so fewer turns of the loop
+        tasks = [
+            loop.create_task(env.astep({"skill": skills[i], "params": params[i]}))
+            for i, env in enumerate(self.envs)
+        ]
+        results = loop.run_until_complete(asyncio.gather(*tasks))
         n = self.num_envs
         rewards, terminated, truncated = np.empty(n, np.float64), np.empty(n, np.bool_), np.empty(n, np.bool_)
         flags, calls, risky = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
