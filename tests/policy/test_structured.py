@@ -77,6 +77,20 @@ def test_masked_entropy_has_finite_gradients() -> None:
     assert entropy.item() == pytest.approx(-(p * p.log()).sum().item(), abs=1e-6)
 
 
+def test_an_index_first_built_in_inference_mode_still_serves_training() -> None:
+    """The layout's cached index tensors outlive the mode they were first asked for in: a rollout in
+    inference mode, then an update that backpropagates through the same layout's heads."""
+    layout = ActionLayout.of(("c",), {"c": (ParamSpec("k", choices=(0, 1, 2, 3, 4, 5, 6)),)}, width=1)
+    action = StructuredAction(torch.tensor([0]), torch.zeros((1, 0)), torch.tensor([[6]]))
+    with torch.inference_mode():
+        StructuredDist(layout, torch.zeros((1, 2)), torch.zeros((1, 0)), torch.zeros(0), torch.zeros((1, 7)))
+    logits = torch.zeros((1, 7), requires_grad=True)
+    dist = StructuredDist(layout, torch.zeros((1, 2)), torch.zeros((1, 0)), torch.zeros(0), logits)
+    dist.log_prob(action).sum().backward()
+    assert logits.grad is not None
+    assert logits.grad[0, 6].item() == pytest.approx(1 - 1 / 7)
+
+
 def test_log_prob_counts_only_the_chosen_skills_parameters() -> None:
     """Skill probabilities (1, 2, 1)/4, a standard normal number head, choice probabilities (1, 1, 2)/4.
 

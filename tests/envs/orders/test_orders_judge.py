@@ -11,8 +11,8 @@ import pytest
 from sessionrl.envs import ExpertStep, Split, Task
 from sessionrl.envs.check import run_plan
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, OrdersEpisode, Ticket
-from sessionrl.envs.orders.expert import key_facts
-from sessionrl.envs.orders.judge import said, tolerance
+from sessionrl.envs.orders.expert import key_facts, pattern
+from sessionrl.envs.orders.judge import expected, said, tolerance
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,21 @@ def test_the_expert_passes_every_check(env: OrdersEnv, issue: IssueType) -> None
     outcome = run(env, task, plan.steps).outcome([plan.final_message])
     assert outcome.checks == {"pattern": True, "no_extra_actions": True, "no_risk": True, "message": True}
     assert outcome.detail == ""
+
+
+def test_episodes_of_one_ticket_are_judged_alike_against_its_one_pattern(env: OrdersEnv) -> None:
+    """The pattern and key facts are built once per ticket; a second episode of the task, judged after a
+    first that solved it, is judged afresh (it did nothing, so it fails) and the first still passes."""
+    task = task_of(env, IssueType.DAMAGED_ITEM)
+    ticket = Ticket.from_payload(task.payload)
+    assert expected(ticket) is expected(Ticket.from_payload(task.payload))
+    assert expected(ticket) == (pattern(ticket), key_facts(ticket))
+    plan = env.expert(task)
+    solved = run(env, task, plan.steps)
+    assert solved.success([plan.final_message])
+    assert not env.episode(task).success([plan.final_message])
+    assert solved.success([plan.final_message])
+    assert expected(ticket) == (pattern(ticket), key_facts(ticket))
 
 
 def test_doing_nothing_fails_with_reasons(env: OrdersEnv) -> None:
