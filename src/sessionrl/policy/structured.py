@@ -348,18 +348,26 @@ class StructuredPolicy(nn.Module):
         readout: Tensor = self.graph(observation_graphs(obs, text, self.obs_layout))
         return torch.cat([flat, readout], dim=-1)
 
-    def forward(self, obs: Tensor, text: Tensor, mask: Tensor) -> PolicyOutput:
-        """`obs` ``[B, obs_dim]``, `text` ``[B, text_dim]``, `mask` ``[B, actions]`` (1 = allowed)."""
-        state = self.features(obs, text)
+    def act(self, obs: Tensor, text: Tensor, mask: Tensor) -> StructuredDist:
+        """The action distribution alone, without the critics: all that choosing an action needs (inputs as
+        for `forward`)."""
+        return self._distribution(self.features(obs, text), mask)
+
+    def _distribution(self, state: Tensor, mask: Tensor) -> StructuredDist:
         hidden = self.actor(state)
         log_std = self.log_std.clamp(*LOG_STD_RANGE)
-        dist = StructuredDist(
+        return StructuredDist(
             self.layout,
             masked_logits(self.skill_head(hidden), mask),
             self.mean_head(hidden),
             log_std,
             self.choice_head(hidden),
         )
+
+    def forward(self, obs: Tensor, text: Tensor, mask: Tensor) -> PolicyOutput:
+        """`obs` ``[B, obs_dim]``, `text` ``[B, text_dim]``, `mask` ``[B, actions]`` (1 = allowed)."""
+        state = self.features(obs, text)
+        dist = self._distribution(state, mask)
         critic = self.critic(state)
         risk = self.risk_head(critic)
         value = self.value_head(critic).squeeze(-1)

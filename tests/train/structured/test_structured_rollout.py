@@ -7,6 +7,7 @@ import torch
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.policy.structured import StructuredAction
 from sessionrl.train.structured.imitation import ImitationConfig, clone, demonstrations, expert_action
 from sessionrl.train.structured.rollout import (
     EpisodeStats,
@@ -37,6 +38,27 @@ def test_a_rollout_has_one_entry_per_env_and_step() -> None:
     assert int(batch.dones.sum()) == len(collector.episodes)
     assert collector.env_steps == 60
     assert sum(e.steps for e in collector.episodes) <= 60
+
+
+def test_a_rollout_is_scored_as_its_steps_were_seen() -> None:
+    """The one batched pass after the rollout gives each step the log-probability and values the policy
+    gives that step alone, and each step keeps the query it was acted on: a query changes only at the step
+    after a done (the next episode's first), never within an episode."""
+    run = StructuredRunConfig(num_envs=3, rollout_steps=24, seed=2)
+    policy, _, collector = build_run(ENV, run)
+    with torch_threads(1):
+        batch = collector.collect(policy)
+    assert int(batch.dones.sum()) > 0
+    with torch.no_grad():
+        for step in range(24):
+            out = policy(batch.obs[:, step], batch.text[:, step], batch.mask[:, step])
+            taken = StructuredAction(
+                *(x[:, step] for x in (batch.action.skill, batch.action.raw, batch.action.choice))
+            )
+            torch.testing.assert_close(out.dist.log_prob(taken), batch.logp[:, step], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out.value, batch.values[:, step], rtol=1e-5, atol=1e-5)
+    same = (batch.text[:, 1:] == batch.text[:, :-1]).all(-1)
+    assert bool(same[batch.dones[:, :-1] == 0].all())
 
 
 def test_summary_by_hand() -> None:

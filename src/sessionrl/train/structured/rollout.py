@@ -187,10 +187,17 @@ def policy_step(
 ) -> tuple[PolicyOutput, Tensor, Tensor]:
     """One batched forward pass: the output, the flat observations and the masks. `obs` is a batch (each
     part ``[B, ...]``, as `DecisionVectorEnv` gives it) or a sequence of single observations."""
-    batch = obs if isinstance(obs, Mapping) else stack_observations(obs)
-    flat = torch.from_numpy(flatten_batch(batch))
-    mask = torch.from_numpy(np.asarray(batch["action_mask"], np.int64))
+    flat, mask = observation_tensors(obs)
     return policy(flat, text, mask), flat, mask
+
+
+def observation_tensors(obs: Observation | Sequence[Observation]) -> tuple[Tensor, Tensor]:
+    """The flat observations ``[B, obs_dim]`` and the skill masks ``[B, actions]`` of a batch or a sequence
+    of single observations (as for `policy_step`)."""
+    batch = obs if isinstance(obs, Mapping) else stack_observations(obs)
+    return torch.from_numpy(flatten_batch(batch)), torch.from_numpy(
+        np.asarray(batch["action_mask"], np.int64)
+    )
 
 
 def stack_observations(obs: Sequence[Observation]) -> Observation:
@@ -276,45 +283,51 @@ class Collector:
 
     @torch.inference_mode()
     def collect(self, policy: StructuredPolicy) -> Rollout:
-        """`config.rollout_steps` steps of every environment, sampled from `policy` (in inference mode: no
-        autograd bookkeeping; the update reads the rollout through indexing, which makes ordinary tensors)."""
-        t = self.config.rollout_steps
-        rows: dict[str, list[Tensor]] = {k: [] for k in ("obs", "text", "mask", "skill", "raw", "choice")}
-        rows |= {
-            k: [] for k in ("logp", "values", "risk_values", "rewards", "risks", "dones", "episode_step")
-        }
-        for _ in range(t):
-            out, flat, mask = policy_step(policy, self.obs, self.text)
-            action = out.dist.sample(self.generator)
-            params = policy.layout.env_params(action)
-            for key, value in (("obs", flat), ("text", self.text), ("mask", mask)):
+        """`config.rollout_steps` steps of every environment, sampled from `policy`.
+
+        Each step runs the actor alone (`StructuredPolicy.act`); the critics' values and the taken actions'
+        log-probabilities are scored after the last step in one batched pass over the round's states (the
+        policy does not change within a round, so this is the step-by-step score in fewer, larger tensor
+        operations). All in inference mode: no autograd bookkeeping (the update reads the rollout through
+        indexing, which makes ordinary tensors).
+        """
+        keys = ("obs", "text", "mask", "skill", "raw", "choice", "episode_step", "rewards", "risks", "dones")
+        rows: dict[str, list[Tensor]] = {key: [] for key in keys}
+        for _ in range(self.config.rollout_steps):
+            flat, mask = observation_tensors(self.obs)
+            action = policy.act(flat, self.text, mask).sample(self.generator)
+            before = (flat, self.text, mask, action.skill, action.raw, action.choice)
+            steps = torch.from_numpy(self._counts[:, 0].copy())
+            after = self._step(policy.layout.env_params(action), action.skill)
+            for key, value in zip(keys, (*before, steps, *after), strict=True):
                 rows[key].append(value)
-            rows["skill"].append(action.skill)
-            rows["raw"].append(action.raw)
-            rows["choice"].append(action.choice)
-            rows["logp"].append(out.dist.log_prob(action))
-            rows["values"].append(out.value)
-            rows["risk_values"].append(out.risk_value)
-            rows["episode_step"].append(torch.from_numpy(self._counts[:, 0].copy()))
-            reward, risk, done = self._step(params, action.skill)
-            rows["rewards"].append(reward)
-            rows["risks"].append(risk)
-            rows["dones"].append(done)
-        self.env_steps += self.config.num_envs * t
+        self.env_steps += self.config.batch_size
+        stacked = {key: torch.stack(value, dim=1) for key, value in rows.items()}
+        return self._scored(policy, stacked)
+
+    def _scored(self, policy: StructuredPolicy, stacked: Mapping[str, Tensor]) -> Rollout:
+        """The round's `Rollout`: the stacked ``[N, T, ...]`` steps, scored by `policy` in one pass, and the
+        values of the states after the last step (to bootstrap from)."""
+        n, t = self.config.num_envs, self.config.rollout_steps
+        action = StructuredAction(stacked["skill"], stacked["raw"], stacked["choice"])
+        obs, text, mask = (stacked[key].reshape(n * t, -1) for key in ("obs", "text", "mask"))
+        out = policy(obs, text, mask)
+        flat_action = StructuredAction(
+            *(x.reshape(n * t, *x.shape[2:]) for x in (action.skill, action.raw, action.choice))
+        )
         last, _, _ = policy_step(policy, self.obs, self.text)
-        stacked = {k: torch.stack(v, dim=1) for k, v in rows.items()}
         return Rollout(
             obs=stacked["obs"],
             text=stacked["text"],
             mask=stacked["mask"],
-            action=StructuredAction(stacked["skill"], stacked["raw"], stacked["choice"]),
-            logp=stacked["logp"],
+            action=action,
+            logp=out.dist.log_prob(flat_action).reshape(n, t),
             rewards=stacked["rewards"],
             risks=stacked["risks"],
             dones=stacked["dones"],
             episode_step=stacked["episode_step"],
-            values=stacked["values"],
-            risk_values=stacked["risk_values"],
+            values=out.value.reshape(n, t),
+            risk_values=out.risk_value.reshape(n, t),
             next_value=last.value,
             next_risk_value=last.risk_value,
         )
@@ -500,6 +513,7 @@ __all__ = [
     "gym_view",
     "minibatches",
     "normalise",
+    "observation_tensors",
     "policy_step",
     "round_log",
     "stack_observations",
