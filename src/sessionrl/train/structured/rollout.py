@@ -385,8 +385,9 @@ def _evaluated(
     steps = calls = risky = 0
     done, success = False, False
     while not done:
-        out, _, _ = policy_step(policy, [obs], text)
-        action = out.dist.mode() if greedy else out.dist.sample(generator)
+        flat, mask = observation_tensors([obs])
+        dist = policy.act(flat, text, mask)
+        action = dist.mode() if greedy else dist.sample(generator)
         obs, _, terminated, truncated, step_info = gym_env.step(
             env_action(policy.layout.env_params(action), action.skill, 0)
         )
