@@ -170,7 +170,7 @@ def train_clipped(
                     taken = action[idx]
                     logp = out.dist.log_prob(taken)
                     advantages = normalise(target.advantages[idx])
-                    # every step of a minibatch counts: no mask (None) rather than one of ones
+                    # every step of a minibatch counts: no mask
                     pg = clipped_pg_loss(logp, old_logp[idx], advantages, None, update.clip_eps)
                     loss = pg.loss
                     if kl_beta is not None:
