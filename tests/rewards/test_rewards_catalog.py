@@ -68,7 +68,7 @@ def test_a_rule_file_naming_an_unknown_term_lists_the_known_ones(tmp_path: Path)
         RewardEngine(RewardConfig(rules=path), terms=[failed_lookups])
     message = str(info.value)
     assert "unknown term 'failed_lookup'" in message
-    assert "efficiency, failed_lookups, judge_correction, predicted_rating" in message
+    assert "efficiency, failed_lookups, judge_correction, predicted_rating, recovery" in message
     assert "RewardEngine(terms=...)" in message
 
 

@@ -118,7 +118,7 @@ def test_a_compiled_rule_runs_on_a_session(tmp_path: Path) -> None:
         (
             GOOD + "terms:\n  magic: {layer: risk}\n",
             None,
-            "unknown term 'magic'; known terms are efficiency, judge_correction, predicted_rating",
+            "unknown term 'magic'; known terms are efficiency, judge_correction, predicted_rating, recovery",
         ),
         (GOOD + "layer_weights: {rule: 1.0}\n", None, "not layers of five_layer"),
         (GOOD + "penalties: missing.yaml\n", None, "penalties:"),

@@ -17,8 +17,9 @@ from sessionrl.rewards.terms import (
     efficiency,
     judge_correction,
     predicted_rating,
+    recovery,
 )
-from sessionrl.session import Anchor, CallStatus, FeedbackType, Session
+from sessionrl.session import Anchor, CallStatus, FeedbackType, Session, ToolCall
 
 FT = FeedbackType
 
@@ -139,6 +140,32 @@ def test_efficiency_against_the_best_known_step_count(ctx: ScoringContext) -> No
     assert result.value == pytest.approx(3 / 4 - 1)  # best / steps - 1 = -0.25
     assert result.steps == pytest.approx({f"t{i}": -0.25 / 4 for i in range(4)})
     assert efficiency(session, ctx).value == 0.0  # no best known yet
+
+
+def outage(call_id: str, name: str, start: float) -> ToolCall:
+    """A call that failed transiently (a retryable UNAVAILABLE)."""
+    failed = tool(call_id, name, CallStatus.ERROR, start=start)
+    return failed.model_copy(update={"error_code": "UNAVAILABLE", "retryable": True})
+
+
+def test_recovery_credits_the_call_again_after_an_outage_only(ctx: ScoringContext) -> None:
+    session = build(
+        [
+            outage("a1", "stock", start=1),
+            tool("a2", "stock", start=2),  # the same tool again, through: a recovery
+            outage("b1", "refund", start=3),
+            tool("b2", "sms", start=4),  # another tool after the outage: none
+            tool("c1", "sms", CallStatus.ERROR, start=5),  # a failure that is not transient
+            tool("c2", "sms", start=6),  # so calling again is no recovery
+            outage("d1", "erp", start=7),
+            outage("d2", "erp", start=8),  # again, and out again: none yet
+            tool("d3", "erp", start=9),
+        ]
+    )
+    result = recovery(session, ctx)
+    assert result.steps == {"a2": 1.0, "d3": 1.0}
+    assert result.value == 2.0
+    assert recovery(build([tool("t1")]), ctx).value == 0.0
 
 
 def test_judge_correction_prices_the_worked_example(ctx: ScoringContext) -> None:

@@ -3,8 +3,8 @@
 A term looks at one session and says how much reward it earns, which steps (call ids) earned it, and why,
 in a sentence. Terms never change the session and give the same answer for the same inputs; the
 `check_reward_term` checker holds them to that. CEL rules from the rule file become terms
-(`sessionrl.rewards.rules`); three terms are written in Python here: `efficiency`, `judge_correction` and
-`predicted_rating`. Terms of your own are plain functions too: give them to
+(`sessionrl.rewards.rules`); four terms are written in Python here: `efficiency`, `recovery`,
+`judge_correction` and `predicted_rating`. Terms of your own are plain functions too: give them to
 `RewardEngine(terms=...)`, or name them in the rule file as `module:function` (see
 `sessionrl.rewards.catalog`).
 
@@ -22,6 +22,7 @@ item (anchored or not) and does not depend on how long the session itself ran.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -169,6 +170,22 @@ def efficiency(session: Session, ctx: ScoringContext) -> TermResult:
     return TermResult(value, share, f"{steps} tool calls against a best of {best}")
 
 
+def recovery(session: Session, ctx: ScoringContext) -> TermResult:
+    """+1 for each call that went through right after the same tool failed transiently (a retryable
+    error), credited to that call: calling again is the right move after an outage, and a rule cannot see
+    the call before its own."""
+    calls = sorted(session.tool_calls, key=lambda c: c.started_at)
+    steps = {
+        after.call_id: 1.0
+        for before, after in itertools.pairwise(calls)
+        if before.retryable
+        and before.status is not CallStatus.SUCCESS
+        and after.tool == before.tool
+        and after.status is CallStatus.SUCCESS
+    }
+    return TermResult(float(len(steps)), steps, f"{len(steps)} outage(s) recovered by calling again")
+
+
 def judge_correction(session: Session, ctx: ScoringContext) -> TermResult:
     """Sum of the penalties of the corrections every commented feedback item asks for."""
     if ctx.judge is None or ctx.penalties is None:
@@ -209,6 +226,7 @@ BUILTIN_TERMS: dict[str, PythonTerm] = {
     t.name: t
     for t in (
         PythonTerm("efficiency", efficiency, TermKind.RULE),
+        PythonTerm("recovery", recovery, TermKind.RULE),
         PythonTerm("judge_correction", judge_correction, TermKind.JUDGE),
         PythonTerm("predicted_rating", predicted_rating, TermKind.MODEL),
     )

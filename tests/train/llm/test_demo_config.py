@@ -47,6 +47,22 @@ def test_the_demo_rules_load_and_charge_only_the_policys_own_mistakes(tmp_path: 
     by_name = {spec.name: spec for spec in ruleset.file.rules}
     assert set(by_name) == {"policy_error", "not_an_action", "task_outcome"}
     assert "!call.retryable" in by_name["policy_error"].when
+    assert set(ruleset.file.terms) == {"recovery"}
+
+
+def test_the_demo_rules_credit_calling_again_after_an_outage_and_charge_a_bad_call(tmp_path: Path) -> None:
+    engine = RewardEngine(RewardConfig(rules=demo_config(tmp_path / "demo").rewards.rules))
+    outage = {"status": "error", "error_code": "UNAVAILABLE", "retryable": True}
+    bad = {"status": "error", "error_code": "INVALID_PARAMS"}
+    calls = [outage, {"status": "success"}, bad, {"status": "success"}]
+    events: list[Any] = [created(SessionCreate(user_query="q", metadata={"task_id": "q"}))]
+    for i, fields in enumerate(calls):
+        events.append(ToolCallRecorded(call=ToolCall(call_id=f"c{i}", tool="t", params={}, **fields)))
+    steps = engine.score(fold(events)).step_rewards
+    assert steps.get("c0", 0.0) == 0.0  # the outage is not the policy's doing
+    assert steps["c1"] == 1.0  # called again, and it went through
+    assert steps["c2"] == -1.0  # its own bad parameters
+    assert steps.get("c3", 0.0) == 0.0  # after its own mistake, calling again is no recovery
 
 
 def _session(task: str, solved: bool, statuses: list[str]) -> Session:

@@ -11,8 +11,9 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
    15%, K episodes per ticket sampled at temperature 0.6 with the same faults (the group's baseline
    compares what the policy did), rewards from the demo's rules (`demo_rewards.yaml`: the task's outcome
    ranks the group; a failed call the policy caused, or a reply that is not an action, is charged to the
-   reply that made it), updates from the change feed. The update raises only the replies that beat their
-   group (`negative_weight=0`), in small steps: most of the rough policy's episodes fail, and plain GRPO,
+   reply that made it, and a call again after an outage is credited to it), updates from the change
+   feed. The update raises only the replies that beat their group, or that earned a recovery credit
+   (`negative_weight=0`), in small steps: most of the rough policy's episodes fail, and plain GRPO,
    pushing down every token of those, unlearned the imitation (fewer calls per episode, more bad
    parameters) within a dozen iterations;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
