@@ -11,11 +11,13 @@ then each parameter slot in `BINS` levels over [-1, 1]) with the skill mask offe
 embedding our policy reads, as one more observation entry (each distinct instruction encoded once, as our
 collector does). Our policy keeps its continuous parameter heads.
 
-Reported, as mean over seeds: environment steps per second of the whole training call (rollouts and
-updates), per wall second and per CPU second of the process (on a shared machine the wall clock also
-counts the time other processes held the cores, the CPU clock does not), and the held-out completion of
-the greedy policy on the test split. The last line is one JSON object (``<library>_steps_per_s``,
-``<library>_steps_per_cpu_s``, ``<library>_completion``).
+Reported, as mean over seeds: environment steps per second of the whole training call (rollouts and updates),
+per wall second and per CPU second of the process, and the held-out completion of the greedy policy on the
+test split. Each run has a fresh process, and by default (`--jobs 1`) one runs at a time, the libraries
+alternating: runs that share the cores are not a fair race even per CPU second, since contention slows SB3's
+process more than ours (on 2 quiet cores our ratio per CPU second was 1.63 one at a time, 1.73 side by side).
+The last line is one JSON object (``<library>_steps_per_s``, ``<library>_steps_per_cpu_s``,
+``<library>_completion``).
 """
 
 from __future__ import annotations
@@ -172,9 +174,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds per library")
     parser.add_argument("--iterations", type=int, default=30, help="rounds of 512 steps per run")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at once (more than 1 makes them contend for the cores)"
+    )
     args = parser.parse_args()
     jobs = [(lib, s, args.iterations) for s in range(args.seeds) for lib in ("ours", "sb3")]
-    with ProcessPoolExecutor(max_workers=2) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs, max_tasks_per_child=1) as pool:
         results = list(pool.map(run_one, *zip(*jobs, strict=True)))
     table = Table(title=f"orders from scratch, {args.seeds} seeds × {args.iterations * ENVS * STEPS} steps")
     for column in ("library", "env steps / s", "env steps / CPU s", "test completion"):
