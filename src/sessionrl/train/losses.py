@@ -100,7 +100,9 @@ def clipped_pg_loss(
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
     loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
     with torch.no_grad():
-        active = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+        # the clipped term is the smaller exactly where the clip is active (ρ above 1+ε with A > 0, below 1-ε
+        # with A < 0): there the minimum takes it, and its gradient in ρ is 0
+        active = clipped < unclipped
         clip_fraction = masked_mean(active.to(ratio.dtype), mask).item()
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask).item()
     return PolicyLoss(loss=loss, clip_fraction=clip_fraction, approx_kl=approx_kl)
