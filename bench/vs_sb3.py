@@ -16,8 +16,11 @@ per wall second and per CPU second of the process, and the held-out completion o
 test split. Each run has a fresh process, and by default (`--jobs 1`) one runs at a time, the libraries
 alternating: runs that share the cores are not a fair race even per CPU second, since contention slows SB3's
 process more than ours (on 2 quiet cores our ratio per CPU second was 1.63 one at a time, 1.73 side by side).
-The last line is one JSON object (``<library>_steps_per_s``, ``<library>_steps_per_cpu_s``,
-``<library>_completion``).
+Each seed's two runs are neighbours in time, so the ratio of that pair is also printed, per wall and per
+CPU second: on a shared machine the speed of a whole run moves by tens of percent within minutes, and
+the spread of the paired ratios shows how far one figure can be trusted. The last line is one JSON object
+(``<library>_steps_per_s``, ``<library>_steps_per_cpu_s``, ``<library>_completion``, and the paired
+ratios' median, ``ratio_per_s_median`` and ``ratio_per_cpu_s_median``).
 """
 
 from __future__ import annotations
@@ -197,7 +200,20 @@ def main() -> None:
     wall_ratio = summary["ours_steps_per_s"] / summary["sb3_steps_per_s"]
     cpu_ratio = summary["ours_steps_per_cpu_s"] / summary["sb3_steps_per_cpu_s"]
     console.print(f"speed ratio ours / SB3: {wall_ratio:.2f} per wall second, {cpu_ratio:.2f} per CPU second")
+    for unit, column, key in (("wall", 1, "ratio_per_s_median"), ("CPU", 2, "ratio_per_cpu_s_median")):
+        ratios = paired_ratios(results, column)
+        summary[key] = round(statistics.median(ratios), 3)
+        listed = ", ".join(f"{r:.2f}" for r in ratios)
+        console.print(f"per seed, per {unit} second: {listed} (median {summary[key]:.2f})")
     print(json.dumps(summary))
+
+
+def paired_ratios(results: list[tuple[str, float, float, float]], column: int) -> list[float]:
+    """Ours over SB3 in `column` (1: steps per wall second, 2: per CPU second) for each seed, the two runs
+    of a seed being the neighbouring pair of `results`."""
+    ours = [r[column] for r in results if r[0] == "ours"]
+    sb3 = [r[column] for r in results if r[0] == "sb3"]
+    return [a / b for a, b in zip(ours, sb3, strict=True)]
 
 
 if __name__ == "__main__":
