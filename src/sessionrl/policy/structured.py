@@ -384,8 +384,9 @@ def flatten_observation(obs: Mapping[str, Any]) -> np.ndarray:
 def flatten_batch(obs: Mapping[str, Any]) -> np.ndarray:
     """A batch of observations (each part ``[B, ...]``, as a vector environment gives them) as flat float32
     rows ``[B, obs_dim]``, each row what `flatten_observation` makes of that observation."""
-    parts = [np.asarray(obs[key], np.float32) for key in OBS_KEYS]
-    return np.concatenate([part.reshape(part.shape[0], -1) for part in parts], axis=1)
+    parts = [np.asarray(obs[key]) for key in OBS_KEYS]
+    # cast while concatenating: one copy, not one per part and another to join them
+    return np.concatenate([part.reshape(part.shape[0], -1) for part in parts], axis=1, dtype=np.float32)
 
 
 def observation_size(space: Any) -> int:

@@ -264,15 +264,14 @@ class Collector:
         counts[:, 1] += info["calls"]
         counts[:, 2] += info["risky_calls"]
         done = terminated | truncated
-        for i in np.flatnonzero(done):
-            steps, calls, risky = counts[i].tolist()
-            self.episodes.append(
-                EpisodeStats(self.task_ids[i], bool(info["success"][i]), steps, calls, risky)
-            )
-            self._counts[i] = 0
-            self.task_ids[i] = str(info["task_id"][i])
-            self._texts[i] = self._query(str(info["instruction"][i]))
-        if done.any():
+        ended = np.flatnonzero(done)
+        if ended.size:
+            success, task_ids, instructions = info["success"], info["task_id"], info["instruction"]
+            for i, (steps, calls, risky) in zip(ended.tolist(), counts[ended].tolist(), strict=True):
+                self.episodes.append(EpisodeStats(self.task_ids[i], bool(success[i]), steps, calls, risky))
+                self.task_ids[i] = str(task_ids[i])
+                self._texts[i] = self._query(str(instructions[i]))
+            counts[ended] = 0
             self.text = torch.stack(self._texts)
         risks = -torch.from_numpy(info["risk_flags"].astype(np.float32))
         return torch.from_numpy(reward.astype(np.float32)), risks, torch.from_numpy(done.astype(np.float32))
