@@ -29,7 +29,14 @@ import torch
 from torch import Tensor
 
 from sessionrl.envs.base import Split, Task
-from sessionrl.envs.gym import DecisionGymEnv, DecisionVectorEnv, GymConfig, Observation, StructuredEnv
+from sessionrl.envs.gym import (
+    DecisionGymEnv,
+    DecisionVectorEnv,
+    GymConfig,
+    Observation,
+    StructuredEnv,
+    batch_observations,
+)
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
 from sessionrl.policy.prototypes import MacroGymEnv, Prototype, expert_prototypes
 from sessionrl.policy.structured import (
@@ -194,15 +201,10 @@ def policy_step(
 def observation_tensors(obs: Observation | Sequence[Observation]) -> tuple[Tensor, Tensor]:
     """The flat observations ``[B, obs_dim]`` and the skill masks ``[B, actions]`` of a batch or a sequence
     of single observations (as for `policy_step`)."""
-    batch = obs if isinstance(obs, Mapping) else stack_observations(obs)
+    batch = obs if isinstance(obs, Mapping) else batch_observations(obs)
     return torch.from_numpy(flatten_batch(batch)), torch.from_numpy(
         np.asarray(batch["action_mask"], np.int64)
     )
-
-
-def stack_observations(obs: Sequence[Observation]) -> Observation:
-    """Single observations as one batch, each part stacked along a new first axis."""
-    return {key: np.stack([np.asarray(o[key]) for o in obs]) for key in obs[0]}
 
 
 def env_action(params: Tensor, skill: Tensor, row: int) -> dict[str, Any]:
@@ -516,6 +518,5 @@ __all__ = [
     "observation_tensors",
     "policy_step",
     "round_log",
-    "stack_observations",
     "torch_threads",
 ]
