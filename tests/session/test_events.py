@@ -44,9 +44,15 @@ def base_events() -> list:
     ]
 
 
-def rating(score: float, occurred: datetime, anchor: Anchor | None = None) -> FeedbackAdded:
+def rating(
+    score: float, occurred: datetime, anchor: Anchor | None = None, annotator: str | None = None
+) -> FeedbackAdded:
     fb = Feedback(
-        type=FeedbackType.HUMAN_RATING, score=score, occurred_at=occurred, anchor=anchor or Anchor()
+        type=FeedbackType.HUMAN_RATING,
+        score=score,
+        occurred_at=occurred,
+        anchor=anchor or Anchor(),
+        annotator=annotator,
     )
     return FeedbackAdded(feedback=fb)
 
@@ -94,6 +100,29 @@ def test_last_writer_wins_by_occurrence_not_arrival() -> None:
     # a different anchor is a different piece of feedback
     session = apply(session, rating(1, T0, Anchor(call_id="c1")))
     assert sorted(f.score or 0 for f in session.feedback) == [1, 5]
+
+
+def test_ratings_from_different_sources_all_stay() -> None:
+    later = T0 + timedelta(hours=2, minutes=30)
+    session = fold([*base_events(), rating(4, T0, annotator="doc_007"), rating(2, later, annotator="doc_012")])
+    assert [(f.annotator, f.score) for f in session.feedback] == [("doc_007", 4), ("doc_012", 2)]
+    assert session.versions.feedback == 2
+
+
+def test_a_source_replaces_only_its_own_earlier_item() -> None:
+    events = [
+        rating(4, T0, annotator="doc_007"),
+        rating(2, T0 + timedelta(hours=1), annotator="doc_012"),
+        rating(5, T0 + timedelta(hours=2), annotator="doc_007"),  # doc_007 changes their mind
+        rating(1, T0 - timedelta(hours=1), annotator="doc_012"),  # an older opinion arriving late: ignored
+    ]
+    session = fold([*base_events(), *events])
+    assert sorted((f.annotator, f.score) for f in session.feedback) == [("doc_007", 5), ("doc_012", 2)]
+    # feedback naming no annotator is one source of its own
+    session = apply(session, rating(3, T0))
+    session = apply(session, rating(1, T0 + timedelta(minutes=1)))
+    assert [f.score for f in session.feedback if f.annotator is None] == [1]
+    assert {f.source for f in session.feedback} == {"doc_007", "doc_012", "anonymous"}
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
+
 from sessionrl.errors import InvalidEvent
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, utcnow
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.schema import SchemaValidator, validation_errors, validator_for
-from sessionrl.wire import LLMPayload, PlanPayload, StepKind, StepPayload, ToolPayload
+from sessionrl.wire import LLMPayload, PlanPayload, RecordedResult, StepKind, StepPayload, ToolPayload
 
 FREE_FORM_KEY = "free_form_tools"
 """The session metadata key that allows free-form tools in one session."""
@@ -42,6 +44,55 @@ class ContractCheck:
 
 
 _NO_OUTPUT = object()
+
+
+TOOL_ERROR = "TOOL_ERROR"
+"""The error code of a failed tool call whose `tool` message names none (or one too long to keep)."""
+MAX_CODE, MAX_MESSAGE = 200, 20_000
+"""The longest error code and message a recorded tool result holds."""
+
+
+def clipped(text: str, limit: int) -> str:
+    """`text`, or its start with a note saying how long it was when it is longer than `limit`.
+
+    >>> clipped("abcdef", 40), len(clipped("x" * 100, 40))
+    ('abcdef', 40)
+    """
+    if len(text) <= limit:
+        return text
+    note = f"... [{len(text)} characters, cut]"
+    return text[: limit - len(note)] + note
+
+
+def tool_message_result(text: str, latency_ms: float = 0.0) -> RecordedResult:
+    """What a `tool` message (the gateway's, or an imported transcript's) says the call answered; the one
+    rule both use. Content that is a JSON object whose `error` is a
+    non-empty string or an object reports a failure: `{"error": "why"}`, or `{"error": {"code": ...,
+    "message": ...}}` (OpenAI's error shape; either field may be missing). Any other content (`{"error":
+    null}` included) is the call's output: the JSON value it spells, or the text.
+
+    >>> tool_message_result('{"error": "no product SKU-1"}', 3.0).error_message
+    'no product SKU-1'
+    >>> tool_message_result('{"error": {"code": "SKU_NOT_FOUND"}}', 3.0).error_code
+    'SKU_NOT_FOUND'
+    >>> [tool_message_result(t, 3.0).status.value for t in ('{"on_hand": 4}', '{"error": null}', "fine")]
+    ['success', 'success', 'success']
+    """
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return RecordedResult(output=text, latency_ms=latency_ms)
+    error = value.get("error") if isinstance(value, dict) else None
+    if not (isinstance(error, dict) or (isinstance(error, str) and error)):
+        return RecordedResult(output=value, latency_ms=latency_ms)
+    fields = error if isinstance(error, dict) else {"message": error}
+    code, message = fields.get("code"), fields.get("message")
+    return RecordedResult(
+        status=CallStatus.ERROR,
+        error_code=code if isinstance(code, str) and 0 < len(code) <= MAX_CODE else TOOL_ERROR,
+        error_message=clipped(message if isinstance(message, str) else text, MAX_MESSAGE),
+        latency_ms=latency_ms,
+    )
 
 
 def allows_free_form(session: Session, server_allows: bool) -> bool:
@@ -104,12 +155,12 @@ def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LL
         prompt_token_ids=reply.prompt_token_ids,
         token_ids=reply.token_ids,
         logprobs=reply.logprobs,
-        tokens_used=reply.usage.get("total_tokens", 0),
+        tokens_used=reply.usage.get("total_tokens"),  # None when the server did not say
         started_at=_before(finished, reply.latency_ms),
         finished_at=finished,
         model=reply.model,
         tool_calls=reply.tool_calls,
-        usage=reply.usage,
+        usage=reply.usage or None,
         latency_ms=reply.latency_ms,
         status=CallStatus.ERROR if reply.error is not None else CallStatus.SUCCESS,
         error_message=reply.error,

@@ -217,11 +217,13 @@ def _recorded(calls: tuple[CallT, ...], call: CallT) -> tuple[CallT, ...]:
 
 
 def _merge_feedback(session: Session, new: Feedback) -> tuple[Feedback, ...]:
-    """Add feedback; for the same type on the same anchor, the later `occurred_at` wins."""
+    """Add feedback. Items of the same type on the same anchor from different sources all stay; from
+    the same source (`Feedback.source`), the later `occurred_at` replaces the earlier (a tie goes to the
+    one that arrived last)."""
     check_anchor(session, new)
-    key = (new.type, new.anchor.key)
+    key = new.merge_key
     for i, old in enumerate(session.feedback):
-        if (old.type, old.anchor.key) == key:
+        if old.merge_key == key:
             if new.occurred_at >= old.occurred_at:
                 return (*session.feedback[:i], new, *session.feedback[i + 1 :])
             return session.feedback

@@ -151,13 +151,15 @@ class LLMCall(Record):
     token_ids: tuple[int, ...] | None = Field(default=None, description="Ids of the generated tokens.")
     logprobs: tuple[float, ...] | None = Field(default=None, description="Log-probability of each token.")
     policy_version: int | None = None
-    tokens_used: int = Field(default=0, ge=0)
+    tokens_used: int | None = Field(
+        default=None, ge=0, description="Tokens the call used; None when its server did not say."
+    )
     started_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime = Field(default_factory=utcnow)
     model: str | None = Field(default=None, description="The model's name, as its server reported it.")
     tool_calls: tuple[ToolRequest, ...] = Field(default=(), description="Tool calls the response asked for.")
-    usage: dict[str, int] = Field(
-        default_factory=dict, description="Token counts the model's server reported."
+    usage: dict[str, int] | None = Field(
+        default=None, description="Token counts the model's server reported; None when it sent none."
     )
     latency_ms: float = Field(default=0.0, ge=0.0)
     status: CallStatus = Field(default=CallStatus.SUCCESS, description="error: the call failed (see error).")
@@ -197,6 +199,10 @@ class Anchor(Record):
         return "session"
 
 
+ANONYMOUS = "anonymous"
+"""The source of feedback that names no annotator."""
+
+
 class Feedback(Record):
     """One piece of feedback. `occurred_at` is when it happened, `received_at` when it reached us."""
 
@@ -204,11 +210,26 @@ class Feedback(Record):
     type: FeedbackType
     score: float | None = None
     comment: str | None = None
-    annotator: str | None = None
+    annotator: str | None = Field(
+        default=None,
+        description="Who gave it: a person's id, a validator's or a judge's name. Feedback is kept per"
+        " source: a second annotator's rating stands next to the first, not in its place.",
+    )
     anchor: Anchor = Field(default_factory=Anchor)
     occurred_at: datetime = Field(default_factory=utcnow)
     received_at: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict, description="Structured extras (reason, pair, ...).")
+
+    @property
+    def source(self) -> str:
+        """Who gave it (`annotator`), or `ANONYMOUS` when nobody is named (all such items share it)."""
+        return self.annotator if self.annotator is not None else ANONYMOUS
+
+    @property
+    def merge_key(self) -> tuple[str, str, str]:
+        """(type, anchor, source): a later item with the same key replaces an earlier one; items whose keys
+        differ all stay (see `sessionrl.session.events`)."""
+        return (self.type.value, self.anchor.key, self.source)
 
 
 class Claim(Record):
