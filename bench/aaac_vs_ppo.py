@@ -41,8 +41,8 @@ from rich.table import Table
 from sessionrl.envs import build
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
+from sessionrl.envs.prototypes import action_space_sizes, expert_prototypes
 from sessionrl.eval.significance import PairedComparison, paired_comparison
-from sessionrl.policy.prototypes import action_space_sizes, expert_prototypes
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo

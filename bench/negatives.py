@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 
 from sessionrl.envs.base import Split, Task
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.significance import paired_comparison
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.session import Session

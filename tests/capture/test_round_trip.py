@@ -32,7 +32,6 @@ import torch
 from openai import OpenAI
 
 from example_agents_support import load_example
-from sessionrl.capture.dataset import stored_sessions
 from sessionrl.envs.base import Split, Task
 from sessionrl.envs.registry import build
 from sessionrl.gateway import PolicyChat
@@ -41,6 +40,7 @@ from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import build_tiny_policy
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.captured import stored_sessions
 from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.loop import train_sft
 from sessionrl.train.llm.run import split_digits

@@ -13,7 +13,7 @@ from typer.testing import CliRunner, Result
 from sessionrl.cli import app
 from sessionrl.envs import registry
 from sessionrl.envs.retail import DATA_ENV_VAR
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.store import SessionStore
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ import pytest
 
 from sessionrl.envs.base import Split
 from sessionrl.episodes import EpisodeSpec, RolloutConfig
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.store import SessionStore

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from sessionrl.cli import app
 from sessionrl.envs.base import Split
 from sessionrl.episodes import MissingDemonstrations
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.loop import record_demonstrations
 from sessionrl.train.llm.run import open_run

@@ -13,7 +13,7 @@ from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.episodes import EpisodeSpec, Ran, RolloutConfig, entities_named, expert, run_episodes
 from sessionrl.episodes.llm import UNPARSEABLE, PolicyAgent, prompt_messages
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.orchestrator.policy import ScriptedBackend
 from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.policy.references import Context, abstract

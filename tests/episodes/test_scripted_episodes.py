@@ -29,7 +29,7 @@ from sessionrl.episodes import (
     run_many,
     session_plan,
 )
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionState

@@ -13,7 +13,7 @@ from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.episodes import EpisodeSpec, run_episodes
 from sessionrl.episodes.structured import PLAN, SUBGOAL, Progress, StructuredAgent, observe
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.skills import ManualClock

@@ -12,7 +12,6 @@ import httpx
 from gateway_support import WRITER, gateway_app, serving_on_loopback
 from openai import OpenAI
 
-from sessionrl.capture.dataset import captured_sequences
 from sessionrl.gateway import ChatRequest
 from sessionrl.gateway.backends import PolicyChat, read_action
 from sessionrl.orchestrator.policy import PolicyReply
@@ -20,6 +19,7 @@ from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.policy.toolcalls import ToolFormat, listed_tools
 from sessionrl.session.model import Message, Session
+from sessionrl.train.llm.captured import captured_sequences
 
 TINY = TinyModelConfig(vocab_size=400, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 TOOL = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}

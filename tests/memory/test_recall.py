@@ -10,7 +10,7 @@ from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.envs.orders.followups import Conversation, customer
 from sessionrl.eval.levels import Level, assess
 from sessionrl.eval.metrics import compute
-from sessionrl.memory import MEMORY_SKILLS, MemoryStore
+from sessionrl.memory import MEMORY_SKILLS, MemoryStore, memory_skills
 from sessionrl.memory.agent import RecallingAgent, run_conversations
 from sessionrl.memory.reward import memory_recall
 from sessionrl.rewards import check_reward_term
@@ -19,7 +19,10 @@ from sessionrl.store import SessionStore
 
 
 def env_with_memory() -> OrdersEnv:
-    return OrdersEnv(DomainConfig(train=1, dev=1, test=1, time_factor=0), memory=MemoryStore(encoder="hash"))
+    return OrdersEnv(
+        DomainConfig(train=1, dev=1, test=1, time_factor=0),
+        shared_skills=memory_skills(MemoryStore(encoder="hash")),
+    )
 
 
 def test_follow_ups_hide_what_the_first_turn_said() -> None:

@@ -36,8 +36,8 @@ from ray.exceptions import RayActorError
 from sessionrl.envs.base import stream_seed
 from sessionrl.episodes import EpisodeSpec, Ran, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.episodes.verdict import task_success
 from sessionrl.errors import NotFound, SessionRLError
-from sessionrl.eval.metrics import task_success
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.policy.tiny import default_placement
 from sessionrl.session.events import Event, SessionPatched, StateChanged

@@ -30,9 +30,8 @@ from sessionrl.envs.faults import Faults
 from sessionrl.episodes.config import RolloutConfig
 from sessionrl.episodes.metadata import session_create
 from sessionrl.episodes.skills import EpisodeSkills
-from sessionrl.episodes.verdict import verdict, why_unsolved
+from sessionrl.episodes.verdict import task_success, verdict, why_unsolved
 from sessionrl.errors import NotFound
-from sessionrl.eval.metrics import task_success
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend

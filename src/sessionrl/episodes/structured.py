@@ -35,9 +35,8 @@ from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.orchestrator.results import PlanPayload, StepKind, ToolPayload
 from sessionrl.policy.encoder import TextEncoder
-from sessionrl.policy.structured import StructuredPolicy
+from sessionrl.policy.structured import StructuredPolicy, policy_step
 from sessionrl.session.model import Plan, SubGoal
-from sessionrl.train.structured.rollout import policy_step
 
 SUBGOAL: Final = "resolve"
 PLAN: Final = Plan(

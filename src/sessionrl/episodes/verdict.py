@@ -15,7 +15,6 @@ episode (a demonstration imitation could learn from):
 from __future__ import annotations
 
 from sessionrl.envs.base import Outcome
-from sessionrl.eval.metrics import task_success
 from sessionrl.session.model import CallStatus, Feedback, FeedbackType, Session
 
 
@@ -28,6 +27,15 @@ def verdict(env: str, outcome: Outcome) -> Feedback:
         annotator=f"{env}_checker",
         data={"checks": dict(outcome.checks), "detail": outcome.detail},
     )
+
+
+def task_success(session: Session) -> bool | None:
+    """The latest `task_outcome` verdict of a session, or None when it was never judged."""
+    verdicts = [f for f in session.feedback if f.type == FeedbackType.TASK_OUTCOME and f.score is not None]
+    if not verdicts:
+        return None
+    latest = max(verdicts, key=lambda f: f.occurred_at)
+    return bool(latest.score and latest.score > 0)
 
 
 def why_unsolved(session: Session) -> str | None:

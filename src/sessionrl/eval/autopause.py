@@ -24,8 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.levels import dag_faults
-from sessionrl.eval.metrics import AgentMetrics, failure_attribution, task_success
+from sessionrl.eval.metrics import AgentMetrics, failure_attribution
 from sessionrl.session import CallStatus, FeedbackType, Session
 
 REPORT = "pause_report.json"

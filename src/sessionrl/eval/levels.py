@@ -26,7 +26,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sessionrl.eval.metrics import success_rate, task_success
+from sessionrl.episodes.verdict import task_success
+from sessionrl.eval.metrics import success_rate
 from sessionrl.session import CallStatus, FeedbackType, Plan, Session
 
 

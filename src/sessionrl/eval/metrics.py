@@ -19,19 +19,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sessionrl.episodes.verdict import task_success
 from sessionrl.session import CallStatus, FeedbackType, Session
 
 TIMEOUT_CODES = frozenset({"TIMEOUT", "SANDBOX_TIMEOUT"})
 BAD_PARAM_CODES = frozenset({"INVALID_PARAMS", "INVALID_ARGUMENT"})
-
-
-def task_success(session: Session) -> bool | None:
-    """The latest `task_outcome` verdict of a session, or None when it was never judged."""
-    verdicts = [f for f in session.feedback if f.type == FeedbackType.TASK_OUTCOME and f.score is not None]
-    if not verdicts:
-        return None
-    latest = max(verdicts, key=lambda f: f.occurred_at)
-    return bool(latest.score and latest.score > 0)
 
 
 def pass_hat_k(n: int, c: int, k: int) -> float:

@@ -28,7 +28,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from sessionrl.eval.metrics import dag_validity_rate, task_success
+from sessionrl.episodes.verdict import task_success
+from sessionrl.eval.metrics import dag_validity_rate
 from sessionrl.eval.significance import (
     bootstrap_diff_ci,
     paired_comparison,

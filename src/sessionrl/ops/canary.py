@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.ops.alerts import send_alert
 from sessionrl.ops.analysis import Comparison, compare_sessions, served_sessions
 from sessionrl.ops.config import OpsConfig

@@ -37,7 +37,8 @@ import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sessionrl.eval.metrics import failure_attribution, task_success
+from sessionrl.episodes.verdict import task_success
+from sessionrl.eval.metrics import failure_attribution
 from sessionrl.ops.analysis import served_sessions
 from sessionrl.ops.canary import check_canary
 from sessionrl.ops.config import OpsConfig

@@ -39,9 +39,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from sessionrl.envs.gym import ParamSpec
+from sessionrl.envs.gym import Observation, ParamSpec, batch_observations
 from sessionrl.policy.graph import GraphEncoder, ObservationLayout, observation_graphs
-from sessionrl.train.losses import cvar
 
 StateKind = Literal["flat", "graph"]
 
@@ -412,6 +411,40 @@ def build_policy(
     )
 
 
+def cvar(quantiles: Tensor, alpha: float) -> Tensor:
+    """Lower-tail CVaR of a quantile critic: the mean of its lowest ``max(1, ⌊α·K⌋)`` quantiles, ``[B]``
+    from ``[B, K]``. Quantiles are sorted first, so an unordered head still reads its worst values.
+
+    With returns where lower is worse (the risk signal is ``-(new risk flags)``), this is the expected
+    return over the worst ``α`` share of outcomes; ``α = 1`` gives the mean.
+
+    >>> cvar(torch.tensor([[3.0, -1.0, 0.0, 1.0]]), 0.5).tolist()
+    [-0.5]
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    k = max(1, int(alpha * quantiles.shape[-1]))
+    return quantiles.sort(dim=-1).values[..., :k].mean(-1)
+
+
+def policy_step(
+    policy: StructuredPolicy, obs: Observation | Sequence[Observation], text: Tensor
+) -> tuple[PolicyOutput, Tensor, Tensor]:
+    """One batched forward pass: the output, the flat observations and the masks. `obs` is a batch (each
+    part ``[B, ...]``, as `DecisionVectorEnv` gives it) or a sequence of single observations."""
+    flat, mask = observation_tensors(obs)
+    return policy(flat, text, mask), flat, mask
+
+
+def observation_tensors(obs: Observation | Sequence[Observation]) -> tuple[Tensor, Tensor]:
+    """The flat observations ``[B, obs_dim]`` and the skill masks ``[B, actions]`` of a batch or a sequence
+    of single observations (as for `policy_step`)."""
+    batch = obs if isinstance(obs, Mapping) else batch_observations(obs)
+    return torch.from_numpy(flatten_batch(batch)), torch.from_numpy(
+        np.asarray(batch["action_mask"], np.int64)
+    )
+
+
 __all__ = [
     "GRAPH_LR_SCALE",
     "LOG_STD_RANGE",
@@ -425,10 +458,13 @@ __all__ = [
     "StructuredPolicy",
     "build_policy",
     "categorical_entropy",
+    "cvar",
     "entropy_of",
     "flatten_batch",
     "flatten_observation",
     "layout_index",
     "masked_logits",
     "observation_size",
+    "observation_tensors",
+    "policy_step",
 ]

@@ -23,8 +23,8 @@ from typing import Any, Final
 import orjson
 
 from sessionrl.envs.base import ExpertPlan, ExpertStep
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.levels import misread
-from sessionrl.eval.metrics import task_success
 from sessionrl.reflection.record import Reflection, RootCause
 from sessionrl.session import CallStatus, FeedbackType, Session, ToolCall
 

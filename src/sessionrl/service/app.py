@@ -17,12 +17,13 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from sessionrl import __version__
+from sessionrl.access import TokenTable
 from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
 from sessionrl.ops.serving import Operations
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
 from sessionrl.service import problems
-from sessionrl.service.auth import RateLimiter, TokenTable
+from sessionrl.service.auth import RateLimiter
 from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit

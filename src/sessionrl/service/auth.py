@@ -1,47 +1,22 @@
 """Bearer-token auth and per-token rate limiting, as one route dependency: `Depends(ScopedBearer(...))`.
 
 A request without a known token gets 401 (with `WWW-Authenticate: Bearer`), a token without the scope
-403, and a token over its rate 429 with `Retry-After`. Tokens are looked up by their SHA-256 digest, so
-the lookup time does not depend on how much of a guessed token is right.
+403, and a token over its rate 429 with `Retry-After`. Tokens are looked up by their SHA-256 digest
+(`sessionrl.access`), so the lookup time does not depend on how much of a guessed token is right.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
-from sessionrl.service.config import Scope
+from sessionrl.access import Principal, Scope, TokenTable
 from sessionrl.service.problems import ProblemError
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: a short, non-secret name of the token, and its scopes."""
-
-    name: str
-    scopes: frozenset[Scope]
-
-
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-class TokenTable:
-    """Known tokens by digest."""
-
-    def __init__(self, tokens: Mapping[str, frozenset[Scope]]) -> None:
-        self._by_digest = {_digest(t): Principal(f"token-{_digest(t)[:8]}", s) for t, s in tokens.items()}
-
-    def lookup(self, token: str) -> Principal | None:
-        """The principal of `token`, or None."""
-        return self._by_digest.get(_digest(token))
 
 
 class RateLimiter:

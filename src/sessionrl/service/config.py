@@ -9,23 +9,16 @@ Tokens come from the config or from the environment (`SESSIONRL_TOKENS="tok1:rea
 from __future__ import annotations
 
 import os
-from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sessionrl.access import Scope
 from sessionrl.ops.config import OpsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S
 
 TOKENS_ENV = "SESSIONRL_TOKENS"
-
-
-class Scope(StrEnum):
-    """What a token allows: `read` for GETs, `write` for POSTs."""
-
-    READ = "read"
-    WRITE = "write"
 
 
 def parse_tokens(text: str) -> dict[str, frozenset[Scope]]:

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import Depends, Header, Request, Response
 from pydantic import BaseModel
 
+from sessionrl.access import Principal, Scope
 from sessionrl.errors import StaleState
 from sessionrl.orchestrator.engine import Orchestrator
-from sessionrl.service.auth import Principal, ScopedBearer
-from sessionrl.service.config import Scope
+from sessionrl.service.auth import ScopedBearer
 from sessionrl.service.problems import ProblemError
 
 

@@ -39,8 +39,9 @@ from starlette.convertors import Convertor, StringConvertor
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sessionrl.service.auth import Principal, ScopedBearer, identify, throttle
-from sessionrl.service.config import Scope as TokenScope
+from sessionrl.access import Principal
+from sessionrl.access import Scope as TokenScope
+from sessionrl.service.auth import ScopedBearer, identify, throttle
 from sessionrl.service.problems import ProblemError
 
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")

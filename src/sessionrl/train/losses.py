@@ -281,22 +281,6 @@ def quantile_huber_loss(quantiles: Tensor, targets: Tensor, taus: Tensor, kappa:
     return (weight * huber / kappa).mean(-1).sum(-1).mean()
 
 
-def cvar(quantiles: Tensor, alpha: float) -> Tensor:
-    """Lower-tail CVaR of a quantile critic: the mean of its lowest ``max(1, ⌊α·K⌋)`` quantiles, ``[B]``
-    from ``[B, K]``. Quantiles are sorted first, so an unordered head still reads its worst values.
-
-    With returns where lower is worse (the risk signal is ``-(new risk flags)``), this is the expected
-    return over the worst ``α`` share of outcomes; ``α = 1`` gives the mean.
-
-    >>> cvar(torch.tensor([[3.0, -1.0, 0.0, 1.0]]), 0.5).tolist()
-    [-0.5]
-    """
-    if not 0 < alpha <= 1:
-        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-    k = max(1, int(alpha * quantiles.shape[-1]))
-    return quantiles.sort(dim=-1).values[..., :k].mean(-1)
-
-
 @dataclass(frozen=True)
 class DPOLoss:
     """Result of :func:`dpo_loss`: the loss to minimise and the implicit rewards (detached, shape ``[B]``)."""
@@ -341,7 +325,6 @@ __all__ = [
     "PolicyLoss",
     "adaptive_lambda",
     "clipped_pg_loss",
-    "cvar",
     "decaying_beta",
     "dpo_loss",
     "dual_critic_advantage",

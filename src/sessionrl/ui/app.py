@@ -20,8 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from sessionrl import __version__
-from sessionrl.service.auth import TokenTable
-from sessionrl.service.config import Scope
+from sessionrl.access import Scope, TokenTable
 from sessionrl.skills import load_contracts
 from sessionrl.skills.contract import Sla
 from sessionrl.store import SessionStore

@@ -12,8 +12,7 @@ from urllib.parse import quote
 
 from fastapi import Request
 
-from sessionrl.service.auth import Principal, TokenTable
-from sessionrl.service.config import Scope
+from sessionrl.access import Principal, Scope, TokenTable
 
 COOKIE = "sessionrl_token"
 LOGIN_PATH = "/ui/login"

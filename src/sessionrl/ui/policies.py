@@ -8,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from sessionrl.access import Principal
 from sessionrl.ops.registry import PolicyRegistry
 from sessionrl.ops.strategy import current_mode
 from sessionrl.ops.takeover import NEEDS_HUMAN
-from sessionrl.service.auth import Principal
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.ui.auth import viewer
 from sessionrl.ui.sessions import page

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import yaml
 
-from sessionrl.eval.metrics import failure_attribution, task_success
+from sessionrl.episodes.verdict import task_success
+from sessionrl.eval.metrics import failure_attribution
 from sessionrl.eval.significance import mcnemar_p
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore

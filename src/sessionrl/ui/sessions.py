@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
+from sessionrl.access import Principal
 from sessionrl.errors import NotFound
 from sessionrl.rewards.vector import RewardVector
-from sessionrl.service.auth import Principal
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.ui import views

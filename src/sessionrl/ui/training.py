@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from sessionrl.service.auth import Principal
+from sessionrl.access import Principal
 from sessionrl.store import SessionStore
 from sessionrl.ui import runs
 from sessionrl.ui.auth import viewer

@@ -12,7 +12,7 @@ from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
 from sessionrl.envs.retail import RetailEnv
 from sessionrl.episodes import EpisodeSpec, RolloutConfig, ScriptedAgent, run_episodes
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.policy.references import REFERENCE
 from sessionrl.session import CallStatus
 from sessionrl.store import SessionStore

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import pytest
 
 from sessionrl.episodes import RolloutConfig
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.reflection import ANNOTATOR

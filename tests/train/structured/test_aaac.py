@@ -10,13 +10,13 @@ import torch
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.policy.prototypes import expert_prototypes
-from sessionrl.policy.structured import PolicyOutput
+from sessionrl.envs.prototypes import expert_prototypes
+from sessionrl.policy.structured import PolicyOutput, policy_step
 from sessionrl.train.losses import gae
 from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import UpdateConfig, risk_loss
-from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, evaluate, policy_step
+from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, evaluate
 
 
 def test_episode_rows_cut_after_each_done_and_align_right() -> None:

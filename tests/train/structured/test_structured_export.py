@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, policy_step
+from sessionrl.policy.structured import policy_step
+from sessionrl.train.structured.rollout import StructuredRunConfig, build_run
 from sessionrl.train.structured.run import export_policy, load_policy, run_prototypes
 
 

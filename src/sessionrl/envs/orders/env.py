@@ -22,7 +22,6 @@ from sessionrl.envs.orders.tasks import generate
 from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
 from sessionrl.envs.orders.tools import TOOLS, World
 from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
-from sessionrl.memory import MemoryStore, memory_contracts, memory_skills
 from sessionrl.skills import Skill, SkillContract
 
 Json = dict[str, Any]
@@ -48,22 +47,21 @@ and the outcome (the new address, the amount refunded, the new waybill, or the s
 class OrdersEnv(SimulatedEnv):
     """Seeded fulfilment tickets over eight simulated skills (see `DomainConfig`).
 
-    With a `memory`, episodes also offer the skills `memory_search` and `memory_write` over it, shared by
-    every episode (long-term memory outlives a conversation); `conversations` gives two-turn tasks whose
-    follow-up needs what the first turn said.
+    `shared_skills` are offered by every episode beside the eight, one instance for all of them: long-term
+    memory (`sessionrl.memory.memory_skills(store)`) outlives a conversation. `conversations` gives
+    two-turn tasks whose follow-up needs what the first turn said.
     """
 
     name = "orders"
     feature_names = structured.FEATURES
 
-    def __init__(self, config: DomainConfig | None = None, *, memory: MemoryStore | None = None) -> None:
+    def __init__(self, config: DomainConfig | None = None, *, shared_skills: Sequence[Skill] = ()) -> None:
         super().__init__(config, contracts_dir=CONTRACTS_DIR, generate=generate)
-        self.memory = memory
+        self.shared_skills = tuple(shared_skills)
 
     def contracts(self) -> Sequence[SkillContract]:
-        """The eight skills' contracts, and the memory skills' when the env has a memory."""
-        own = super().contracts()
-        return own if self.memory is None else (*own, *memory_contracts())
+        """The eight skills' contracts, then the shared skills'."""
+        return (*super().contracts(), *(skill.contract for skill in self.shared_skills))
 
     def conversations(self, split: Split, size: int) -> tuple[tuple[Task, Task], ...]:
         """`size` two-turn conversations of `split` (first ticket, follow-up), seeded by the config."""
@@ -98,7 +96,7 @@ class OrdersEpisode(SimulatedEpisode[World]):
     def __init__(self, env: OrdersEnv, task: Task, *, seed: int, faults: Faults | None) -> None:
         world = World.open(Ticket.from_payload(task.payload))
         super().__init__(SimulatedEnv.contracts(env), task, world, TOOLS, seed=seed, faults=faults)
-        self._memory = memory_skills(env.memory) if env.memory is not None else []
+        self._shared = env.shared_skills
 
     @property
     def world(self) -> World:
@@ -106,8 +104,8 @@ class OrdersEpisode(SimulatedEpisode[World]):
         return self._state
 
     def skills(self) -> Sequence[Skill]:
-        """The eight skills bound to this episode's world, then the env's memory skills (if any)."""
-        return [*super().skills(), *self._memory]
+        """The eight skills bound to this episode's world, then the env's shared skills."""
+        return [*super().skills(), *self._shared]
 
     @property
     def terminated(self) -> bool:

@@ -46,7 +46,7 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import FaultSchedule
 from sessionrl.episodes import RolloutConfig
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.report import metrics_table
 from sessionrl.eval.significance import Interval, PairedComparison, paired_comparison, paired_ratio_diff_ci
 from sessionrl.policy.llm import BatchingConfig, SamplingConfig

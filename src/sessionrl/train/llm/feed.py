@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sessionrl.eval.metrics import task_success
+from sessionrl.episodes.verdict import task_success
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Session, SessionState
 from sessionrl.store import SessionStore

@@ -26,7 +26,6 @@ from typing import Any
 
 from rich.console import Console
 
-from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
@@ -38,6 +37,7 @@ from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.session.model import Session
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.train.llm.checkpoint import (
     Stage,
     has_checkpoint,

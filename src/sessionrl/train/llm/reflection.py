@@ -44,9 +44,10 @@ from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, expert, progress, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.curriculum import expert_steps
 from sessionrl.eval.levels import LevelReport, assess
-from sessionrl.eval.metrics import AgentMetrics, success_rate, task_success
+from sessionrl.eval.metrics import AgentMetrics, success_rate
 from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.reflection import (

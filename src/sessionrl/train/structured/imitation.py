@@ -28,8 +28,8 @@ from torch import Tensor
 
 from sessionrl.envs.base import Split, Task
 from sessionrl.envs.gym import StructuredEnv
+from sessionrl.envs.prototypes import expert_prototypes
 from sessionrl.policy.encoder import TextEncoder
-from sessionrl.policy.prototypes import expert_prototypes
 from sessionrl.policy.structured import ActionLayout, StructuredAction, StructuredPolicy, flatten_observation
 from sessionrl.train.structured.rollout import (
     GymView,

@@ -33,19 +33,17 @@ from sessionrl.envs.gym import (
     DecisionGymEnv,
     DecisionVectorEnv,
     GymConfig,
-    Observation,
     StructuredEnv,
-    batch_observations,
 )
+from sessionrl.envs.prototypes import MacroGymEnv, Prototype, expert_prototypes
 from sessionrl.policy.encoder import EncoderKind, TextEncoder, build_encoder
-from sessionrl.policy.prototypes import MacroGymEnv, Prototype, expert_prototypes
 from sessionrl.policy.structured import (
-    PolicyOutput,
     StateKind,
     StructuredAction,
     StructuredPolicy,
     build_policy,
-    flatten_batch,
+    observation_tensors,
+    policy_step,
 )
 
 
@@ -187,24 +185,6 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def policy_step(
-    policy: StructuredPolicy, obs: Observation | Sequence[Observation], text: Tensor
-) -> tuple[PolicyOutput, Tensor, Tensor]:
-    """One batched forward pass: the output, the flat observations and the masks. `obs` is a batch (each
-    part ``[B, ...]``, as `DecisionVectorEnv` gives it) or a sequence of single observations."""
-    flat, mask = observation_tensors(obs)
-    return policy(flat, text, mask), flat, mask
-
-
-def observation_tensors(obs: Observation | Sequence[Observation]) -> tuple[Tensor, Tensor]:
-    """The flat observations ``[B, obs_dim]`` and the skill masks ``[B, actions]`` of a batch or a sequence
-    of single observations (as for `policy_step`)."""
-    batch = obs if isinstance(obs, Mapping) else batch_observations(obs)
-    return torch.from_numpy(flatten_batch(batch)), torch.from_numpy(
-        np.asarray(batch["action_mask"], np.int64)
-    )
 
 
 def env_action(params: Tensor, skill: Tensor, row: int) -> dict[str, Any]:
@@ -515,8 +495,6 @@ __all__ = [
     "gym_view",
     "minibatches",
     "normalise",
-    "observation_tensors",
-    "policy_step",
     "round_log",
     "torch_threads",
 ]

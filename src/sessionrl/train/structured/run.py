@@ -27,8 +27,8 @@ from safetensors.torch import load_model, save_model
 
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import StructuredEnv
+from sessionrl.envs.prototypes import Prototype, expert_prototypes
 from sessionrl.policy.encoder import TextEncoder, build_encoder
-from sessionrl.policy.prototypes import Prototype, expert_prototypes
 from sessionrl.policy.structured import StructuredPolicy, build_policy
 from sessionrl.train.config import AAACSection, PPOSection, RunConfig, Trainer
 from sessionrl.train.llm.run import MetricsLog

@@ -10,7 +10,7 @@ import pytest
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.policy.prototypes import (
+from sessionrl.envs.prototypes import (
     MacroGymEnv,
     Prototype,
     action_space_sizes,

@@ -8,13 +8,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sessionrl.capture.dataset import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.envs.base import Split
 from sessionrl.envs.registry import build
 from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session import SessionCreate, created
 from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, ToolRequest
 from sessionrl.store import SessionStore
+from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.train.llm.data import TokenSequence
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
