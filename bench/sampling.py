@@ -7,7 +7,7 @@ as every batch of a rollout does. Three ways of continuing them, all greedy, all
 
 - `generate`: `model.generate` on the left-padded batch (its own key/value cache, every prompt whole);
 - `batched`: our sampler on the left-padded batch (`sessionrl.policy.sampling`, no kept prefix);
-- `shared`: our sampler with a fresh `PrefixCache`: the common prefix is computed once (timed) and
+- `shared`: our sampler with a fresh `KVStore` keeping shared prefixes only: the common prefix is computed once (timed) and
   expanded over the batch, and only the suffixes are prefilled;
 - `shared, kept`: the same batch again with the prefix already kept, as for every later turn.
 
@@ -36,7 +36,7 @@ from sessionrl.envs.base import Split
 from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
-from sessionrl.policy.sampling import PrefixCache, sample_batch
+from sessionrl.policy.sampling import KVStore, sample_batch
 from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 
@@ -97,7 +97,7 @@ def hf_generate(policy: HFPolicy, batch: Sequence[Sequence[int]], new_tokens: in
 
 
 def ours(
-    policy: HFPolicy, batch: Sequence[Sequence[int]], new_tokens: int, prefix: PrefixCache | None
+    policy: HFPolicy, batch: Sequence[Sequence[int]], new_tokens: int, prefix: KVStore | None
 ) -> list[tuple[int, ...]]:
     samples = sample_batch(
         policy.model,
@@ -151,10 +151,10 @@ def main() -> None:
         print(f"model.generate: {hf_s:.1f} s", file=sys.stderr, flush=True)
         plain_rows, plain_s = timed(lambda: ours(policy, batch, args.new_tokens, None))
         print(f"ours, batched: {plain_s:.1f} s", file=sys.stderr, flush=True)
-        cache = PrefixCache()
+        cache = KVStore(turns=False)
         shared_rows, shared_s = timed(lambda: ours(policy, batch, args.new_tokens, cache))
         kept_rows, kept_s = timed(lambda: ours(policy, batch, args.new_tokens, cache))
-        shared_len = len(cache.ids)
+        shared_len = max((len(k) for k in cache.entries), default=0)
     rate = {
         name: sum(map(len, rows)) / s
         for name, rows, s in [

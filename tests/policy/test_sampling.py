@@ -1,5 +1,6 @@
-"""Shared-prefix sampling: the same tokens and log-probabilities as sampling each prompt whole, with the
-prefix computed once and kept until the weights change."""
+"""The torch engine's kept caches: a shared prefix and each episode's earlier turns give the same tokens and
+log-probabilities as sampling every prompt whole, prefill only what is new, stay within their bound, and
+are dropped when the policy version changes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import pytest
 import torch
 
 from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.sampling import PrefixCache, common_prefix, sample_batch
+from sessionrl.policy.sampling import KVStore, Sample, TorchEngine, common_prefix, sample_batch
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 
 CONFIG = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+STOP = 1
 
 
 @pytest.fixture(scope="module")
@@ -26,52 +28,106 @@ def prompts() -> list[list[int]]:
     return [[*prefix, 11, 12, 13], [*prefix, 40], [*prefix, 50, 51, 52, 53, 54, 55]]
 
 
-def run(model: torch.nn.Module, rows: list[list[int]], prefix: PrefixCache | None, temperature: float = 0.0):  # type: ignore[no-untyped-def]
-    config = SamplingConfig(max_new_tokens=6, temperature=temperature)
+def run(
+    model: torch.nn.Module,
+    rows: list[list[int]],
+    store: KVStore | None,
+    temperature: float = 0.0,
+    new: int = 6,
+) -> list[Sample]:
+    config = SamplingConfig(max_new_tokens=new, temperature=temperature)
     return sample_batch(
         model,
         rows,
         pad_id=0,
-        stop_ids=frozenset({1}),
+        stop_ids=frozenset({STOP}),
         config=config,
         generator=torch.Generator().manual_seed(5),
-        prefix=prefix,
+        prefix=store,
     )
+
+
+def assert_same(got: list[Sample], want: list[Sample]) -> None:
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
+
+
+def next_turns(rows: list[list[int]], replies: list[Sample]) -> list[list[int]]:
+    """Each conversation's next prompt: its prompt, its reply, then a tool result of a different length."""
+    return [
+        [*p, *s.token_ids, *range(60, 63 + i)] for i, (p, s) in enumerate(zip(rows, replies, strict=True))
+    ]
 
 
 def test_a_shared_prefix_gives_what_the_whole_prompts_give(model: torch.nn.Module) -> None:
     rows = prompts()
     assert common_prefix(rows) == 80
-    plain = run(model, rows, None)
-    cache = PrefixCache(min_tokens=32)
-    shared = run(model, rows, cache)
-    assert (cache.builds, len(cache.ids)) == (1, 80)
-    assert [s.token_ids for s in shared] == [p.token_ids for p in plain]
-    for s, p in zip(shared, plain, strict=True):
-        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(p.logprobs), atol=1e-4, rtol=0)
+    store = KVStore(min_shared=32, turns=False)
+    assert_same(run(model, rows, store), run(model, rows, None))
+    assert (store.builds, [len(k) for k in store.entries]) == (1, [80])
+    assert store.prefilled_tokens == 3 + 1 + 6 + 80  # the suffixes, and the prefix once
     # sampled at a temperature with the same generator, the draws agree too
-    hot_plain, hot_shared = run(model, rows, None, 1.0), run(model, rows, PrefixCache(min_tokens=32), 1.0)
+    hot_plain, hot_shared = run(model, rows, None, 1.0), run(model, rows, KVStore(min_shared=32), 1.0)
     assert [s.token_ids for s in hot_shared] == [p.token_ids for p in hot_plain]
 
 
-def test_the_kept_prefix_serves_later_batches_until_the_weights_change(model: torch.nn.Module) -> None:
+def test_an_episodes_next_turn_prefills_only_its_new_tokens(model: torch.nn.Module) -> None:
     rows = prompts()
-    cache = PrefixCache(min_tokens=32)
-    run(model, rows[:2], cache)
-    (alone,) = run(model, [rows[2]], cache)
-    assert (cache.builds, cache.hits) == (1, 1)
-    assert alone.token_ids == run(model, [rows[2]], None)[0].token_ids
+    store = KVStore(min_shared=32)
+    first = run(model, rows, store, new=5)
+    # every row's prompt and reply but its last draw (never fed) is kept, besides the shared prefix
+    kept = sorted(len(k) for k, e in store.entries.items() if not e.shared)
+    assert kept == sorted(len(p) + len(s.token_ids) - 1 for p, s in zip(rows, first, strict=True))
+    second = next_turns(rows, first)
+    before = store.prefilled_tokens
+    assert_same(run(model, second, store, 1.0), run(model, second, None, 1.0))
+    new_tokens = sum(
+        len(b) - len(a) - len(s.token_ids) + 1 for a, b, s in zip(rows, second, first, strict=True)
+    )
+    assert store.prefilled_tokens - before == new_tokens
+    # the entries of the first turn gave way to those of the second
+    assert sum(not e.shared for e in store.entries.values()) == len(rows)
+
+
+def test_a_prompt_that_leaves_a_kept_turn_early_reuses_what_they_share(model: torch.nn.Module) -> None:
+    rows = prompts()[:1]
+    store = KVStore()
+    (reply,) = run(model, rows, store, new=4)
+    # re-rendered, the reply tokenizes differently from its third token on
+    other = [[*rows[0], *reply.token_ids[:2], 99, 98, 97]]
+    assert_same(run(model, other, store), run(model, other, None))
+    assert store.reused_tokens == len(rows[0]) + 2
+
+
+def test_the_store_keeps_within_its_bound_least_recently_used_first(model: torch.nn.Module) -> None:
+    rows = prompts()
+    store = KVStore(min_shared=32, max_tokens=200)
+    run(model, rows, store, new=3)
+    assert store.tokens <= 200
+    assert store.evicted >= 1
+    second = next_turns(rows, run(model, rows, None, new=3))
+    assert_same(run(model, second, store), run(model, second, None))
+
+
+def test_a_new_policy_version_drops_what_older_weights_computed(model: torch.nn.Module) -> None:
+    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32))
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    before = engine.sample(prompts(), greedy, torch.Generator())
+    assert engine.store.entries and {c.policy_version for c in before} == {0}
+    changed = build_tiny_model(CONFIG, train_tokenizer(["a b c d e f g"] * 4, CONFIG))
     with torch.no_grad():
-        next(model.parameters()).mul_(1.0)  # an in-place update, as an optimiser step makes
-    run(model, rows, cache)
-    assert cache.builds == 2
-    other = [[3, 4, 5, *r[3:]] for r in rows]  # another prefix: computed fresh, and kept instead
-    run(model, other, cache)
-    assert (cache.builds, cache.ids[:3]) == (3, (3, 4, 5))
+        for p, q in zip(changed.parameters(), model.parameters(), strict=True):
+            p.copy_(q + 0.05 * torch.randn_like(q))
+    engine.refresh(changed, 1)
+    assert not engine.store.entries
+    after = engine.sample(prompts(), greedy, torch.Generator())
+    assert {c.policy_version for c in after} == {1}
+    assert [c.token_ids for c in after] == [s.token_ids for s in run(changed, prompts(), None, new=4)]
 
 
 def test_short_or_single_prompts_run_whole(model: torch.nn.Module) -> None:
-    cache = PrefixCache(min_tokens=32)
-    run(model, [prompts()[0]], cache)
-    run(model, [[5, 6, 7], [5, 6, 8]], cache)
-    assert cache.builds == 0
+    store = KVStore(min_shared=32, turns=False)
+    run(model, [prompts()[0]], store)
+    run(model, [[5, 6, 7], [5, 6, 8]], store)
+    assert store.builds == 0 and not store.entries

@@ -11,8 +11,9 @@ demonstrations used for imitation are rendered with the same functions, so train
 same text.
 
 `HFPolicy` answers the orchestrator (`PolicyBackend`). Concurrent sessions ask one at a time; a small
-batcher gathers the requests that arrive within a few milliseconds and samples them as one left-padded
-batch with a key/value cache, dropping rows as they finish. Every reply carries the prompt's token ids,
+batcher gathers the requests that arrive within a few milliseconds and has its engine
+(`sessionrl.policy.engine`: our torch sampler by default, a vLLM server on GPUs) sample them as one
+batch. Every reply carries the prompt's token ids,
 the sampled ids, the log-probability of each sampled token under the distribution it was drawn from
 (softmax of logits / temperature; plain softmax when greedy) and the policy version, which is what the
 trainer needs to compute importance ratios later.
@@ -35,7 +36,8 @@ import orjson
 import torch
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
-from sessionrl.policy.sampling import PrefixCache, Sample, sample_batch
+from sessionrl.policy.engine import Completion, Engine
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.toolcalls import (
     TAGGED_INSTRUCTIONS,
     TOOLS_HEADING,
@@ -279,20 +281,24 @@ class HFPolicy:
         *,
         version: int = 0,
         tool_format: ToolFormat | None = None,
+        engine: Engine | None = None,
     ) -> None:
-        self.model = model
         self.tokenizer = tokenizer
         self.tool_format = tool_format or format_for(tokenizer)
         """How this policy writes tool calls (`sessionrl.policy.toolcalls`), by default as its chat template
         calls for."""
         self.sampling = sampling or SamplingConfig()
         self.batching = batching or BatchingConfig()
-        self.version = version
-        """Policy version stamped on every reply; the trainer raises it after each update."""
         self.generator = torch.Generator().manual_seed(self.sampling.seed)
-        self.prefix_cache = PrefixCache()
-        """The shared prompt prefix kept across batches (views over the same weights share it)."""
         self.stop_ids = _stop_ids(model, tokenizer)
+        self.engine: Engine = engine or TorchEngine(
+            model, pad_id=int(tokenizer.pad_token_id), stop_ids=self.stop_ids, version=version
+        )
+        """What samples the replies (`sessionrl.policy.engine`): by default our torch sampler over `model`;
+        views over the same weights share it."""
+        self._model = model
+        if self.engine.version != version:
+            self.engine.refresh(model, version)
         self._batcher: Batcher[list[int], PolicyReply] = Batcher(
             self.sample_prompts, self.batching.max_batch, self.batching.gather_ms
         )
@@ -300,6 +306,27 @@ class HFPolicy:
         """Conversations answered so far."""
         self.guide: ReplyGuide | None = None
         """Forces the start of every reply when set (see `ReplyGuide`)."""
+
+    @property
+    def model(self) -> Any:
+        """The module the trainer updates."""
+        return self._model
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        """Replace the module (wrapped with LoRA adapters, say): the engine samples with it from now on."""
+        self._model = model
+        self.engine.refresh(model, self.version)
+
+    @property
+    def version(self) -> int:
+        """Policy version stamped on every reply. Setting it tells the engine the weights changed: the
+        trainer raises it after each update and sets it after loading weights."""
+        return self.engine.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.engine.refresh(self._model, version)
 
     @classmethod
     def load(
@@ -318,8 +345,8 @@ class HFPolicy:
         return cls(model, tokenizer, sampling, batching)
 
     def view(self, sampling: SamplingConfig) -> HFPolicy:
-        """Another backend over the same weights, version and kept prefix, sampling differently (greedy
-        evaluation)."""
+        """Another backend over the same weights, version and engine (with what it keeps), sampling
+        differently (greedy evaluation)."""
         other = HFPolicy(
             self.model,
             self.tokenizer,
@@ -327,8 +354,8 @@ class HFPolicy:
             self.batching,
             version=self.version,
             tool_format=self.tool_format,
+            engine=self.engine,
         )
-        other.prefix_cache = self.prefix_cache
         other.guide = self.guide
         return other
 
@@ -388,34 +415,21 @@ class HFPolicy:
         return [_started(reply, start) for reply, (_, start) in zip(replies, guided, strict=True)]
 
     def sample_prompts(self, prompts: Sequence[Sequence[int]]) -> list[PolicyReply]:
-        """Continue several encoded prompts as one batch (blocking); the model is left as it was found."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            samples = sample_batch(
-                self.model,
-                prompts,
-                pad_id=self.tokenizer.pad_token_id,
-                stop_ids=self.stop_ids,
-                config=self.sampling,
-                generator=self.generator,
-                prefix=self.prefix_cache,
-            )
-        finally:
-            self.model.train(was_training)
+        """Continue several encoded prompts as one batch through the engine (blocking)."""
+        completions = self.engine.sample(prompts, self.sampling, self.generator)
         self.calls += len(prompts)
-        return [self._reply(p, s) for p, s in zip(prompts, samples, strict=True)]
+        return [self._reply(c) for c in completions]
 
-    def _reply(self, prompt: Sequence[int], drawn: Sample) -> PolicyReply:
+    def _reply(self, drawn: Completion) -> PolicyReply:
         ids = drawn.token_ids
         body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
         return PolicyReply(
             text=self.tokenizer.decode(list(body), skip_special_tokens=False),
-            prompt_token_ids=tuple(prompt),
+            prompt_token_ids=drawn.prompt_token_ids,
             token_ids=ids,
             logprobs=drawn.logprobs,
-            policy_version=self.version,
-            tokens_used=len(prompt) + len(ids),
+            policy_version=drawn.policy_version,
+            tokens_used=len(drawn.prompt_token_ids) + len(ids),
         )
 
     async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:

@@ -1,38 +1,51 @@
-"""Batched sampling that computes a shared prompt prefix once.
+"""The CPU engine: batched torch sampling that computes no prompt token twice while the weights stay.
 
-Concurrent episodes of one domain start with the same long system prompt (the domain policy and the tool
-schemas), so the prompts of a batch share a prefix that is most of their length. `sample_batch` runs the
-prefix through the model once, at batch size 1, keeps its key/value cache in a `PrefixCache`, and for
-every batch whose prompts all start with it expands that cache over the batch and runs only the suffixes:
+A rollout's prompts repeat themselves in two ways. Concurrent episodes of one domain start with the same
+long system prompt (the domain policy and the tool schemas), and each episode's next prompt is its last
+prompt, the reply drawn for it, and the new tool result. `KVStore` keeps the key/value cache of both:
 
-    prompts   [prefix | suffix_0]        cache  [prefix KV] x B   (computed once, expanded)
-              [prefix | suffix_1]  ──▶   input  [pad.. suffix_0]  (pads between prefix and suffix,
-              [prefix | suffix_2]               [suffix_1     ]   masked out; positions continue
-                                                [. suffix_2   ]   from the prefix's end)
+- the shared prefix of a batch, computed once at batch size 1 when the batch's prompts share at least
+  `min_shared` tokens and nothing kept covers them;
+- with `turns`, every row's prompt and reply, taken from the batch's cache as the row finishes, so the
+  episode's next turn prefills only the tokens that follow what was kept.
 
-then decodes every row with the cache, dropping rows as they reach a stop token. The kept prefix is
-reused by later batches (later turns of the same episodes, batches of one) until the weights change:
-it is stamped with the parameters' in-place version counters, which every optimiser step and weight
-load advances. A batch whose prompts share no prefix of `min_tokens` runs as one left-padded batch.
+Each prompt reuses the kept entry that shares the longest prefix with it (a re-rendered conversation may
+tokenize its last reply differently, so the match need not cover the whole entry). The batch is then
+prefilled as one cache laid out right-aligned, each row's reused part followed by its new tokens:
+
+    kept     [pad.. kv_0       ][pad suffix_0]    attention mask: 0 on pads
+             [kv_1             ][  suffix_1  ]    positions: each row's suffix continues from its own
+             [pad...... kv_2   ][.  suffix_2 ]    reused length (pads between are skipped)
+
+and decoded, rows leaving the batch (and the cache) as they reach a stop token. Entries are evicted least
+recently used first once they hold more than `max_tokens` tokens; an entry is dropped as soon as the
+same episode's next turn is kept. `TorchEngine.refresh` (a new policy version) clears them all: nothing
+computed by older weights is reused.
 
 Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+
+from sessionrl.policy.engine import Completion
 
 if TYPE_CHECKING:
     from sessionrl.policy.llm import SamplingConfig
 
 KV = tuple[tuple[Tensor, Tensor], ...]
-"""One key and one value tensor ``[1, heads, T, head_dim]`` per layer."""
+"""One key and one value tensor ``[heads, T, head_dim]`` per layer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,71 +87,171 @@ def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def weights_stamp(model: Any) -> tuple[int, int]:
-    """What changes whenever the weights do: the sum of the parameters' in-place version counters and
-    where the first parameter's data lives (a reload or a move puts it elsewhere)."""
-    params = list(model.parameters())
-    return sum(p._version for p in params), params[0].data_ptr()
+def shared_length(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids two id arrays share.
 
-
-@dataclass
-class PrefixCache:
-    """The key/value cache of one prompt prefix, kept across batches while the weights stay the same."""
-
-    min_tokens: int = 64
-    """Shortest prefix worth keeping; batches sharing less run without one."""
-    ids: tuple[int, ...] = ()
-    kv: KV = ()
-    stamp: tuple[int, int] = (-1, -1)
-    builds: int = 0
-    """Prefixes computed so far."""
-    hits: int = 0
-    """Batches that reused a kept prefix."""
-
-    def covers(self, prompts: Sequence[Sequence[int]], stamp: tuple[int, int]) -> bool:
-        """Whether the kept prefix, computed by the current weights, starts every prompt (with at least one
-        token after it)."""
-        n = len(self.ids)
-        return n > 0 and stamp == self.stamp and all(len(p) > n and tuple(p[:n]) == self.ids for p in prompts)
-
-    def prefix_for(self, model: Any, prompts: Sequence[Sequence[int]]) -> int:
-        """Length of the kept prefix for this batch after computing a new one if the batch shares a long
-        one the cache does not hold; 0 when the batch runs without a prefix."""
-        stamp = weights_stamp(model)
-        if self.covers(prompts, stamp):
-            self.hits += 1
-            return len(self.ids)
-        n = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        if len(prompts) < 2 or n < self.min_tokens:
-            return 0
-        device = next(model.parameters()).device
-        out = model(input_ids=torch.tensor([list(prompts[0][:n])], device=device), use_cache=True)
-        self.ids = tuple(prompts[0][:n])
-        self.kv = tuple((layer.keys, layer.values) for layer in out.cache.layers)
-        self.stamp = stamp
-        self.builds += 1
-        return n
-
-
-def suffix_batch(
-    suffixes: Sequence[Sequence[int]], prefix_len: int, pad_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Suffixes padded on their left to one width ``W``, after a prefix of `prefix_len` tokens:
-    ``(ids [B, W], attention_mask [B, prefix_len + W], positions [B, W])``.
-
-    >>> ids, mask, pos = suffix_batch([[7, 8], [9]], prefix_len=2, pad_id=0)
-    >>> ids.tolist(), mask.tolist(), pos.tolist()
-    ([[7, 8], [0, 9]], [[1, 1, 1, 1], [1, 1, 0, 1]], [[2, 3], [2, 2]])
+    >>> shared_length(np.array([1, 2, 3]), np.array([1, 2, 4, 5]))
+    2
     """
-    width = max(len(s) for s in suffixes)
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+@dataclass(eq=False)
+class Kept:
+    """The key/value cache of one token sequence."""
+
+    ids: np.ndarray
+    kv: KV
+    shared: bool
+    """A batch's shared prefix (kept for later batches), not one episode's turn."""
+
+
+@dataclass(eq=False)
+class KVStore:
+    """Key/value caches kept across batches for one version of the weights (see the module doc)."""
+
+    max_tokens: int = 32768
+    """Most tokens kept over all entries (least recently used entries go first)."""
+    min_shared: int = 64
+    """Shortest shared prefix worth computing once for a batch."""
+    turns: bool = True
+    """Keep each row's prompt and reply for the episode's next turn (else only shared prefixes)."""
+    entries: OrderedDict[tuple[int, ...], Kept] = field(default_factory=OrderedDict)
+    builds: int = 0
+    """Shared prefixes computed so far."""
+    hits: int = 0
+    """Prompts that reused a kept entry."""
+    reused_tokens: int = 0
+    """Prompt tokens taken from kept entries instead of prefilled."""
+    prefilled_tokens: int = 0
+    """Prompt tokens prefilled."""
+    evicted: int = 0
+    """Entries dropped to stay within `max_tokens`."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens kept now over all entries."""
+        return sum(len(e.ids) for e in self.entries.values())
+
+    def clear(self) -> None:
+        """Forget every entry (the weights changed)."""
+        self.entries.clear()
+
+    def longest(self, prompt: np.ndarray) -> tuple[int, tuple[int, ...] | None]:
+        """The entry sharing the longest prefix with `prompt` (leaving it at least one token) and how many
+        tokens it shares; ``(0, None)`` when none does."""
+        best, key = 0, None
+        for k, entry in self.entries.items():
+            n = min(shared_length(entry.ids, prompt), len(prompt) - 1)
+            if n > best:
+                best, key = n, k
+        return best, key
+
+    def put(self, ids: Sequence[int], kv: KV, *, shared: bool) -> tuple[int, ...] | None:
+        """Keep `kv` as the cache of `ids` (most recently used); its key, or None when it alone would
+        exceed `max_tokens`."""
+        key = tuple(ids)
+        if len(key) > self.max_tokens:
+            return None
+        self.entries[key] = Kept(np.asarray(key, dtype=np.int64), kv, shared)
+        self.entries.move_to_end(key)
+        total = self.tokens
+        while total > self.max_tokens:
+            _, dropped = self.entries.popitem(last=False)
+            total -= len(dropped.ids)
+            self.evicted += 1
+        return key
+
+    def reuse(self, model: Any, prompts: Sequence[Sequence[int]]) -> list[Reuse]:
+        """What each prompt takes from the kept entries; the batch's shared prefix is computed (and kept)
+        first when it is long enough and no entry covers it for some row."""
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        found = [self.longest(a) for a in arrays]
+        taken = [Reuse(n, key, self.entries[key].kv if key is not None else None) for n, key in found]
+        for key in {k for _, k in found if k is not None}:
+            self.entries.move_to_end(key)
+        if len(prompts) > 1:
+            n = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
+            if n >= self.min_shared and any(r.tokens < n for r in taken):
+                kv = prefill(model, prompts[0][:n])
+                shared = self.put(prompts[0][:n], kv, shared=True)
+                self.builds += 1
+                self.prefilled_tokens += n
+                taken = [Reuse(n, shared, kv) if r.tokens < n else r for r in taken]
+        self.hits += sum(r.kv is not None for r in taken)
+        self.reused_tokens += sum(r.tokens for r in taken)
+        self.prefilled_tokens += sum(len(p) for p in prompts) - sum(r.tokens for r in taken)
+        return taken
+
+    def settle(self, used: Sequence[Reuse]) -> None:
+        """Drop the episode entries a batch extended (its rows keep their new turns instead)."""
+        for key in {r.key for r in used if r.key is not None}:
+            entry = self.entries.get(key)
+            if entry is not None and not entry.shared:
+                del self.entries[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """What one prompt of a batch takes from a `KVStore`: its first `tokens` tokens, cached in `kv` (the
+    kept entry `key`)."""
+
+    tokens: int
+    key: tuple[int, ...] | None
+    kv: KV | None
+
+
+def prefill(model: Any, ids: Sequence[int]) -> KV:
+    """The key/value cache of `ids`, computed at batch size 1."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True)
+    return tuple((layer.keys[0], layer.values[0]) for layer in out.cache.layers)
+
+
+def extend_batch(
+    suffixes: Sequence[Sequence[int]], reused: Sequence[int], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """New tokens padded on their left to one width ``W``, after kept caches of `reused` tokens laid out
+    right-aligned over ``N = max(reused)`` slots: ``(ids [B, W], attention_mask [B, N + W], positions
+    [B, W])``; each row's positions continue from its own reused length.
+
+    >>> ids, mask, pos = extend_batch([[7, 8], [9]], reused=[2, 1], pad_id=0)
+    >>> ids.tolist(), mask.tolist(), pos.tolist()
+    ([[7, 8], [0, 9]], [[1, 1, 1, 1], [0, 1, 0, 1]], [[2, 3], [1, 1]])
+    """
+    width, slots = max(len(s) for s in suffixes), max(reused)
     ids = torch.full((len(suffixes), width), pad_id, dtype=torch.long)
     own = torch.zeros((len(suffixes), width), dtype=torch.long)
-    for i, row in enumerate(suffixes):
+    kept = torch.zeros((len(suffixes), slots), dtype=torch.long)
+    for i, (row, n) in enumerate(zip(suffixes, reused, strict=True)):
         ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         own[i, width - len(row) :] = 1
-    mask = torch.cat([torch.ones((len(suffixes), prefix_len), dtype=torch.long), own], dim=-1)
-    positions = prefix_len + (own.cumsum(-1) - 1).clamp_min(0)
-    return ids, mask, positions
+        kept[i, slots - n :] = 1
+    positions = torch.tensor(list(reused))[:, None] + (own.cumsum(-1) - 1).clamp_min(0)
+    return ids, torch.cat([kept, own], dim=-1), positions
+
+
+def batch_cache(kvs: Sequence[KV | None], reused: Sequence[int]) -> DynamicCache:
+    """One cache over the batch: row i's first `reused[i]` kept tokens, right-aligned (`extend_batch`)."""
+    like = next(kv for kv in kvs if kv is not None)
+    slots, rows = max(reused), len(kvs)
+    layers = []
+    for layer, (k0, v0) in enumerate(like):
+        keys = k0.new_zeros((rows, k0.shape[0], slots, k0.shape[-1]))
+        values = v0.new_zeros((rows, v0.shape[0], slots, v0.shape[-1]))
+        for i, (kv, n) in enumerate(zip(kvs, reused, strict=True)):
+            if kv is not None and n > 0:
+                keys[i, :, slots - n :] = kv[layer][0][:, :n]
+                values[i, :, slots - n :] = kv[layer][1][:, :n]
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers)
+
+
+Keep = Callable[[int, Any, int, Tensor], None]
+"""Called as ``keep(row, cache, index, mask)`` when a row leaves the batch, with its index in the cache now
+and its attention mask over the cache (which then holds its prompt and reply but the last drawn token)."""
 
 
 @torch.inference_mode()
@@ -150,29 +263,39 @@ def sample_batch(
     stop_ids: frozenset[int],
     config: SamplingConfig,
     generator: torch.Generator,
-    prefix: PrefixCache | None = None,
+    prefix: KVStore | None = None,
 ) -> list[Sample]:
-    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch whose shared
-    prefix comes from `prefix` (computed there once; see the module doc). Without `prefix`, or when the
-    prompts share too little, the batch is left-padded and computed whole.
+    """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch that
+    reuses what `prefix` keeps and keeps what it computes (see the module doc). Without `prefix` every
+    prompt is prefilled whole.
 
     Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
     The stop token, when reached, is the last id of a sample.
     """
     device = next(model.parameters()).device
-    n = prefix.prefix_for(model, prompts) if prefix is not None else 0
-    if prefix is not None and n > 0:
-        ids, mask, positions = (t.to(device) for t in suffix_batch([p[n:] for p in prompts], n, pad_id))
-        rows = len(prompts)
-        cache = DynamicCache(
-            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix.kv]
-        )
-    else:
-        ids, mask = (t.to(device) for t in left_pad(prompts, pad_id))
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = None
+    taken = prefix.reuse(model, prompts) if prefix is not None else [Reuse(0, None, None)] * len(prompts)
+    reused = [r.tokens for r in taken]
+    suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
+    ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
+    cache = batch_cache([r.kv for r in taken], reused) if max(reused) > 0 else None
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-    return decode(model, out.cache, out.logits[:, -1], mask, positions[:, -1:], stop_ids, config, generator)
+    left: dict[int, KV] = {}
+    keep = functools.partial(_take_row, left) if prefix is not None and prefix.turns else None
+    samples = decode(
+        model, out.cache, out.logits[:, -1], mask, positions[:, -1:], stop_ids, config, generator, keep
+    )
+    if prefix is not None and keep is not None:
+        prefix.settle(taken)
+        for row, kv in left.items():
+            ids_kept = (*prompts[row], *samples[row].token_ids)[: kv[0][0].shape[1]]
+            prefix.put(ids_kept, kv, shared=False)
+    return samples
+
+
+def _take_row(into: dict[int, KV], row: int, cache: Any, index: int, mask: Tensor) -> None:
+    """A `Keep` copying the leaving row's cache (its unpadded positions) into `into[row]`."""
+    valid = mask.bool()
+    into[row] = tuple((layer.keys[index][:, valid], layer.values[index][:, valid]) for layer in cache.layers)
 
 
 def decode(
@@ -184,9 +307,11 @@ def decode(
     stop_ids: frozenset[int],
     config: SamplingConfig,
     generator: torch.Generator,
+    keep: Keep | None = None,
 ) -> list[Sample]:
     """Draw tokens for every row of a prefilled batch (`logits` ``[B, V]`` at each row's last prompt token,
-    `mask` ``[B, T]`` over the cache, `last_positions` ``[B, 1]``) until each stops."""
+    `mask` ``[B, T]`` over the cache, `last_positions` ``[B, 1]``) until each stops or has drawn
+    `config.max_new_tokens`; `keep` sees each row's cache as it leaves."""
     device = logits.device
     rows = logits.shape[0]
     active = list(range(rows))
@@ -194,19 +319,22 @@ def decode(
     logps: list[list[float]] = [[] for _ in range(rows)]
     stop = torch.tensor(sorted(stop_ids), device=device)
     positions = last_positions
-    for _ in range(config.max_new_tokens):
+    for step in range(config.max_new_tokens):
         chosen, chosen_logp = draw(logits, config, generator)
         for row, (tok, lp) in enumerate(zip(chosen.tolist(), chosen_logp.tolist(), strict=True)):
             tokens[active[row]].append(tok)
             logps[active[row]].append(lp)
-        going = ~torch.isin(chosen, stop)
-        if not bool(going.any()):
-            break
+        going = ~torch.isin(chosen, stop) & (step + 1 < config.max_new_tokens)
         if not bool(going.all()):
-            keep = going.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            chosen, mask, positions = chosen[keep], mask[keep], positions[keep]
-            active = [active[i] for i in keep.tolist()]
+            if keep is not None:
+                for index in (~going).nonzero().squeeze(-1).tolist():
+                    keep(active[index], cache, index, mask[index])
+            if not bool(going.any()):
+                break
+            kept = going.nonzero().squeeze(-1)
+            cache.batch_select_indices(kept)
+            chosen, mask, positions = chosen[kept], mask[kept], positions[kept]
+            active = [active[i] for i in kept.tolist()]
         mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
         positions = positions + 1
         out = model(
@@ -217,6 +345,10 @@ def decode(
             use_cache=True,
         )
         cache, logits = out.cache, out.logits[:, -1]
+    return _samples(tokens, logps)
+
+
+def _samples(tokens: Sequence[Sequence[int]], logps: Sequence[Sequence[float]]) -> list[Sample]:
     return [Sample(tuple(t), tuple(lp)) for t, lp in zip(tokens, logps, strict=True)]
 
 
@@ -234,14 +366,75 @@ def draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> 
     return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1)
 
 
+class TorchEngine:
+    """The CPU `Engine` (`sessionrl.policy.engine`): `sample_batch` over the trainer's own module, with a
+    `KVStore` kept while the policy version stays. Safe to call from several threads (one batch at a
+    time)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        stop_ids: frozenset[int],
+        store: KVStore | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.stop_ids = stop_ids
+        self.store = store if store is not None else KVStore()
+        self._version = version
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        """The policy version sampled with now."""
+        return self._version
+
+    def refresh(self, model: Any, version: int) -> None:
+        """Sample with `model` as policy `version` from now on; nothing kept from before is reused."""
+        with self._lock:
+            self.model = model
+            self._version = version
+            self.store.clear()
+
+    def sample(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, generator: torch.Generator
+    ) -> list[Completion]:
+        """Continue `prompts` as one batch (`sample_batch`); the model is left in the mode it was found."""
+        with self._lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                samples = sample_batch(
+                    self.model,
+                    prompts,
+                    pad_id=self.pad_id,
+                    stop_ids=self.stop_ids,
+                    config=sampling,
+                    generator=generator,
+                    prefix=self.store,
+                )
+            finally:
+                self.model.train(was_training)
+            return [
+                Completion(tuple(p), s.token_ids, s.logprobs, self._version)
+                for p, s in zip(prompts, samples, strict=True)
+            ]
+
+
 __all__ = [
-    "PrefixCache",
+    "KVStore",
+    "Reuse",
     "Sample",
+    "TorchEngine",
+    "batch_cache",
     "common_prefix",
     "decode",
     "draw",
+    "extend_batch",
     "left_pad",
     "sample_batch",
-    "suffix_batch",
-    "weights_stamp",
+    "shared_length",
 ]
