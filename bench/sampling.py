@@ -7,8 +7,8 @@ as every batch of a rollout does. Three ways of continuing them, all greedy, all
 
 - `generate`: `model.generate` on the left-padded batch (its own key/value cache, every prompt whole);
 - `batched`: our sampler on the left-padded batch (`sessionrl.policy.sampling`, no kept prefix);
-- `shared`: our sampler with a fresh `KVStore` keeping shared prefixes only: the common prefix is computed once (timed) and
-  expanded over the batch, and only the suffixes are prefilled;
+- `shared`: our sampler with a fresh `KVStore` keeping shared prefixes only: the common prefix is
+  computed once (timed) and copied over the batch, and only the suffixes are prefilled;
 - `shared, kept`: the same batch again with the prefix already kept, as for every later turn.
 
 Tokens/s counts the tokens each produced up to and including its stop token, over wall time. The model
