@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from torch.nn import functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from sessionrl.train.llm.packing import length_buckets, plan_segments, segment_attention
+from sessionrl.train.llm.data import TokenSequence, packed
+from sessionrl.train.llm.packing import (
+    length_buckets,
+    plan_segments,
+    segment_attention,
+    use_packed_attention,
+)
+from sessionrl.train.llm.update import token_logprobs
 
 
 def test_each_segment_attends_causally_to_itself_alone_whatever_its_bucket() -> None:
@@ -68,3 +77,48 @@ def test_a_segment_sees_its_parents_context_then_its_parent_then_itself() -> Non
     assert sorted(plan.positions.tolist()) == list(range(8))
     with pytest.raises(ValueError, match="does not come before"):
         plan_segments([0, 2, 4], [1, -1], torch.device("cpu"))
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_switched_to_the_packed_attention_a_padded_batch_and_a_cached_decode_are_unchanged() -> None:
+    model = tiny_llama()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 3, 4, 5]])  # the second row left-padded
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=mask).logits
+        before_decoded = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        use_packed_attention(model)
+        after = model(input_ids=ids, attention_mask=mask).logits
+        after_decoded = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(before[mask.bool()], after[mask.bool()])
+    assert torch.equal(before_decoded, after_decoded)
+
+
+class DeafLlama(LlamaForCausalLM):
+    """A model whose attention cannot be switched (as transformers leaves models off its interface)."""
+
+    def set_attn_implementation(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+def test_a_model_that_ignores_the_packed_attention_is_refused_not_trained_across_sequences() -> None:
+    model = DeafLlama(tiny_llama().config)
+    a = TokenSequence((1, 2, 3), (False, False, True), (0.0, 0.0, -1.0), (0.0, 0.0, 1.0))
+    b = TokenSequence((4, 5, 6), (False, True, True), (0.0, -1.0, -1.0), (0.0, 1.0, 1.0))
+    (micro,) = packed([a, b], budget=64, share_prefixes=False).micro
+    with pytest.raises(RuntimeError, match="did not take the packed attention"):
+        token_logprobs(model, micro)

@@ -10,25 +10,27 @@ or with a small ``[segments, width, context + width]`` mask when they have a con
 about ``Σ n_i (c_i + n_i)``, never ``N²``, and no ``[N, N]`` mask is built. `plan_segments` works the
 gathering out once per forward pass; every layer follows it.
 
-The model's own attention (SDPA) stays in place for sampling; `packed_attention` selects the segment
-attention for the duration of one packed forward pass. It is registered with transformers' attention
-interface under `PACKED`, with the mask function of the unpadded (flash) kernels, which builds no mask
-for a row without padding.
+The segment attention is registered with transformers' public attention interface under `PACKED`, and
+`use_packed_attention` selects it with the model's public `set_attn_implementation`. A forward pass handed a
+segment plan (`packed_kwargs`) attends by segments; any other pass (sampling, a padded batch) goes to
+transformers' own SDPA function with SDPA's mask, so a model switched to `PACKED` samples exactly as
+before. A packed pass hands the model an all-ones padding mask: SDPA's mask function then builds no mask
+(a row without padding is plainly causal), and transformers does not read the restarting positions as
+its own packing format.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 PACKED: Final = "sessionrl_packed"
 """Name of the segment attention in transformers' attention and mask interfaces."""
@@ -62,6 +64,7 @@ def segment_attention(
         if cu_seq_lens_q is None:
             raise ValueError("segment attention takes one packed row with its boundaries and no mask")
         segment_plan = plan_segments(cu_seq_lens_q.tolist(), None, query.device)
+    segment_plan.calls.append(query.shape[2])
     gqa = int(getattr(module, "num_key_value_groups", 1)) > 1
     parts = []
     for group in segment_plan.groups:
@@ -114,6 +117,9 @@ class SegmentPlan:
 
     groups: tuple[SegmentGroup, ...]
     positions: Tensor
+    calls: list[int] = field(default_factory=list)
+    """The row length of every attention call that followed the plan (one per layer): a packed pass whose
+    list stays empty never reached the segment attention."""
 
 
 def plan_segments(bounds: list[int], parents: list[int] | None, device: torch.device) -> SegmentPlan:
@@ -185,29 +191,54 @@ def length_buckets(lengths: list[int]) -> list[list[int]]:
     return buckets
 
 
-AttentionInterface.register(PACKED, segment_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED, flash_attention_mask)
+def packed_or_sdpa(
+    module: Any,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    segment_plan: SegmentPlan | None = None,
+    cu_seq_lens_q: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """The attention `PACKED` names: `segment_attention` for a pass handed a segment plan or segment
+    boundaries, transformers' SDPA function (the attention of a model loaded with ``"sdpa"``) otherwise."""
+    if segment_plan is None and cu_seq_lens_q is None:
+        out: tuple[Tensor, Tensor | None] = sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kwargs
+        )
+        return out
+    return segment_attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        segment_plan=segment_plan,
+        cu_seq_lens_q=cu_seq_lens_q,
+        **kwargs,
+    )
 
 
-@contextmanager
-def packed_attention(model: Any) -> Iterator[None]:
-    """Run `model`'s attention layers as `segment_attention` inside the block (its own attention after)."""
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = PACKED
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+AttentionInterface.register(PACKED, packed_or_sdpa)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED, sdpa_mask)
+
+
+def use_packed_attention(model: Any) -> None:
+    """Run `model`'s attention as `packed_or_sdpa`, through transformers' public `set_attn_implementation`
+    (a no-op once switched). The switch stays: outside a packed pass the attention is SDPA."""
+    model.set_attn_implementation(PACKED)
 
 
 def packed_kwargs(position_ids: Tensor, segments: Tensor, parents: Tensor | None = None) -> dict[str, Any]:
-    """What a packed forward pass hands the model: the tokens' positions, the segment boundaries (under
-    the names transformers gives variable-length attention), the attention plan every layer follows
-    (`plan_segments`, made once per pass), no mask and no cache."""
+    """What a packed forward pass hands the model: an all-ones padding mask (see the module doc), the
+    tokens' positions, the segment boundaries (under the names transformers gives variable-length
+    attention), the attention plan every layer follows (`plan_segments`, made once per pass; its `calls`
+    tell whether the model followed it) and no cache."""
     longest = int((segments[1:] - segments[:-1]).max()) if segments.numel() > 1 else 0
     plan = plan_segments(segments.tolist(), None if parents is None else parents.tolist(), segments.device)
     return {
+        "attention_mask": torch.ones_like(position_ids, dtype=torch.bool),
         "position_ids": position_ids,
         "segment_plan": plan,
         "cu_seq_lens_q": segments,
@@ -223,8 +254,9 @@ __all__ = [
     "SegmentGroup",
     "SegmentPlan",
     "length_buckets",
-    "packed_attention",
     "packed_kwargs",
+    "packed_or_sdpa",
     "plan_segments",
     "segment_attention",
+    "use_packed_attention",
 ]

@@ -13,7 +13,6 @@ rank takes the same step as one process would on the whole batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from torch import distributed as dist
 from torch.nn import functional as F
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, shard
-from sessionrl.train.llm.packing import packed_attention, packed_kwargs
+from sessionrl.train.llm.packing import packed_kwargs, use_packed_attention
 
 LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 """A micro-batch's loss (token mean over its policy tokens) and diagnostics to average the same way."""
@@ -40,14 +39,19 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
     (`sessionrl.train.llm.packing`), a padded one with its attention mask.
     """
     targets = batch.loss_mask[:, 1:]
-    inputs = _model_inputs(batch)
-    with packed_attention(model) if batch.segments is not None else nullcontext():
-        if _plain_head(model):
-            decoder, head = model.get_decoder(), model.get_output_embeddings()
-            hidden = decoder(**inputs).last_hidden_state
-            logits = head(hidden[:, :-1][targets]).float()
-        else:
-            logits = model(**inputs).logits[:, :-1][targets].float()
+    inputs = _model_inputs(model, batch)
+    if _plain_head(model):
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        hidden = decoder(**inputs).last_hidden_state
+        logits = head(hidden[:, :-1][targets]).float()
+    else:
+        logits = model(**inputs).logits[:, :-1][targets].float()
+    plan = inputs.get("segment_plan")
+    if plan is not None and not plan.calls:
+        raise RuntimeError(
+            f"{type(model).__name__} did not take the packed attention (its attention does not go through "
+            "transformers' attention interface): train it on padded micro-batches (`collate`)"
+        )
     if temperature != 1.0:
         logits = logits / temperature
     wanted = batch.input_ids[:, 1:][targets]
@@ -57,9 +61,11 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
     return F.pad(logp, (1, 0))
 
 
-def _model_inputs(batch: MicroBatch) -> dict[str, Any]:
-    """The forward pass's arguments for either layout (no cache: nothing is decoded after it)."""
+def _model_inputs(model: Any, batch: MicroBatch) -> dict[str, Any]:
+    """The forward pass's arguments for either layout (no cache: nothing is decoded after it); a packed
+    one switches `model` to the segment attention first."""
     if batch.segments is not None and batch.position_ids is not None:
+        use_packed_attention(model)
         packing = packed_kwargs(batch.position_ids, batch.segments, batch.parents)
         return {"input_ids": batch.input_ids, **packing}
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
