@@ -23,6 +23,7 @@ from sessionrl.train.losses import (
     quantile_huber_loss,
     quantile_midpoints,
     td_lambda_returns,
+    truncated_importance_weights,
     value_loss,
 )
 
@@ -34,8 +35,9 @@ def t(*values: float) -> torch.Tensor:
 def test_doctests_pass() -> None:
     result = doctest.testmod(losses)
     # two in masked_mean (a mask, and None), one each in adaptive_lambda, dual_critic_advantage,
-    # decaying_beta, quantile_midpoints and quantile_huber_loss (cvar's lives with the policy)
-    assert result.attempted == 7
+    # decaying_beta, quantile_midpoints and quantile_huber_loss (cvar's lives with the policy), two in
+    # truncated_importance_weights (the call, then its result)
+    assert result.attempted == 9
     assert result.failed == 0
 
 
@@ -101,6 +103,44 @@ def test_clipped_pg_loss_clips_both_sides_of_the_ratio() -> None:
     result.loss.backward()
     assert logp_new.grad is not None
     torch.testing.assert_close(logp_new.grad, t(0.0, 0.0, -1.1 / 3, 0.0).reshape(1, 4))
+
+
+def test_truncated_importance_weights_by_hand() -> None:
+    # cap c = 2; w = min(exp(logp_train − logp_behaviour), 2) per token:
+    #   Δ = +0.5    → w = e^0.5 ≈ 1.648721
+    #   Δ =  0      → w = 1
+    #   Δ = −1.5    → w = e^−1.5 ≈ 0.223130
+    #   Δ = ln 3    → 3 > 2, truncated: w = 2
+    #   Δ = +4      → masked out (its weight is still capped: 2; it counts in no diagnostic)
+    #   no record   → w = 1 whatever is stored there (0.0); counts as missing
+    # mean |Δ| over the 4 masked, recorded tokens = (0.5 + 0 + 1.5 + ln 3) / 4; truncated 1 of those 4;
+    # missing 1 of the 5 masked tokens.
+    train = t(-1.0, -0.5, -2.0, math.log(3) - 3.0, 1.0, -0.7).reshape(1, 6)
+    behaviour = t(-1.5, -0.5, -0.5, -3.0, -3.0, 0.0).reshape(1, 6)
+    mask = torch.tensor([[True, True, True, True, False, True]])
+    known = torch.tensor([[True, True, True, True, True, False]])
+    iw = truncated_importance_weights(train.requires_grad_(True), behaviour, mask, cap=2.0, known=known)
+    expected = t(math.exp(0.5), 1.0, math.exp(-1.5), 2.0, 2.0, 1.0).reshape(1, 6)
+    torch.testing.assert_close(iw.weights, expected)
+    assert not iw.weights.requires_grad
+    assert iw.mean_abs_diff == pytest.approx((0.5 + 0.0 + 1.5 + math.log(3)) / 4)
+    assert iw.truncated_fraction == pytest.approx(1 / 4)
+    assert iw.missing_fraction == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="at least 1"):
+        truncated_importance_weights(train, behaviour, mask, cap=0.5)
+
+
+def test_clipped_pg_loss_weights_each_token_and_passes_no_gradient_to_the_weights() -> None:
+    # ρ = 1 (logp_new = logp_old), A = [+1, −2], w = [2, 0.5]: surrogate = [2·1, 0.5·(−2)] = [2, −1],
+    # loss = −(2 − 1) / 2 = −0.5; d loss / d logp_new = −w·A·ρ / 2 = [−1, +0.5].
+    logp_new = t(-1.0, -2.0).reshape(1, 2).requires_grad_(True)
+    weights = t(2.0, 0.5).reshape(1, 2).requires_grad_(True)
+    result = clipped_pg_loss(logp_new, logp_new.detach(), t(1.0, -2.0).reshape(1, 2), None, 0.2, weights)
+    assert result.loss.item() == pytest.approx(-0.5)
+    result.loss.backward()
+    assert logp_new.grad is not None
+    torch.testing.assert_close(logp_new.grad, t(-1.0, 0.5).reshape(1, 2))
+    assert weights.grad is None
 
 
 def test_clipped_pg_loss_keeps_the_pessimistic_side_unclipped() -> None:

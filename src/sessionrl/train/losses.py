@@ -80,14 +80,20 @@ class PolicyLoss:
 
 
 def clipped_pg_loss(
-    logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor | None, clip_eps: float = 0.2
+    logp_new: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    clip_eps: float = 0.2,
+    weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """PPO clipped surrogate over token log-probs: ``-mean(min(ρ·A, clip(ρ, 1-ε, 1+ε)·A))``.
+    """PPO clipped surrogate over token log-probs: ``-mean(w·min(ρ·A, clip(ρ, 1-ε, 1+ε)·A))``.
 
-    ``ρ = exp(logp_new - logp_old)`` is the per-token probability ratio.
+    ``ρ = exp(logp_new - logp_old)`` is the per-token probability ratio; ``w`` are per-token importance
+    weights (1 when ``weights`` is None), taken as constants (see :func:`truncated_importance_weights`).
 
-    ``logp_new``, ``logp_old`` and ``mask`` are ``[B, T]``; ``advantages`` is ``[B, T]`` or ``[B]`` (one per
-    sequence, broadcast over its tokens). The mean is token-level over ``mask``.
+    ``logp_new``, ``logp_old``, ``mask`` and ``weights`` are ``[B, T]``; ``advantages`` is ``[B, T]`` or
+    ``[B]`` (one per sequence, broadcast over its tokens). The mean is token-level over ``mask``.
 
     ``clip_fraction`` is the share of masked tokens where the clip is active (the gradient is cut):
     ``ρ > 1+ε`` with ``A > 0`` or ``ρ < 1-ε`` with ``A < 0``. ``approx_kl`` estimates KL(old ‖ new) with
@@ -98,7 +104,10 @@ def clipped_pg_loss(
     ratio = log_ratio.exp()
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
-    loss = -masked_mean(torch.minimum(unclipped, clipped), mask)
+    surrogate = torch.minimum(unclipped, clipped)
+    if weights is not None:
+        surrogate = surrogate * weights.detach()
+    loss = -masked_mean(surrogate, mask)
     with torch.no_grad():
         # the clipped term is the smaller exactly where the clip is active (ρ above 1+ε with A > 0, below 1-ε
         # with A < 0): there the minimum takes it, and its gradient in ρ is 0
@@ -106,6 +115,56 @@ def clipped_pg_loss(
         clip_fraction = masked_mean(active.to(ratio.dtype), mask).item()
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask).item()
     return PolicyLoss(loss=loss, clip_fraction=clip_fraction, approx_kl=approx_kl)
+
+
+@dataclass(frozen=True)
+class ImportanceWeights:
+    """Result of :func:`truncated_importance_weights`: the weights ``[B, T]`` (no gradient) and the
+    mismatch they saw (plain floats, means over the masked tokens)."""
+
+    weights: Tensor
+    mean_abs_diff: float
+    """Mean ``|logp_train - logp_behaviour|`` over the tokens with a behaviour log-prob."""
+    truncated_fraction: float
+    """Share of the tokens with a behaviour log-prob whose ratio the cap cut."""
+    missing_fraction: float
+    """Share of all masked tokens without a behaviour log-prob (trained on-policy, weight 1)."""
+
+
+def truncated_importance_weights(
+    logp_train: Tensor,
+    logp_behaviour: Tensor,
+    mask: Tensor | None,
+    cap: float,
+    known: Tensor | None = None,
+) -> ImportanceWeights:
+    """Truncated importance sampling: ``w = min(exp(logp_train - logp_behaviour), cap)``, detached.
+
+    The sampler (the behaviour policy: an inference engine, an older version of the policy) and the
+    trainer score the same tokens differently; ``w`` reweights each token from the behaviour policy's
+    distribution to the trainer's, and the cap bounds the variance a rare token would add.
+
+    ``logp_train``, ``logp_behaviour``, ``mask`` and ``known`` are ``[B, T]``. ``known`` marks the tokens
+    whose behaviour log-prob was recorded (None: all); elsewhere the token is taken as on-policy, ``w = 1``,
+    whatever ``logp_behaviour`` holds there, and it counts in ``missing_fraction``.
+
+    >>> iw = truncated_importance_weights(
+    ...     torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), None, cap=2.0
+    ... )
+    >>> iw.weights.tolist(), iw.truncated_fraction, iw.mean_abs_diff
+    ([[2.0, 1.0]], 0.5, 0.5)
+    """
+    if cap < 1:
+        raise ValueError(f"the importance weight cap must be at least 1, got {cap}")
+    with torch.no_grad():
+        seen = torch.ones_like(logp_train, dtype=torch.bool) if known is None else known.bool()
+        diff = torch.where(seen, logp_train - logp_behaviour, torch.zeros_like(logp_train))
+        weights = diff.exp().clamp(max=cap)
+        counted = seen if mask is None else seen & mask.bool()
+        mean_abs_diff = masked_mean(diff.abs(), counted).item()
+        truncated_fraction = masked_mean((diff.exp() > cap).to(diff.dtype), counted).item()
+        missing_fraction = masked_mean((~seen).to(diff.dtype), mask).item()
+    return ImportanceWeights(weights, mean_abs_diff, truncated_fraction, missing_fraction)
 
 
 KLKind = Literal["k1", "k2", "k3"]
@@ -321,6 +380,7 @@ def dpo_loss(
 
 __all__ = [
     "DPOLoss",
+    "ImportanceWeights",
     "KLKind",
     "PolicyLoss",
     "adaptive_lambda",
@@ -335,5 +395,6 @@ __all__ = [
     "quantile_huber_loss",
     "quantile_midpoints",
     "td_lambda_returns",
+    "truncated_importance_weights",
     "value_loss",
 ]

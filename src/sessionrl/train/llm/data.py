@@ -24,9 +24,9 @@ its policy tokens. Trained data-parallel, each rank packs its own `shard` of the
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import accumulate
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -68,7 +68,11 @@ class Turn:
 class TokenSequence:
     """One training sequence; every per-token field has the length of `input_ids`.
 
-    `old_logprobs` and `advantages` are 0 where `loss_mask` is unset.
+    `old_logprobs` are the behaviour policy's: the log-probabilities the sampler recorded for the tokens
+    it produced. They and `advantages` are 0 where `loss_mask` is unset. `recorded` is set where
+    `old_logprobs` holds such a record and unset at the policy tokens that have none (a reply rendered
+    again through the chat template, a demonstration; 0 is stored there); None means every policy token
+    has one.
     """
 
     input_ids: tuple[int, ...]
@@ -76,6 +80,7 @@ class TokenSequence:
     old_logprobs: tuple[float, ...]
     advantages: tuple[float, ...]
     session_id: str = ""
+    recorded: tuple[bool, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -94,29 +99,47 @@ def merge_turns(turns: Sequence[Turn], session_id: str = "") -> list[TokenSequen
     >>> (seq,) = merge_turns([a, b])
     >>> seq.input_ids, seq.loss_mask
     ((1, 2, 3, 4, 5, 6), (False, False, True, False, True, True))
+    >>> (seq,) = merge_turns([a, Turn(prompt=(1, 2, 3, 4), completion=(5,))])  # no logprobs recorded
+    >>> seq.old_logprobs, seq.recorded
+    ((0.0, 0.0, -0.5, 0.0, 0.0), (True, True, True, True, False))
     """
     sequences: list[TokenSequence] = []
     ids: list[int] = []
     mask: list[bool] = []
     old: list[float] = []
     adv: list[float] = []
+    recorded: list[bool] = []
     for turn in turns:
         if not (ids and len(turn.prompt) >= len(ids) and tuple(ids) == turn.prompt[: len(ids)]):
             if ids:
-                sequences.append(TokenSequence(tuple(ids), tuple(mask), tuple(old), tuple(adv), session_id))
-            ids, mask, old, adv = [], [], [], []
+                sequences.append(_sequence(ids, mask, old, adv, recorded, session_id))
+            ids, mask, old, adv, recorded = [], [], [], [], []
         context = turn.prompt[len(ids) :]
         ids += context
         mask += [False] * len(context)
         old += [0.0] * len(context)
         adv += [0.0] * len(context)
+        recorded += [True] * len(context)
         ids += turn.completion
         mask += [True] * len(turn.completion)
         old += list(turn.logprobs) if turn.logprobs is not None else [0.0] * len(turn.completion)
         adv += [turn.advantage] * len(turn.completion)
+        recorded += [turn.logprobs is not None] * len(turn.completion)
     if ids:
-        sequences.append(TokenSequence(tuple(ids), tuple(mask), tuple(old), tuple(adv), session_id))
+        sequences.append(_sequence(ids, mask, old, adv, recorded, session_id))
     return sequences
+
+
+def _sequence(
+    ids: list[int],
+    mask: list[bool],
+    old: list[float],
+    adv: list[float],
+    recorded: list[bool],
+    session_id: str,
+) -> TokenSequence:
+    known = None if all(recorded) else tuple(recorded)
+    return TokenSequence(tuple(ids), tuple(mask), tuple(old), tuple(adv), session_id, known)
 
 
 def policy_turns(session: Session, advantages: Mapping[str, float]) -> list[Turn]:
@@ -314,7 +337,9 @@ class MicroBatch:
     Padded (`collate`): one right-padded sequence per row, `attention_mask` marking real tokens. Packed
     (`concatenate`): segments end to end in one row (``B = 1``), `segments` holding their boundaries
     ``[0, n_1, n_1 + n_2, ..., T]`` and `parents` the segment each one continues (``-1``: none, its
-    positions start at 0), `position_ids` each token's position in its sequence.
+    positions start at 0), `position_ids` each token's position in its sequence. `recorded` marks where
+    `old_logprobs` holds a behaviour log-prob (see `TokenSequence`; None: everywhere); `proximal`, when
+    set, the trainer's own log-probs of the tokens before its step (`GRPOTrainer` over several epochs).
     """
 
     input_ids: Tensor
@@ -325,6 +350,8 @@ class MicroBatch:
     position_ids: Tensor | None = None
     segments: Tensor | None = None
     parents: Tensor | None = None
+    recorded: Tensor | None = None
+    proximal: Tensor | None = None
 
     @property
     def policy_tokens(self) -> int:
@@ -333,17 +360,11 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch on `device`."""
-        position_ids, segments, parents = self.position_ids, self.segments, self.parents
-        return MicroBatch(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.loss_mask.to(device),
-            self.old_logprobs.to(device),
-            self.advantages.to(device),
-            None if position_ids is None else position_ids.to(device),
-            None if segments is None else segments.to(device),
-            None if parents is None else parents.to(device),
-        )
+        moved: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = None if value is None else value.to(device)
+        return MicroBatch(**moved)
 
 
 def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
@@ -355,6 +376,7 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
     loss = torch.zeros(shape, dtype=torch.bool)
     old = torch.zeros(shape, dtype=torch.float32)
     adv = torch.zeros(shape, dtype=torch.float32)
+    recorded = torch.ones(shape, dtype=torch.bool)
     for row, s in enumerate(sequences):
         n = len(s)
         ids[row, :n] = torch.tensor(s.input_ids)
@@ -362,7 +384,14 @@ def collate(sequences: Sequence[TokenSequence], pad_id: int) -> MicroBatch:
         loss[row, :n] = torch.tensor(s.loss_mask)
         old[row, :n] = torch.tensor(s.old_logprobs)
         adv[row, :n] = torch.tensor(s.advantages)
-    return MicroBatch(ids, attention, loss, old, adv)
+        if s.recorded is not None:
+            recorded[row, :n] = torch.tensor(s.recorded)
+    return MicroBatch(ids, attention, loss, old, adv, recorded=_unless_all(recorded))
+
+
+def _unless_all(recorded: Tensor) -> Tensor | None:
+    """`recorded`, or None where every token has a behaviour log-prob."""
+    return None if bool(recorded.all()) else recorded
 
 
 def concatenate(sequences: Sequence[TokenSequence], share_prefixes: bool = True) -> MicroBatch:
@@ -392,10 +421,15 @@ def concatenate(sequences: Sequence[TokenSequence], share_prefixes: bool = True)
     loss[0, starts[:-1]] = False
     old = torch.tensor([[v for s, span in spans for v in s.old_logprobs[span]]], dtype=torch.float32)
     adv = torch.tensor([[v for s, span in spans for v in s.advantages[span]]], dtype=torch.float32)
+    recorded = torch.tensor(
+        [[r for s, span in spans for r in (s.recorded or (True,) * len(s))[span]]], dtype=torch.bool
+    )
     positions = torch.cat([torch.arange(t.start, t.end) for t in tree])[None]
     segments = torch.tensor(starts, dtype=torch.int32)
     parents = torch.tensor([t.parent for t in tree], dtype=torch.int32)
-    return MicroBatch(ids, torch.ones_like(ids), loss, old, adv, positions, segments, parents)
+    return MicroBatch(
+        ids, torch.ones_like(ids), loss, old, adv, positions, segments, parents, _unless_all(recorded)
+    )
 
 
 def pack_end_to_end(lengths: Sequence[int], budget: int) -> list[list[int]]:

@@ -2,9 +2,17 @@
 
 K sessions attempt the same task with the same policy version; each session's advantage is its reward
 against the mean and std of its group (`losses.group_advantages`), spread over the tokens it produced
-(`sessionrl.train.llm.data.call_advantages`). The update is the PPO clipped surrogate with the
-log-probabilities recorded at sampling time as the old policy, plus an optional KL penalty to a frozen
-reference (the imitation checkpoint) with a decaying coefficient.
+(`sessionrl.train.llm.data.call_advantages`). The update is the PPO clipped surrogate, plus an optional KL
+penalty to a frozen reference (the imitation checkpoint) with a decaying coefficient.
+
+The sessions were sampled by a behaviour policy that is not quite the trained one: an inference engine
+scores tokens with other kernels and precision, and a session scored late was sampled by an older
+version. The surrogate's ratio is taken against the trainer's own log-probabilities before the step (the
+proximal policy), and each token is reweighted from the sampler's distribution to the trainer's by
+truncated importance sampling, ``w = min(π_trainer / π_sampler, is_cap)`` on the log-probabilities the
+sampler recorded (`losses.truncated_importance_weights`). Tokens without a recorded log-probability
+train on-policy (``w = 1``); their share is reported with the mismatch (`is_missing`, `is_abs_diff`,
+`is_truncated` in each update's diagnostics).
 
 Two settings keep a small policy from unlearning what imitation taught it. `negative_weight` scales the
 advantages below zero: when most of a weak policy's episodes fail, pushing down every token of every
@@ -18,6 +26,7 @@ steps, however faint that gradient is, while SGD moves each parameter in proport
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +44,12 @@ from sessionrl.train.llm.update import (
     token_logprobs,
     trainable,
 )
-from sessionrl.train.losses import clipped_pg_loss, decaying_beta, kl_penalty
+from sessionrl.train.losses import (
+    clipped_pg_loss,
+    decaying_beta,
+    kl_penalty,
+    truncated_importance_weights,
+)
 
 REWARD_KEY = re.compile(r"session|long_term|(layer|term):\w+")
 OPTIMIZERS = ("adamw", "sgd")
@@ -56,6 +70,10 @@ class GRPOConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     group_size: int = field(default=4, metadata={"help": "sessions per task and policy version (K)"})
     clip_eps: float = field(default=0.2, metadata={"help": "PPO ratio clip ε"})
+    is_cap: float = field(
+        default=2.0,
+        metadata={"help": "cap c of each token's importance weight min(π_trainer / π_sampler, c)"},
+    )
     epochs: int = field(default=1, metadata={"help": "optimiser steps per batch of sessions"})
     kl_coef: float = field(default=0.0, metadata={"help": "β of the KL penalty to the reference (0: none)"})
     kl_decay: float = field(default=1.0, metadata={"help": "β is multiplied by this after every update"})
@@ -94,6 +112,8 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.optimizer must be one of {OPTIMIZERS}: {self.optimizer!r}")
         if not 0 <= self.negative_weight <= 1:
             raise ValueError(f"GRPOConfig.negative_weight must lie in [0, 1]: {self.negative_weight}")
+        if self.is_cap < 1:
+            raise ValueError(f"GRPOConfig.is_cap must be at least 1: {self.is_cap}")
 
     def moves(self, advantages: Sequence[float]) -> bool:
         """Whether a sequence with these advantages moves the policy at all (without a KL term, one whose
@@ -125,13 +145,27 @@ class GRPOTrainer:
         return decaying_beta(self.updates, self.config.kl_coef, self.config.kl_decay)
 
     def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
-        """Clipped policy-gradient loss (plus β·KL to the reference) over the micro-batch's policy tokens."""
-        logp = token_logprobs(self.model, micro, self.config.temperature)
+        """Clipped policy-gradient loss, importance-weighted from the sampler to the trainer (plus β·KL to
+        the reference), over the micro-batch's policy tokens. The ratio's anchor is `micro.proximal`, or
+        without it the current log-probabilities (the first epoch's, taken as constants)."""
+        cfg = self.config
+        logp = token_logprobs(self.model, micro, cfg.temperature)
+        proximal = logp.detach() if micro.proximal is None else micro.proximal
+        iw = truncated_importance_weights(
+            proximal, micro.old_logprobs, micro.loss_mask, cfg.is_cap, micro.recorded
+        )
         advantages = micro.advantages
-        if self.config.negative_weight != 1:
-            advantages = torch.where(advantages < 0, advantages * self.config.negative_weight, advantages)
-        pg = clipped_pg_loss(logp, micro.old_logprobs, advantages, micro.loss_mask, self.config.clip_eps)
-        parts = {"pg_loss": pg.loss.item(), "clip_fraction": pg.clip_fraction, "approx_kl": pg.approx_kl}
+        if cfg.negative_weight != 1:
+            advantages = torch.where(advantages < 0, advantages * cfg.negative_weight, advantages)
+        pg = clipped_pg_loss(logp, proximal, advantages, micro.loss_mask, cfg.clip_eps, iw.weights)
+        parts = {
+            "pg_loss": pg.loss.item(),
+            "clip_fraction": pg.clip_fraction,
+            "approx_kl": pg.approx_kl,
+            "is_abs_diff": iw.mean_abs_diff,
+            "is_truncated": iw.truncated_fraction,
+            "is_missing": iw.missing_fraction,
+        }
         loss = pg.loss
         if self.reference is not None and self.beta > 0:
             with torch.no_grad():
@@ -144,7 +178,22 @@ class GRPOTrainer:
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
         """`config.epochs` optimiser steps on `sequences`; returns the last step's statistics."""
         batch = packed(local_sequences(sequences), self.config.token_budget)
+        if self.config.epochs > 1:
+            batch = self._anchored(batch)
         return [self._update(batch) for _ in range(self.config.epochs)][-1]
+
+    def _anchored(self, batch: PackedBatch) -> PackedBatch:
+        """`batch` with the trainer's log-probabilities as they are before the step (`proximal`), which
+        every epoch's ratio is taken against."""
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            micro = tuple(
+                dataclasses.replace(
+                    m, proximal=token_logprobs(self.model, m.to(device), self.config.temperature)
+                )
+                for m in batch
+            )
+        return dataclasses.replace(batch, micro=micro)
 
     def _update(self, batch: PackedBatch) -> UpdateStats:
         stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
