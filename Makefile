@@ -16,7 +16,7 @@ $(PY):
 # needs the package alone; the test and lint tools (the `dev` extra) take longer to install than it does.
 $(RUN): pyproject.toml | $(PY)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[train,serve]'
 	touch $@
 
 $(DEV): pyproject.toml $(RUN)
