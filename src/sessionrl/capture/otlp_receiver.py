@@ -1,0 +1,211 @@
+"""The OTLP receiver's memory: sessions being assembled from spans that arrive over many requests.
+
+Every request's spans are written to the store before the request is answered (one transaction), as
+LLM and tool call events whose ids derive from the span ids: a span sent again is stored once. What is
+kept in memory is only what decides when a session is done: which spans and parents it has seen, its
+root span, and when its last span came. A session is finished when its root span has come and every
+span it has seen has its parent, or after `TracesConfig.idle_finish_s` without a new span (then what
+was missing is written into the session's metadata as `otlp_warnings`).
+
+Spans that come after their session was finished are refused (the answer's partial success counts them
+and says why), since a finished session takes no new calls. After a restart, sessions the receiver had
+not finished stay open until a span of theirs comes again (known gap: no sweep of stored sessions).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sessionrl.capture.otlp import Decoded
+from sessionrl.capture.otlp_assembly import (
+    closing,
+    group_keys,
+    opening,
+    ordered,
+    session_id_of,
+    span_events,
+    warnings_patch,
+)
+from sessionrl.capture.otlp_config import TracesConfig
+from sessionrl.capture.otlp_spans import Span
+from sessionrl.errors import InvalidEvent, NotFound, SessionRLError
+from sessionrl.session.events import Event, FeedbackAdded, PlanSet, SessionCreated
+from sessionrl.session.lifecycle import ACTIVE
+from sessionrl.store import SessionStore
+from sessionrl.store.writes import Write
+
+
+@dataclass
+class _Group:
+    """A session being assembled."""
+
+    key: str
+    session_id: str
+    span_ids: set[str] = field(default_factory=set)
+    parents: set[str] = field(default_factory=set)
+    traces: set[str] = field(default_factory=set)
+    root: Span | None = None
+    last_seen: float = 0.0
+    deferred: list[Event] = field(default_factory=list)
+    closed: bool = False
+
+    def saw(self, span: Span) -> None:
+        self.span_ids.add(span.span_id)
+        self.traces.add(span.trace_id)
+        if span.parent_span_id is None:
+            self.root = self.root or span
+        else:
+            self.parents.add(span.parent_span_id)
+
+    def complete(self) -> bool:
+        """Its root has come and no span waits for its parent."""
+        return self.root is not None and self.parents <= self.span_ids
+
+    def missing(self) -> list[str]:
+        absent = sorted(self.parents - self.span_ids)
+        return [f"no span {p} came, though spans name it as their parent" for p in absent]
+
+
+@dataclass
+class _Batch:
+    """The writes of one request, each with the group it is for and how many spans it stands for."""
+
+    writes: list[Write] = field(default_factory=list)
+    owners: list[tuple[_Group, Event, int]] = field(default_factory=list)
+
+    def add(self, group: _Group, event: Event, *, spans: int) -> None:
+        self.writes.append((group.session_id, event, None))
+        self.owners.append((group, event, spans))
+
+
+@dataclass
+class Ingested:
+    """What one request did: spans stored, spans refused (and why), sessions finished."""
+
+    accepted: int = 0
+    rejected: int = 0
+    reasons: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    def refuse(self, count: int, reason: str) -> None:
+        self.rejected += count
+        if len(self.reasons) < 10:
+            self.reasons.append(reason)
+
+
+class TraceReceiver:
+    """Assembles sessions from OTLP spans into `store`. Thread-safe (one request at a time)."""
+
+    def __init__(
+        self, store: SessionStore, config: TracesConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+        self._traces: dict[str, str] = {}
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._groups)
+
+    def ingest(self, decoded: Decoded) -> Ingested:
+        """Store a request's spans; finish the sessions they complete."""
+        done = Ingested()
+        for where, rule in decoded.problems:
+            done.refuse(1, f"{where}: {rule}")
+        with self._lock:
+            by_key: dict[str, list[Span]] = defaultdict(list)
+            keys = group_keys(decoded.spans, self.config.group_by, self._traces)
+            for span, key in zip(decoded.spans, keys, strict=True):
+                by_key[key].append(span)
+            batch = _Batch()
+            for key, spans in by_key.items():
+                self._stage(key, spans, batch, done)
+            self._write(batch, done)
+            for group in [g for g in self._groups.values() if g.complete()]:
+                self._close(group, "root span ended", done)
+            for key in [k for k, g in self._groups.items() if g.closed]:
+                self._forget(key)
+        return done
+
+    def sweep(self) -> list[str]:
+        """Finish the sessions no span came for in `idle_finish_s`; return their ids."""
+        done = Ingested()
+        with self._lock:
+            now = self._clock()
+            idle = [g for g in self._groups.values() if now - g.last_seen >= self.config.idle_finish_s]
+            for group in idle:
+                self._close(group, f"no span came for {self.config.idle_finish_s:g} s", done)
+                self._forget(group.key)
+        return done.finished
+
+    def _stage(self, key: str, spans: list[Span], batch: _Batch, done: Ingested) -> None:
+        group = self._groups.get(key) or self._start(key, spans, batch)
+        if group.closed:
+            first = spans[0].span_id
+            done.refuse(len(spans), f"session {group.session_id!r} was finished before span {first} came")
+            return
+        feedback: list[Event] = []
+        for span in ordered(spans):
+            calls, notes = span_events(span, key)
+            for event in calls:
+                batch.add(group, event, spans=int(not isinstance(event, PlanSet)))
+            feedback += notes
+            group.saw(span)
+        for event in feedback:
+            batch.add(group, event, spans=0)
+        group.last_seen = self._clock()
+        done.accepted += len(spans)
+
+    def _start(self, key: str, spans: list[Span], batch: _Batch) -> _Group:
+        group = _Group(key, session_id_of(key), last_seen=self._clock())
+        self._groups[key] = group
+        try:
+            stored = self.store.get(group.session_id)
+        except NotFound:
+            batch.add(group, opening(group.session_id, spans, key), spans=0)
+            return group
+        group.closed = stored.state not in ACTIVE
+        return group
+
+    def _write(self, batch: _Batch, done: Ingested) -> None:
+        """Append in one transaction; feedback whose anchor has not come yet waits for the finish."""
+        results = self.store.append_batch(batch.writes)
+        for (group, event, spans), result in zip(batch.owners, results, strict=True):
+            if not isinstance(result, SessionRLError):
+                continue
+            if isinstance(event, SessionCreated):
+                raise result
+            if isinstance(event, FeedbackAdded) and isinstance(result, InvalidEvent):
+                group.deferred.append(event)
+            else:
+                done.accepted -= spans
+                done.refuse(spans, f"{event.event_id}: {result}")
+
+    def _close(self, group: _Group, reason: str, done: Ingested) -> None:
+        session = self.store.get(group.session_id)
+        notes = [] if group.root is not None else ["no root span came: finished when spans stopped coming"]
+        notes += group.missing()
+        events = closing(session, group.root, group.key, reason) + group.deferred
+        results = self.store.append_batch([(group.session_id, e, None) for e in events])
+        for event, result in zip(events, results, strict=True):
+            if isinstance(result, SessionRLError):
+                notes.append(f"event {event.event_id} left out: {result}")
+            else:
+                session = result
+        for event in warnings_patch(session, notes, group.key):
+            self.store.append(group.session_id, event)
+        group.closed = True
+        done.finished.append(group.session_id)
+
+    def _forget(self, key: str) -> None:
+        group = self._groups.pop(key)
+        for trace in group.traces:
+            if self._traces.get(trace) == key:
+                del self._traces[trace]
