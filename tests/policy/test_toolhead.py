@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,6 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sessionrl.envs.base import Split
+from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.episodes import EpisodeSpec, RolloutConfig, run_episodes
+from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.orchestrator.policy import ScriptedBackend
 from sessionrl.policy import toolhead
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
@@ -22,7 +28,8 @@ from sessionrl.policy.toolhead import (
     prompt_states,
     tool_examples,
 )
-from sessionrl.session.model import LLMCall, Message, Session
+from sessionrl.session.model import CallPurpose, LLMCall, Message, Session
+from sessionrl.store import SessionStore
 
 CONFIG = TinyModelConfig(vocab_size=300, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
 TOOLS = ("inventory_check", "refund_trigger")
@@ -122,6 +129,20 @@ def test_examples_come_from_step_calls_whose_reply_is_an_action() -> None:
     assert [e.label for e in tool_examples([session])] == ["inventory_check", FINAL]
     with pytest.raises(ValueError, match="as many"):
         accuracy(["a"], ["a", "b"])
+
+
+def test_examples_come_from_a_real_episodes_calls(tmp_path: Path) -> None:
+    """An episode's policy calls are tagged `act`: the head learns from them as from orchestrator steps."""
+    env = OrdersEnv(DomainConfig(train=1, dev=0, test=0, time_factor=0, transient_failures=False))
+    (task,) = env.tasks(Split.TRAIN)
+    first = env.expert(task).steps[0]
+    backend = ScriptedBackend([tool_action(first.tool, dict(first.params)), final_action("done")])
+    with SessionStore.open(f"sqlite:///{tmp_path / 's.db'}") as store:
+        spec = EpisodeSpec(task, "real")
+        (ran,) = asyncio.run(run_episodes(env, [spec], PolicyAgent(backend), store, RolloutConfig()))
+        session = store.get(ran.session_id)
+    assert {c.purpose for c in session.llm_calls} == {CallPurpose.ACT}
+    assert [e.label for e in tool_examples([session])] == [first.tool, FINAL]
 
 
 def test_the_guide_refuses_a_policy_that_does_not_speak_the_action_language(policy: HFPolicy) -> None:

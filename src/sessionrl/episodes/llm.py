@@ -29,7 +29,7 @@ from sessionrl.orchestrator.results import LLMPayload, StepKind, StepResult, Too
 from sessionrl.policy.llm import system_prompt, tool_message
 from sessionrl.policy.references import Context, resolve
 from sessionrl.policy.toolcalls import ToolFormat, parse_reply, tool_format_of
-from sessionrl.session.model import Anchor, Feedback, FeedbackType, Message
+from sessionrl.session.model import Anchor, CallPurpose, Feedback, FeedbackType, Message
 
 UNPARSEABLE = "UNPARSEABLE_ACTION"
 """Error code of the tool message that answers a reply which is neither a tool call nor a final answer."""
@@ -92,7 +92,7 @@ class PolicyAgent:
         final: str | None = None
         invalid = 0
         for _ in range(config.max_steps):
-            payload = LLMPayload(messages=tuple(messages), purpose="act")
+            payload = LLMPayload(messages=tuple(messages), purpose=CallPurpose.ACT)
             asked = await engine.execute_step(sid, StepKind.LLM, payload)
             if not asked.ok:
                 break

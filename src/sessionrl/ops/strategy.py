@@ -25,7 +25,7 @@ from sessionrl.envs.registry import REGISTRY, EnvBuildError
 from sessionrl.ops.config import OpsConfig
 from sessionrl.ops.registry import PolicyRegistry
 from sessionrl.orchestrator.policy import PolicyReply
-from sessionrl.session.model import Message, Plan, Session
+from sessionrl.session.model import CallPurpose, Message, Plan, Session
 
 DEFAULT_TEMPLATE = "default"
 """The plan template of sessions whose scenario has none (gateway sessions have no scenario)."""
@@ -108,7 +108,7 @@ class RulesBackend:
 
     def answer(self, messages: Sequence[Message], purpose: str) -> dict[str, Any]:
         """The reply as a JSON object (see `generate`)."""
-        if purpose == "plan":
+        if purpose == CallPurpose.PLAN:
             subgoals = [
                 {"id": s.id, "description": s.description, "tool": s.tool, "depends_on": list(s.depends_on)}
                 for s in self.plan.steps

@@ -29,7 +29,7 @@ from sessionrl.policy.llm import HFPolicy, final_action, tool_action
 from sessionrl.policy.sampling import left_pad
 from sessionrl.policy.structured import masked_logits
 from sessionrl.policy.toolcalls import ToolFormat
-from sessionrl.session.model import Message, Session
+from sessionrl.session.model import ACTING, Message, Session
 
 FINAL = "final"
 """The class of a final answer."""
@@ -91,12 +91,13 @@ def reply_class(text: str) -> str | None:
 
 
 def tool_examples(sessions: Sequence[Session]) -> list[ToolExample]:
-    """Every step-policy call of `sessions` whose reply was an action, with its class."""
+    """Every call of `sessions` in which the policy acted (`ACTING`: an orchestrator step, an episode's
+    action, a captured chat) and whose reply was an action, with its class."""
     examples = []
     for session in sessions:
         for call in session.llm_calls:
             label = reply_class(call.response)
-            if call.purpose == "step" and label is not None:
+            if call.purpose in ACTING and label is not None:
                 examples.append(ToolExample(call.messages, label))
     return examples
 

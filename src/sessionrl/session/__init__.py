@@ -17,8 +17,10 @@ from sessionrl.session.events import (
 )
 from sessionrl.session.lifecycle import ACTIVE, TERMINAL, TRANSITIONS, accepts, can_transition
 from sessionrl.session.model import (
+    ACTING,
     SCHEMA_VERSION,
     Anchor,
+    CallPurpose,
     CallStatus,
     Claim,
     Feedback,
@@ -40,11 +42,13 @@ from sessionrl.session.model import (
 from sessionrl.session.schema import export_schemas, load_session, migrate
 
 __all__ = [
+    "ACTING",
     "ACTIVE",
     "SCHEMA_VERSION",
     "TERMINAL",
     "TRANSITIONS",
     "Anchor",
+    "CallPurpose",
     "CallStatus",
     "Claim",
     "Event",

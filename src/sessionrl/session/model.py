@@ -140,11 +140,33 @@ class Message(Record):
     tool_call_id: str | None = None
 
 
+class CallPurpose(StrEnum):
+    """Why sessionrl itself calls a model; `LLMCall.purpose` holds one of these or an agent's own word."""
+
+    PLAN = "plan"
+    """The orchestrator asks the policy for a plan."""
+    STEP = "step"
+    """The orchestrator asks the policy for the next step (the default of an LLM step)."""
+    ACT = "act"
+    """An episode's policy picks its next action (`sessionrl.episodes.llm`)."""
+    CHAT = "chat"
+    """An agent's chat completion recorded by the gateway or an importer."""
+    FINAL = "final"
+    """The final answer of a session read as a call (reward views)."""
+    JUDGE = "judge"
+    """A judge model refines a comment; not an action of the policy."""
+
+
+ACTING: frozenset[str] = frozenset({CallPurpose.STEP, CallPurpose.ACT, CallPurpose.CHAT})
+"""Purposes of the calls in which a policy chose its next action: what imitation and the tool-call head
+learn from."""
+
+
 class LLMCall(Record):
     """One call to a policy or other model; token ids and logprobs are present when the policy is ours."""
 
     call_id: str
-    purpose: str = Field(default="step", description="plan, step, final, judge, ...")
+    purpose: str = Field(default=CallPurpose.STEP, description="A `CallPurpose` or the agent's own word.")
     messages: tuple[Message, ...] = ()
     response: str = ""
     prompt_token_ids: tuple[int, ...] | None = None
@@ -299,6 +321,10 @@ class Session(Record):
     def call_ids(self) -> set[str]:
         """Ids of every tool and LLM call in the session."""
         return {c.call_id for c in self.tool_calls} | {c.call_id for c in self.llm_calls}
+
+    def tokens_reported(self) -> int:
+        """Tokens of the LLM calls whose server reported them, summed (calls that did not say count 0)."""
+        return sum(c.tokens_used for c in self.llm_calls if c.tokens_used is not None)
 
     def tool_call(self, call_id: str) -> ToolCall | None:
         """The tool call with this id, or None."""
