@@ -1,3 +1,3 @@
-"""Running on more than one process or machine, on engines users already run: Ray actors for rollouts
-(`sessionrl.cluster.ray_rollout`, needs the `cluster` extra) and `torch.distributed` for data-parallel
-updates (`sessionrl.cluster.distributed`). Both are imported from their modules."""
+"""Running rollouts on more than one process or machine, on an engine users already run: Ray actors
+(`sessionrl.cluster.ray_rollout`, needs the `cluster` extra), imported from its module. Data-parallel
+updates under torchrun live with the trainers (`sessionrl.train.llm.distributed`)."""

@@ -26,7 +26,6 @@ from typing import Any
 
 from rich.console import Console
 
-from sessionrl.cluster.distributed import follow, is_follower, lead, release
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes, settle
@@ -56,6 +55,7 @@ from sessionrl.train.llm.data import (
     policy_turns,
     session_advantages,
 )
+from sessionrl.train.llm.distributed import follow, join, lead, release, step_everywhere
 from sessionrl.train.llm.feed import FeedRead, read_scored
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
 from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
@@ -295,12 +295,13 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
     texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
     run.policy = policy = build_policy(cfg, texts, run.folder / "base")
     trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
-    if resume and has_checkpoint(run.folder / "checkpoint"):
+    resumed = resume and has_checkpoint(run.folder / "checkpoint")
+    if resumed:
         run.state = load_checkpoint(
             run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
         )
         trainer.steps = run.state.step
-    lead(trainer)  # under torchrun, the other ranks update with it
+    lead(trainer, resumed=resumed)  # under torchrun, the other ranks build theirs and take its weights
     sequences = (
         demonstrations(run, policy, demos) if source is None else captured(run, console, policy, demos)
     )
@@ -312,7 +313,7 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
             rng = random.Random(stream_seed(cfg.seed, "sft", step, bits=SEED_BITS))
             batch = rng.sample(sequences, min(cfg.sft.trainer.batch_sessions, len(sequences)))
             # update
-            stats = trainer.step(batch)
+            stats = step_everywhere(trainer, batch)
             # log
             run.log.write("sft", step, _update_record(stats))
             bar.advance(info=f"loss {stats.loss:.3f}")
@@ -385,7 +386,7 @@ def learn(run: Run, trainer: GRPOTrainer) -> Learned:
     # which reply is not (see `sessionrl.train.llm.lockstep`)
     sequences.sort(key=lambda q: (q.input_ids, q.advantages, q.old_logprobs))
     sequences = [seq for seq in sequences if cfg.trainer.moves(seq.advantages)]
-    stats = trainer.step(sequences) if sequences else None
+    stats = step_everywhere(trainer, sequences) if sequences else None
     run.state = dataclasses.replace(
         run.state,
         cursor=read.cursor,
@@ -408,7 +409,7 @@ def start_rl(run: Run, resume: bool) -> GRPOTrainer:
         )
         trainer.updates = run.state.updates
     policy.version = run.state.policy_version
-    return lead(trainer)  # under torchrun, the other ranks update with it
+    return lead(trainer, resumed=resume)  # under torchrun, the other ranks build theirs and take its weights
 
 
 def reinforce(
@@ -564,8 +565,8 @@ def start_run(config: RunConfig, resume: bool) -> Run:
 def train_sft(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> TrainResult:
     """`trainer: sft`: the imitation stage alone (continued with `resume`), then `sft_policy/` evaluated on
     the report split."""
-    if is_follower():
-        return followed()
+    if join() != 0:  # under torchrun, a rank other than 0
+        return followed(config)
     console = console or Console()
     with start_run(config, resume) as run:
         try:
@@ -585,8 +586,8 @@ def train(
 ) -> TrainResult:
     """`trainer: grpo`: imitation, the gate, then GRPO (or, with `resume`, the rest of them); returns where
     the stages ended and the exported policies' report."""
-    if is_follower():
-        return followed()
+    if join() != 0:  # under torchrun, a rank other than 0
+        return followed(config)
     console = console or Console()
     with start_run(config, resume) as run:
         saved = read_state(run.folder / "checkpoint") if resume else None
@@ -606,10 +607,10 @@ def train(
         return TrainResult(run.state.stage, gated, tuple(dict(r) for r in run.state.curve), report)
 
 
-def followed() -> TrainResult:
+def followed(config: RunConfig) -> TrainResult:
     """A rank other than 0 of a `torchrun` launch: it takes every update rank 0 leads it through
-    (`sessionrl.cluster.distributed`) and holds nothing else; the run and its report are rank 0's."""
-    follow()
+    (`sessionrl.train.llm.distributed`) and holds nothing else; the run and its report are rank 0's."""
+    follow(config)
     return TrainResult(Stage.SFT, None, (), {})
 
 
