@@ -76,6 +76,12 @@ DIMENSIONS: tuple[tuple[str, str], ...] = (
 )
 """The five evaluation dimensions, in the seed's order."""
 
+DIMENSION_KEYS = tuple(key for key, _ in DIMENSIONS)
+"""The dimensions' metric keys alone."""
+
+LOWER_IS_BETTER = frozenset({"spt", "risk"})
+"""Metrics where a rise is a regression (steps per task, the risky share); for the others a fall is."""
+
 
 def dimensions_table(columns: Mapping[str, Mapping[str, float | None]], title: str = "Dimensions") -> Table:
     """The five dimensions side by side, one column per stage (or policy); `-` where unmeasured."""

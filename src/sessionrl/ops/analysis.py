@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.metrics import dag_validity_rate
+from sessionrl.eval.report import LOWER_IS_BETTER
 from sessionrl.eval.significance import (
     bootstrap_diff_ci,
     paired_comparison,
@@ -46,9 +47,6 @@ PAIRED_MIN = 5
 
 COMMENTED = frozenset({FeedbackType.HUMAN_RATING, FeedbackType.COMMENT})
 """Feedback types whose comments the judge reads for coherence."""
-
-LOWER_IS_BETTER = frozenset({"spt", "risk"})
-"""Metrics where a rise is a regression (their `drop` is B − A; the others' is A − B)."""
 
 
 class MetricResult(BaseModel):
@@ -89,7 +87,7 @@ class Comparison(BaseModel):
         out: dict[str, float] = {"n_a": float(self.n_a), "n_b": float(self.n_b)}
         for name, m in self.metrics.items():
             diff = 0.0 if m.diff is None else m.diff
-            drop = diff if name in LOWER_IS_BETTER else -diff
+            drop = diff if name in LOWER_IS_BETTER else -diff  # B − A where a rise is a regression
             out |= {f"{name}_drop": drop, f"{name}_gain": -drop, f"{name}_p": _or(m.p_value, 1.0)}
             out |= {f"{name}_a": _or(m.a, 0.0), f"{name}_b": _or(m.b, 0.0)}
         return out

@@ -19,16 +19,14 @@ import yaml
 
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.metrics import failure_attribution
+from sessionrl.eval.report import DIMENSION_KEYS, LOWER_IS_BETTER
 from sessionrl.eval.significance import mcnemar_p
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 
 EVAL_STAGE = "eval"
 STORE_FILE = "sessions.db"
-DIMENSIONS = ("tcsr", "dvr", "er5", "cu", "spt")
-"""The five evaluation dimensions: tool-call success, DAG validity, entity recall@5, correction uplift,
-steps per task."""
-EVAL_COLUMNS = ("success", "pass^1", "pass^2", "pass^3", "pass^4", *DIMENSIONS, "completion", "p_value")
+EVAL_COLUMNS = ("success", "pass^1", "pass^2", "pass^3", "pass^4", *DIMENSION_KEYS, "completion", "p_value")
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,200}$"
 
 
@@ -132,9 +130,6 @@ def thresholds(config: Mapping[str, Any], defaults: Mapping[str, float]) -> dict
     return merged
 
 
-LOWER_IS_BETTER = frozenset({"spt"})
-
-
 def auto_pause_falls(config: Mapping[str, Any], default: int | None) -> int | None:
     """The auto-pause rule: pause when a dimension got worse this many evaluations in a row (the run
     config's `evaluation.auto_pause_falls` over the dashboard's default; None: no rule)."""
@@ -176,7 +171,7 @@ def evaluation_history(runs_dir: Path, label: str | None = None) -> list[Point]:
             if record["stage"] != EVAL_STAGE or (label is not None and record.get("label") != label):
                 continue
             at = datetime.fromtimestamp(float(record.get("time", 0.0)), UTC)
-            values = {d: _number(record.get(d)) for d in DIMENSIONS}
+            values = {d: _number(record.get(d)) for d in DIMENSION_KEYS}
             points.append(Point(at, name, str(record.get("label", "")), values))
     return sorted(points, key=lambda p: p.at)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from sessionrl.access import Principal
+from sessionrl.eval.report import DIMENSION_KEYS
 from sessionrl.store import SessionStore
 from sessionrl.ui import runs
 from sessionrl.ui.auth import viewer
@@ -97,11 +98,11 @@ def evaluation_page(request: Request, who: Viewer, label: str | None = None) -> 
     xs = [p.at.timestamp() for p in points]
     charts = [
         _chart(dim, xs, {dim: [p.values[dim] for p in points], "threshold": [limits.get(dim)] * len(points)})
-        for dim in runs.DIMENSIONS
+        for dim in DIMENSION_KEYS
     ]
     labels = sorted({p.label for p in runs.evaluation_history(ui.config.runs_dir)})
     one_policy = len({p.label for p in points}) == 1
-    fallen = {d: runs.falls([p.values[d] for p in points], d) for d in runs.DIMENSIONS} if one_policy else {}
+    fallen = {d: runs.falls([p.values[d] for p in points], d) for d in DIMENSION_KEYS} if one_policy else {}
     context = {
         "who": who,
         "nav": "evaluation",
@@ -110,7 +111,7 @@ def evaluation_page(request: Request, who: Viewer, label: str | None = None) -> 
         "limits": limits,
         "labels": labels,
         "label": label,
-        "dimensions": runs.DIMENSIONS,
+        "dimensions": DIMENSION_KEYS,
         "rule": rule,
         "fallen": fallen,
         "tripped": [d for d, n in fallen.items() if rule is not None and n >= rule],
