@@ -168,9 +168,10 @@ def closing(session: Session, root: Span | None, key: str, reason: str) -> list[
     the final output, and the state its root span names (finished when it names none)."""
     prefix = f"otlp.{digest(key)}.close"
     at = session.updated_at
-    events: list[Event] = list(_reordered(session, prefix))
+    ours = root is not None and m.exported(root)  # sessionrl's export: calls keep its order, by sessionrl.seq
+    events: list[Event] = [] if ours else _reordered(session, prefix)
     output = m.final_output(root) if root else None
-    if output is None and not (root and m.exported(root)):
+    if output is None and not ours:
         output = _last_answer(session)
     if output is not None and session.final_output is None and session.state in ACTIVE:
         events.append(OutputSet(output=output, at=at, event_id=f"{prefix}.output"))

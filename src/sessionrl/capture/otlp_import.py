@@ -67,7 +67,7 @@ def _requests(data: bytes) -> list[tuple[int, bytes, bool]]:
     if first not in (b"{", b"["):
         return [(1, data, False)]
     lines = [(i, raw) for i, raw in enumerate(data.splitlines(), start=1) if raw.strip()]
-    if len(lines) > 1 and all(raw.strip()[:1] == b"{" and raw.strip()[-1:] == b"}" for _, raw in lines):
+    if len(lines) > 1 and _stands_alone(lines[0][1]):
         return [(i, raw, True) for i, raw in lines]
     if first == b"[":
         try:
@@ -76,3 +76,12 @@ def _requests(data: bytes) -> list[tuple[int, bytes, bool]]:
             return [(lines[0][0], data, True)]
         return [(lines[0][0], orjson.dumps(item), True) for item in items]
     return [(lines[0][0], data, True)]
+
+
+def _stands_alone(line: bytes) -> bool:
+    """Whether a line is a whole JSON value (so the file is JSON Lines)."""
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True

@@ -76,7 +76,9 @@ def llm_call(span: Span) -> LLMCall:
     usage = _usage(span)
     return LLMCall(
         call_id=call_id_of(span),
-        purpose=str(a.get("sessionrl.purpose") or a.get("gen_ai.operation.name") or "chat"),
+        purpose=str(
+            a["sessionrl.purpose"] if "sessionrl.purpose" in a else a.get("gen_ai.operation.name", "chat")
+        ),
         messages=tuple(_input_messages(span)),
         response=response,
         prompt_token_ids=_ints(a.get("sessionrl.prompt_token_ids")),

@@ -3,9 +3,10 @@
 Every request's spans are written to the store before the request is answered (one transaction), as
 LLM and tool call events whose ids derive from the span ids: a span sent again is stored once. What is
 kept in memory is only what decides when a session is done: which spans and parents it has seen, its
-root span, and when its last span came. A session is finished when its root span has come and every
-span it has seen has its parent, or after `TracesConfig.idle_finish_s` without a new span (then what
-was missing is written into the session's metadata as `otlp_warnings`).
+root span, and when its last span came. A session is finished once its root span has come, every span
+it has seen has its parent, and no span came for `TracesConfig.root_grace_s`; or after
+`TracesConfig.idle_finish_s` without a new span (then what was missing is written into the session's
+metadata as `otlp_warnings`).
 
 Spans that come after their session was finished are refused (the answer's partial success counts them
 and says why), since a finished session takes no new calls. After a restart, sessions the receiver had
@@ -128,20 +129,28 @@ class TraceReceiver:
             for key, spans in by_key.items():
                 self._stage(key, spans, batch, done)
             self._write(batch, done)
-            for group in [g for g in self._groups.values() if g.complete()]:
-                self._close(group, "root span ended", done)
+            if self.config.root_grace_s == 0:
+                for group in [g for g in self._groups.values() if g.complete()]:
+                    self._close(group, "root span ended", done)
             for key in [k for k, g in self._groups.items() if g.closed]:
                 self._forget(key)
         return done
 
     def sweep(self) -> list[str]:
-        """Finish the sessions no span came for in `idle_finish_s`; return their ids."""
+        """Finish the sessions whose root came `root_grace_s` ago with nothing after it, and those no span
+        came for in `idle_finish_s`; return their ids."""
         done = Ingested()
+        grace, idle = self.config.root_grace_s, self.config.idle_finish_s
         with self._lock:
             now = self._clock()
-            idle = [g for g in self._groups.values() if now - g.last_seen >= self.config.idle_finish_s]
-            for group in idle:
-                self._close(group, f"no span came for {self.config.idle_finish_s:g} s", done)
+            for group in list(self._groups.values()):
+                quiet = now - group.last_seen
+                if group.complete() and quiet >= grace:
+                    self._close(group, "root span ended", done)
+                elif quiet >= idle:
+                    self._close(group, f"no span came for {idle:g} s", done)
+                else:
+                    continue
                 self._forget(group.key)
         return done.finished
 

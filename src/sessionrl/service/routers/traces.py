@@ -39,7 +39,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     config: TracesConfig = app.state.config.traces
     receiver = TraceReceiver(app.state.store, config)
     app.state.traces = receiver
-    sweeper = asyncio.create_task(_sweep(receiver, min(SWEEP_EVERY_S, config.idle_finish_s / 4)))
+    waits = [SWEEP_EVERY_S, config.idle_finish_s / 4] + (
+        [config.root_grace_s / 2] if config.root_grace_s else []
+    )
+    sweeper = asyncio.create_task(_sweep(receiver, min(waits)))
     try:
         yield
     finally:
