@@ -4,7 +4,7 @@ same token budget, on orders.
 Raw demonstrations are noisy expert sessions on the demo's 400 imitation tickets: the expert's plan with
 redundant lookups added (the stock check or the return check made again, at random), run with transient
 tool faults that the expert calls again after, so a raw session holds failed calls, retries and redundant
-steps. Distillation (`sessionrl.train.llm.distill`) cuts each to its shortest path that still reads every
+steps. Distillation (`research.distill`) cuts each to its shortest path that still reads every
 value its calls and answer read from the conversation and still verifies by replay.
 
 Two copies of the demo's tiny model (`sessionrl.train.llm.demo.demo_config`: same shape, tokenizer and
@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 import torch
 
+from research.distill import distill, savings
 from sessionrl.envs.base import DecisionEnv, ExpertPlan, Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, ScriptedAgent, run_episodes
@@ -50,7 +51,6 @@ from sessionrl.store import SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import TokenSequence, demonstration_turns, merge_turns
 from sessionrl.train.llm.demo import demo_config
-from sessionrl.train.llm.distill import distill, savings
 from sessionrl.train.llm.reflection import success_by_task
 from sessionrl.train.llm.run import split_digits, tokenizer_corpus
 from sessionrl.train.llm.sft import SFTConfig, SFTTrainer

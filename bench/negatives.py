@@ -4,7 +4,7 @@ The base is the demo's imitation policy (`sessionrl.train.llm.demo.demo_config`:
 on 400 expert sessions), trained here or read from `--sft-policy` (the `sft_policy/` of a run of the
 demo's recipe, such as `bench/reflection.py`'s). It plays `--pair-tasks` training tasks it never imitated
 (no faults, so every failure is its own); each failed episode gives one pair at its failing step
-(`sessionrl.train.llm.negatives`): the best replayed alternative as chosen, and as rejected either the worst
+(`research.negatives`): the best replayed alternative as chosen, and as rejected either the worst
 replayed alternative (counterfactual) or a random action of another task (random). Both pair sets share
 prompts and chosen replies. Two copies of the imitation policy are trained by DPO, one per set, with the
 same settings, then all three are evaluated greedily on the same held-out test tasks with the demo's
@@ -29,6 +29,7 @@ import orjson
 import torch
 from rich.console import Console
 
+from research.negatives import counterfactual_pair, random_pair
 from sessionrl.envs.base import Split, Task
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.significance import paired_comparison
@@ -38,7 +39,6 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.dpo import DPOConfig, DPOTrainer, Preference
 from sessionrl.train.llm.loop import Evaluation, evaluate, imitation, in_lockstep, once_per_task, start_run
-from sessionrl.train.llm.negatives import counterfactual_pair, random_pair
 from sessionrl.train.llm.reflection import success_by_task
 from sessionrl.train.llm.run import Run, evaluation_view, open_run
 

@@ -33,11 +33,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from research.toolhead import HeadGuide, ToolHead, accuracy, fit_tool_head, prompt_states, reply_class
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import expert, run_episodes
 from sessionrl.policy.llm import HFPolicy
-from sessionrl.policy.toolhead import HeadGuide, ToolHead, accuracy, fit_tool_head, prompt_states, reply_class
 from sessionrl.session.model import Message, Session
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import demonstration_replies
