@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
+from research.distill import distill, replays, savings
 from sessionrl.envs.base import Split
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
@@ -17,7 +18,6 @@ from sessionrl.policy.references import REFERENCE
 from sessionrl.session import CallStatus
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.data import demonstration_replies
-from sessionrl.train.llm.distill import distill, replays, savings
 
 ENV = OrdersEnv(DomainConfig(train=12, dev=1, test=1, time_factor=0))
 

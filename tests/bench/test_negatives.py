@@ -7,11 +7,11 @@ import asyncio
 import dataclasses
 import random
 
+from research.negatives import counterfactual_pair, random_pair
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
 from sessionrl.episodes import EpisodeSpec, ScriptedAgent, run_episodes
 from sessionrl.store import SessionStore
-from sessionrl.train.llm.negatives import counterfactual_pair, random_pair
 
 ENV = OrdersEnv(DomainConfig(train=12, dev=1, test=1, time_factor=0))
 SYSTEM = "You resolve fulfilment tickets."

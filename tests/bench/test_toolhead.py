@@ -10,16 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sessionrl.envs.base import Split
-from sessionrl.envs.orders import DomainConfig, OrdersEnv
-from sessionrl.episodes import EpisodeSpec, RolloutConfig, run_episodes
-from sessionrl.episodes.llm import PolicyAgent
-from sessionrl.orchestrator.policy import ScriptedBackend
-from sessionrl.policy import toolhead
-from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action
-from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
-from sessionrl.policy.toolcalls import ToolFormat
-from sessionrl.policy.toolhead import (
+from research import toolhead
+from research.toolhead import (
     FINAL,
     HeadGuide,
     ToolHead,
@@ -28,6 +20,14 @@ from sessionrl.policy.toolhead import (
     prompt_states,
     tool_examples,
 )
+from sessionrl.envs.base import Split
+from sessionrl.envs.orders import DomainConfig, OrdersEnv
+from sessionrl.episodes import EpisodeSpec, RolloutConfig, run_episodes
+from sessionrl.episodes.llm import PolicyAgent
+from sessionrl.orchestrator.policy import ScriptedBackend
+from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action
+from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session.model import CallPurpose, LLMCall, Message, Session
 from sessionrl.store import SessionStore
 
