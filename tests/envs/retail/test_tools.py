@@ -15,7 +15,6 @@ from sessionrl.envs.retail.tools import (
     INVALID_STATE,
     NOT_FOUND,
     TOOLS,
-    calculate,
     cancel_pending_order,
     exchange_delivered_order_items,
     find_user_id_by_email,
@@ -29,10 +28,9 @@ from sessionrl.envs.retail.tools import (
     modify_pending_order_payment,
     modify_user_address,
     return_delivered_order_items,
-    think,
-    transfer_to_human_agents,
 )
 from sessionrl.envs.taubench import Record, TauData, TauDb
+from sessionrl.envs.taubench.shared import calculate, think, transfer_to_human_agents
 from sessionrl.skills import SkillError
 
 ADDRESS = {

@@ -67,14 +67,34 @@ def test_edits_back_to_the_original_hash_as_the_original(data: TauData) -> None:
 
 
 def test_a_missing_folder_or_file_says_what_to_provide(tmp_path: Path) -> None:
-    with pytest.raises(DataMissing, match=r"no library data folder given\. Pass --data DIR or set LIB=DIR"):
+    with pytest.raises(
+        DataMissing, match=r"no library data folder given\. Pass --data DIR or set LIB=DIR"
+    ) as e:
         resolve_data_dir("library", TABLES, None, variable="LIB", environ={})
+    assert str(e.value).endswith(
+        "holds members.json, books.json, loans.json, tools.json, wiki.md and a task file "
+        "(tasks_train.json, tasks_dev.json or tasks_test.json; one is enough)."
+    )
     assert resolve_data_dir("library", TABLES, None, variable="LIB", environ={"LIB": str(DATA)}) == DATA
+    with pytest.raises(DataMissing, match=r"folder \S+nowhere does not exist\. Pass --data DIR\.$"):
+        resolve_data_dir("library", TABLES, tmp_path / "nowhere")
     (tmp_path / "members.json").write_text("{}")
     with pytest.raises(
-        DataMissing, match=r"lacks books\.json, loans\.json, tools\.json, wiki\.md, tasks_train"
+        DataMissing, match=r"lacks books\.json, loans\.json, tools\.json, wiki\.md and a task file \(tasks_"
     ):
         resolve_data_dir("library", TABLES, tmp_path)
+
+
+def test_one_task_file_is_enough_and_only_what_lacks_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "library"
+    shutil.copytree(DATA, folder)
+    for split in ("train", "dev"):
+        (folder / f"tasks_{split}.json").unlink()
+    assert resolve_data_dir("library", TABLES, folder) == folder
+    (folder / "wiki.md").unlink()
+    with pytest.raises(DataMissing) as e:
+        resolve_data_dir("library", TABLES, folder, source="see the library's site")
+    assert str(e.value) == f"library data folder {folder} lacks wiki.md: see the library's site"
 
 
 def test_a_table_must_be_an_object_of_records(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import ClassVar, Final
 
 from sessionrl.envs.base import ExpertPlan, Task
 from sessionrl.envs.retail.expert import expert_plan
-from sessionrl.envs.retail.tools import ERROR_MEANINGS, TOOLS, Json
-from sessionrl.envs.taubench import TauEnv
+from sessionrl.envs.retail.tools import ERROR_MEANINGS, TOOLS
+from sessionrl.envs.taubench import Json, TauEnv
 
 DATA_ENV_VAR: Final = "SESSIONRL_RETAIL_DATA"
 """The environment variable naming the retail data folder when none is given."""
@@ -37,10 +37,10 @@ class RetailEnv(TauEnv):
 
     def examples(self) -> dict[str, list[Json]]:
         """Calls built from the data (the first user, order and product) for the tools whose examples would
-        not come from the tasks; the tools that change orders take the first gold action calling them."""
+        not come from the tasks; the tools that change orders take the first gold action calling them, the
+        shared tools (`calculate`, `think`, ...) their own examples."""
         user_id, user = next(iter(self.data.tables["users"].items()))
         return {
-            "calculate": [{"expression": "(1 + 2) * 3.5"}],
             "find_user_id_by_email": [{"email": user["email"]}],
             "find_user_id_by_name_zip": [{**user["name"], "zip": user["address"]["zip"]}],
             "get_order_details": [{"order_id": next(iter(self.data.tables["orders"]))}],
@@ -48,6 +48,4 @@ class RetailEnv(TauEnv):
             "get_user_details": [{"user_id": user_id}],
             "list_all_product_types": [{}],
             "modify_user_address": [{"user_id": user_id, **user["address"]}],
-            "think": [{"thought": "the order is pending, so it can still be cancelled"}],
-            "transfer_to_human_agents": [{"summary": "the user asks for a person"}],
         }

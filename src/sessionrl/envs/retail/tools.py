@@ -7,39 +7,34 @@ the first write. Returned records are copies, so a caller cannot change the epis
 
 from __future__ import annotations
 
-import ast
-import operator
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
 import orjson
 
-from sessionrl.envs.taubench import Record, TauDb, Tool, tool, toolbox
+from sessionrl.envs.taubench import Json, Record, TauDb, Tool, tool, toolbox
+from sessionrl.envs.taubench.shared import (
+    INVALID_ARGUMENT,
+    SHARED_ERRORS,
+    calculate,
+    think,
+    transfer_to_human_agents,
+)
 from sessionrl.skills import SkillError
 
 NOT_FOUND: Final = "NOT_FOUND"
 INVALID_STATE: Final = "INVALID_STATE"
-INVALID_ARGUMENT: Final = "INVALID_ARGUMENT"
 INSUFFICIENT_BALANCE: Final = "INSUFFICIENT_BALANCE"
 ERROR_MEANINGS: Final = {
+    **SHARED_ERRORS,
     NOT_FOUND: "A user, order, product, item or payment method does not exist.",
     INVALID_STATE: "The order's status does not allow the action.",
-    INVALID_ARGUMENT: "A parameter breaks a rule of the domain policy.",
     INSUFFICIENT_BALANCE: "The gift card does not cover the amount.",
 }
 
 _SWAP_ERRORS: Final = (NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT, INSUFFICIENT_BALANCE)
 CANCEL_REASONS: Final = ("no longer needed", "ordered by mistake")
-_CALC_CHARS: Final = frozenset("0123456789+-*/(). ")
-_BIN_OPS: Final[dict[type[ast.operator], Callable[[float, float], float]]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
-
-Json = dict[str, Any]
 
 
 def _copy(record: Record) -> Json:
@@ -182,45 +177,6 @@ def get_product_details(db: TauDb, product_id: str) -> Json:
 def list_all_product_types(db: TauDb) -> Json:
     """`{product name: product id}` for every product, sorted by name."""
     return dict(sorted((product["name"], product_id) for product_id, product in db.items("products")))
-
-
-def _evaluate(node: ast.AST) -> float:
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return float(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
-        value = _evaluate(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS:
-        return _BIN_OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
-    raise SkillError(INVALID_ARGUMENT, "only numbers, + - * / and parentheses are allowed")
-
-
-@tool(errors=(INVALID_ARGUMENT,))
-def calculate(db: TauDb, expression: str) -> Json:
-    """The value of an arithmetic expression (digits, `+-*/()`, `.` and spaces), rounded to 2 decimals."""
-    if not expression.strip() or not set(expression) <= _CALC_CHARS:
-        raise SkillError(INVALID_ARGUMENT, "only numbers, + - * / and parentheses are allowed")
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval"))
-    except SyntaxError as error:
-        raise SkillError(INVALID_ARGUMENT, f"malformed expression: {error.msg}") from None
-    except ZeroDivisionError:
-        raise SkillError(INVALID_ARGUMENT, "division by zero") from None
-    return {"result": round(value, 2)}
-
-
-@tool()
-def think(db: TauDb, thought: str) -> Json:
-    """Nothing: a place for the agent to write down its reasoning."""
-    return {}
-
-
-@tool(ends_episode=True)
-def transfer_to_human_agents(db: TauDb, summary: str) -> Json:
-    """Hand the user over to a human; the episode ends."""
-    return {"transferred": True}
 
 
 @tool(errors=(NOT_FOUND, INVALID_STATE, INVALID_ARGUMENT), writes=True)

@@ -50,27 +50,49 @@ def resolve_data_dir(
     """The data folder of `domain`: `data` if given, else `$variable`; it must hold every table file,
     `tools.json`, `wiki.md` and at least one `tasks_<split>.json`.
 
-    Raises `DataMissing` naming what is missing and how to provide it (`source` says where to get the data).
+    Raises `DataMissing` naming exactly what is missing (no folder, or the files it lacks) and how to
+    provide it (`source` says where to get the data).
     """
     raw = data if data is not None else (environ.get(variable) if variable else None)
     files = [*(f"{table}.json" for table in tables), *DOMAIN_FILES]
-    tasks = [f"tasks_{split.value}.json" for split in Split]
+    tasks = _task_files()
     where = f"--data DIR or set {variable}=DIR" if variable else "--data DIR"
-    how = (
-        f"Pass {where}, where DIR holds the {domain} domain as JSON ({', '.join(files)}, {', '.join(tasks)})"
-    )
-    how += f": {source}" if source else "."
+    got = f": {source}" if source else "."
     if raw is None or str(raw) == "":
-        raise DataMissing(f"no {domain} data folder given. {how}", variable=variable)
-    folder = Path(raw).expanduser()
-    missing = [name for name in files if not (folder / name).is_file()]
-    if not any((folder / name).is_file() for name in tasks):
-        missing.append(" or ".join(tasks))
-    if missing:
+        needs = f"{', '.join(files)} and {tasks}"
         raise DataMissing(
-            f"{domain} data folder {folder} lacks {', '.join(missing)}. {how}", variable=variable
+            f"no {domain} data folder given. Pass {where}, where DIR holds {needs}{got}", variable=variable
         )
+    folder = Path(raw).expanduser()
+    if not folder.is_dir():
+        raise DataMissing(
+            f"{domain} data folder {folder} does not exist. Pass {where}{got}", variable=variable
+        )
+    missing = [name for name in files if not (folder / name).is_file()]
+    if not any((folder / f"tasks_{split.value}.json").is_file() for split in Split):
+        missing.append(tasks)
+    if missing:
+        raise DataMissing(f"{domain} data folder {folder} lacks {_listing(missing)}{got}", variable=variable)
     return folder
+
+
+def _task_files() -> str:
+    """The task files a folder may hold, one of which it must.
+
+    >>> _task_files()
+    'a task file (tasks_train.json, tasks_dev.json or tasks_test.json; one is enough)'
+    """
+    names = [f"tasks_{split.value}.json" for split in Split]
+    return f"a task file ({', '.join(names[:-1])} or {names[-1]}; one is enough)"
+
+
+def _listing(names: Sequence[str]) -> str:
+    """`a`, `a and b`, `a, b and c`.
+
+    >>> _listing(["wiki.md"]), _listing(["a", "b", "c"])
+    ('wiki.md', 'a, b and c')
+    """
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _digest(value: Any) -> bytes:

@@ -33,6 +33,7 @@ from sessionrl.envs.registry import EnvBuildError
 from sessionrl.envs.taubench.data import TauData, TauDb, resolve_data_dir
 from sessionrl.envs.taubench.expert import gold_expert
 from sessionrl.envs.taubench.gold import gold_plan
+from sessionrl.envs.taubench.shared import SHARED_EXAMPLES, SHARED_TOOLS
 from sessionrl.envs.taubench.tools import Json, Tool, apply_actions, toolbox
 from sessionrl.skills import RiskLevel, Skill, SkillContract, callable_skill
 from sessionrl.skills.skill import JsonValue
@@ -201,9 +202,13 @@ class TauEnv:
         return {}
 
     def contract_examples(self) -> dict[str, list[Json]]:
-        """One valid call per tool: `examples()`, else the first gold action calling it, else the first
-        call to it in the expert's plans when it only reads (tasks in split order)."""
+        """One valid call per tool: `examples()`, else a shared tool's own (`SHARED_EXAMPLES`), else the
+        first gold action calling it, else the first call to it in the expert's plans when it only reads
+        (tasks in split order)."""
         examples = self.examples()
+        for shared in SHARED_TOOLS:
+            if self.toolbox.get(shared.name) is shared:
+                examples.setdefault(shared.name, SHARED_EXAMPLES[shared.name])
         tasks = [task for split in Split for task in self._tasks[split]]
         for task in tasks:
             for action in task.payload["actions"]:
