@@ -31,7 +31,7 @@ from sessionrl.session.model import (
 RENUMBERED = {"versions", "state_version", "updated_at"}
 """What an import renumbers or restamps, as for every other import of a session document."""
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(codec="utf-8"), max_size=12)
 ident = st.text("abcdefghij0123456789_-", min_size=1, max_size=10)
 times = st.datetimes(min_value=datetime(2001, 1, 1), max_value=datetime(2090, 1, 1), timezones=st.just(UTC))
 json_values = st.recursive(
@@ -112,7 +112,11 @@ def sessions(draw: st.DrawFn) -> Session:
     split = draw(st.integers(0, len(ids)))
     tools = [draw(tool_calls(f"t-{i}")) for i in ids[:split]]
     llms = [draw(llm_calls(f"l-{i}")) for i in ids[split:]]
-    anchors = [Anchor()] + [Anchor(call_id=c.call_id) for c in [*tools, *llms]]
+    anchors = [
+        Anchor(),
+        *(Anchor(call_id=t.call_id) for t in tools),
+        *(Anchor(call_id=c.call_id) for c in llms),
+    ]
     feedback = [
         Feedback(
             feedback_id=f"f{n}",

@@ -207,7 +207,7 @@ def _out_of_order(calls: tuple[CallT, ...]) -> list[CallT]:
 
 def _last_answer(session: Session) -> FinalOutput | None:
     """The last LLM response that asked for no tool: the agent's answer, when its trace names none."""
-    last = session.llm_calls[-1] if session.llm_calls else None
+    last = max(session.llm_calls, key=lambda c: c.started_at, default=None)
     if last is None or last.tool_calls or not last.response:
         return None
     return FinalOutput(text=last.response)

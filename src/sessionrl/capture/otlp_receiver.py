@@ -1,15 +1,20 @@
 """The OTLP receiver's memory: sessions being assembled from spans that arrive over many requests.
 
 Every request's spans are written to the store before the request is answered (one transaction), as
-LLM and tool call events whose ids derive from the span ids: a span sent again is stored once. What is
+LLM and tool call events whose ids derive from the span ids: a span sent again is stored once. One
+exception: a session opens with the request it answers (`user_query`, which cannot change later), so
+spans that come before any span telling it (a tool span before the first LLM span, say) are held in
+memory until one does, or the root comes, or the session is finished; a crash in between loses them. What is
 kept in memory is only what decides when a session is done: which spans and parents it has seen, its
 root span, and when its last span came. A session is finished once its root span has come, every span
 it has seen has its parent, and no span came for `TracesConfig.root_grace_s`; or after
 `TracesConfig.idle_finish_s` without a new span (then what was missing is written into the session's
 metadata as `otlp_warnings`).
 
-Spans that come after their session was finished are refused (the answer's partial success counts them
-and says why), since a finished session takes no new calls. After a restart, sessions the receiver had
+A span that comes again after its session was finished is a duplicate like any other (stored once,
+answered as accepted); a new call span is refused (the answer's partial success counts it and says
+why), since a finished session takes no new calls, while late evaluation results are still stored as
+feedback. After a restart, sessions the receiver had
 not finished stay open until a span of theirs comes again (known gap: no sweep of stored sessions).
 """
 
@@ -32,6 +37,7 @@ from sessionrl.capture.otlp_assembly import (
     warnings_patch,
 )
 from sessionrl.capture.otlp_config import TracesConfig
+from sessionrl.capture.otlp_map import user_query
 from sessionrl.capture.otlp_spans import Span
 from sessionrl.errors import InvalidEvent, NotFound, SessionRLError
 from sessionrl.session.events import Event, FeedbackAdded, PlanSet, SessionCreated
@@ -52,6 +58,9 @@ class _Group:
     root: Span | None = None
     last_seen: float = 0.0
     deferred: list[Event] = field(default_factory=list)
+    waiting: list[Span] = field(default_factory=list)
+    """Spans held until one tells the session's request (the session opens with it), or the finish."""
+    opened: bool = False
     closed: bool = False
 
     def saw(self, span: Span) -> None:
@@ -130,7 +139,7 @@ class TraceReceiver:
                 self._stage(key, spans, batch, done)
             self._write(batch, done)
             if self.config.root_grace_s == 0:
-                for group in [g for g in self._groups.values() if g.complete()]:
+                for group in [g for g in self._groups.values() if g.complete() and not g.closed]:
                     self._close(group, "root span ended", done)
             for key in [k for k, g in self._groups.items() if g.closed]:
                 self._forget(key)
@@ -155,33 +164,43 @@ class TraceReceiver:
         return done.finished
 
     def _stage(self, key: str, spans: list[Span], batch: _Batch, done: Ingested) -> None:
-        group = self._groups.get(key) or self._start(key, spans, batch)
-        if group.closed:
-            first = spans[0].span_id
-            done.refuse(len(spans), f"session {group.session_id!r} was finished before span {first} came")
-            return
-        feedback: list[Event] = []
-        for span in ordered(spans):
-            calls, notes = span_events(span, key)
-            for event in calls:
-                batch.add(group, event, spans=int(not isinstance(event, PlanSet)))
-            feedback += notes
+        group = self._groups.get(key) or self._start(key)
+        for span in spans:
             group.saw(span)
-        for event in feedback:
-            batch.add(group, event, spans=0)
         group.last_seen = self._clock()
         done.accepted += len(spans)
+        if not group.opened:
+            group.waiting += spans
+            if not any(s.parent_span_id is None or user_query(s) is not None for s in group.waiting):
+                return  # the session opens with its request, which a later span will tell
+            spans, group.waiting = group.waiting, []
+            self._open(group, spans, batch)
+        self._add(group, spans, batch)
 
-    def _start(self, key: str, spans: list[Span], batch: _Batch) -> _Group:
+    def _start(self, key: str) -> _Group:
         group = _Group(key, session_id_of(key), last_seen=self._clock())
         self._groups[key] = group
         try:
             stored = self.store.get(group.session_id)
         except NotFound:
-            batch.add(group, opening(group.session_id, spans, key), spans=0)
             return group
-        group.closed = stored.state not in ACTIVE
+        group.opened, group.closed = True, stored.state not in ACTIVE
         return group
+
+    def _open(self, group: _Group, spans: list[Span], batch: _Batch) -> None:
+        batch.add(group, opening(group.session_id, spans, group.key), spans=0)
+        group.opened = True
+
+    def _add(self, group: _Group, spans: list[Span], batch: _Batch) -> None:
+        """A group's spans as events: calls in session order, then the feedback on them."""
+        feedback: list[Event] = []
+        for span in ordered(spans):
+            calls, notes = span_events(span, group.key)
+            for event in calls:
+                batch.add(group, event, spans=int(not isinstance(event, PlanSet)))
+            feedback += notes
+        for event in feedback:
+            batch.add(group, event, spans=0)
 
     def _write(self, batch: _Batch, done: Ingested) -> None:
         """Append in one transaction; feedback whose anchor has not come yet waits for the finish."""
@@ -198,8 +217,14 @@ class TraceReceiver:
                 done.refuse(spans, f"{event.event_id}: {result}")
 
     def _close(self, group: _Group, reason: str, done: Ingested) -> None:
-        session = self.store.get(group.session_id)
         notes = [] if group.root is not None else ["no root span came: finished when spans stopped coming"]
+        if not group.opened:
+            notes.append("no span told the request the session answers: its user_query is empty")
+            batch = _Batch()
+            self._open(group, group.waiting, batch)
+            self._add(group, group.waiting, batch)
+            self._write(batch, done)
+        session = self.store.get(group.session_id)
         notes += group.missing()
         events = closing(session, group.root, group.key, reason) + group.deferred
         results = self.store.append_batch([(group.session_id, e, None) for e in events])
