@@ -28,7 +28,7 @@ from sessionrl.service.collector import scheduled_collector
 from sessionrl.service.config import ServiceConfig
 from sessionrl.service.limits import BodyLimit
 from sessionrl.service.metrics import Metrics
-from sessionrl.service.routers import ROUTERS, gateway, policies
+from sessionrl.service.routers import ROUTERS, gateway, policies, traces
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
@@ -108,6 +108,7 @@ def create_app(
         app.include_router(router)
     app.include_router(gateway.router)  # after ROUTERS, as the shortcut reads them (see `_Service`)
     app.include_router(policies.router)
+    app.include_router(traces.router)  # OTLP /v1/traces; its lifespan opens the trace receiver
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
     dashboard.mount(app, UIConfig(skills_dir=config.skills_dir))

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrl.access import Scope
+from sessionrl.capture.otlp_config import TracesConfig
 from sessionrl.ops.config import OpsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S
@@ -74,6 +75,10 @@ class ServiceConfig(BaseModel):
     )
     upstream_api_key: str | None = Field(
         default=None, repr=False, description="The key the gateway sends to the upstream server."
+    )
+    traces: TracesConfig = Field(
+        default_factory=TracesConfig.from_env,
+        description="How POST /v1/traces groups spans into sessions and finishes them (`sessionrl.capture`).",
     )
 
     @field_validator("tokens")
