@@ -95,6 +95,13 @@ def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> No
     assert state.policy_version == 2
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records if r["stage"] == "rl"] == [0, 1]
+    # every update reports the sampler/trainer mismatch; the sampler recorded every token's logprob
+    updates = [r for r in records if r["stage"] == "rl" and "loss" in r]
+    assert updates
+    for r in updates:
+        assert r["is_missing"] == 0.0
+        assert 0.0 <= r["is_truncated"] <= 1.0
+        assert 0.0 <= r["is_abs_diff"] < 0.05, "the in-process sampler scores tokens as the trainer does"
     kinds = [(r["stage"], r["step"], r.get("label"), *sorted(set(r) - {"time"})) for r in records]
     assert len(kinds) == len(set(kinds)), "a resumed run logs each step once"
     # the imitation policy is the same, so its evaluation is read back; the RL policy trained further, so

@@ -2,7 +2,9 @@
 
 A checkpoint is a folder::
 
-    model.safetensors      every weight of the model (tied weights stored once)
+    model/                 the model as `save_pretrained` writes it: `from_pretrained` loads it; with LoRA
+                           adapters, the adapters in peft's layout (`PeftModel.from_pretrained` on base/)
+    base/                  with LoRA adapters only: the weights they sit on, as `save_pretrained` writes them
     optimizer.pt           the optimiser's state (moments, step counts)
     rng.safetensors        torch's global generator and the sampling generator
     state.json             the loop's own state (`LoopState`: stage, step, policy version, feed cursors,
@@ -10,7 +12,8 @@ A checkpoint is a folder::
 
 It is written to a temporary folder and renamed into place, so a crash leaves the previous checkpoint
 whole. Loading puts everything back; the next batch read from the feed and the next random draws are
-then those an uninterrupted run would have made.
+then those an uninterrupted run would have made. A checkpoint from before this layout (one
+`model.safetensors` of the model's own state) still loads.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from peft import PeftModel, get_base_model_state_dict, set_base_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, load_model, save_file
 
 
 class Stage(StrEnum):
@@ -39,6 +43,9 @@ class Stage(StrEnum):
     """Reinforcement learning, after the imitation policy cleared the gate."""
     STOPPED = "stopped"
     """The imitation policy did not clear the gate; RL did not start."""
+    PAUSED = "paused"
+    """RL stopped early because the policy collapsed (`sessionrl.eval.collapse`); rl_policy/ holds what
+    the collapse watch kept, and a resumed run does not train it further."""
     DPO = "dpo"
     """DPO on preference pairs, after imitation."""
 
@@ -87,7 +94,7 @@ def save_checkpoint(
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
+    save_weights(model, tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng = {"torch": torch.get_rng_state()} | {f"gen.{k}": g.get_state() for k, g in generators.items()}
@@ -113,7 +120,7 @@ def load_checkpoint(
     path = Path(folder)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (state.json missing)")
-    load_model(model, str(path / "model.safetensors"), device=str(next(model.parameters()).device))
+    load_weights(model, path)
     if optimizer is not None and (path / "optimizer.pt").is_file():
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     rng = load_file(str(path / "rng.safetensors"))
@@ -125,6 +132,55 @@ def load_checkpoint(
     state = read_state(path)
     assert state is not None  # state.json was checked above
     return state
+
+
+def save_weights(model: Any, folder: Path) -> None:
+    """`model` into `folder/model` (and, with LoRA adapters, the base weights into `folder/base`) in the
+    layout transformers and peft load."""
+    model.save_pretrained(folder / "model")
+    if isinstance(model, PeftModel):
+        base: Any = model.get_base_model()  # a transformers model, with the adapters' layers in place
+        base.save_pretrained(folder / "base", state_dict=get_base_model_state_dict(model))
+
+
+def load_weights(model: Any, folder: Path) -> None:
+    """Put the weights `save_weights` wrote to `folder` back into `model` (the same architecture, with
+    the same adapters, its parameters kept: an optimiser over them stays valid)."""
+    device = str(next(model.parameters()).device)
+    if (folder / "model.safetensors").is_file():  # the layout before `save_pretrained`
+        load_model(model, str(folder / "model.safetensors"), device=device)
+        return
+    if isinstance(model, PeftModel):
+        base = _tensors(folder / "base", device)
+        missing = set_base_model_state_dict(model, base, strict=False).missing_keys
+        _check_tied(model.get_base_model(), base, missing)
+        set_peft_model_state_dict(model, _tensors(folder / "model", device))
+        return
+    tensors = _tensors(folder / "model", device)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected:
+        raise RuntimeError(f"the checkpoint holds weights the model does not have: {unexpected[:5]}")
+    _check_tied(model, tensors, missing)
+
+
+def _tensors(folder: Path, device: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files in `folder` (one, or the shards of a large model)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors |= load_file(str(file), device=device)
+    if not tensors:
+        raise FileNotFoundError(f"no weights in {folder}")
+    return tensors
+
+
+def _check_tied(model: torch.nn.Module, loaded: Mapping[str, torch.Tensor], missing: list[str]) -> None:
+    """Refuse a checkpoint that left weights unloaded, except those tied to a loaded one (`save_pretrained`
+    stores tied weights once)."""
+    state = model.state_dict(keep_vars=True)
+    pointers = {state[name].data_ptr() for name in loaded if name in state}
+    untied = [name for name in missing if state[name].data_ptr() not in pointers]
+    if untied:
+        raise RuntimeError(f"the checkpoint lacks weights the model has: {untied[:5]}")
 
 
 def read_state(folder: str | Path) -> LoopState | None:
