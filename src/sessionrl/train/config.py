@@ -39,6 +39,7 @@ from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
 from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.policy.vllm import VLLMSettings
 from sessionrl.rewards.engine import RewardConfig
 from sessionrl.train.llm.dpo import DPOConfig
 from sessionrl.train.llm.grpo import GRPOConfig
@@ -110,11 +111,18 @@ class ModelSection(Section):
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the tiny model.")
     lora: LoRAConfig | None = Field(default=None, description="LoRA on the top blocks; none: full tuning.")
+    vllm: VLLMSettings | None = Field(
+        default=None,
+        description="Sample through this vLLM server, its weights refreshed by LoRA hot-loading (needs "
+        "`lora`); none: the torch engine in this process.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
         if self.path is not None and self.gguf is not None:
             raise ValueError("model: give `path` (a checkpoint folder) or `gguf` (a GGUF file), not both")
+        if self.vllm is not None and self.lora is None:
+            raise ValueError("model.vllm needs model.lora: vLLM takes the trained weights as LoRA adapters")
         return self
 
     def checkpoint(self) -> Path | None:

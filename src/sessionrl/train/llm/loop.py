@@ -34,6 +34,7 @@ from sessionrl.eval.curriculum import Curriculum, expert_steps
 from sessionrl.eval.levels import LevelReport, assess
 from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
+from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.session.model import Session
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
@@ -621,4 +622,6 @@ def resumed_policy(run: Run) -> HFPolicy:
     policy = HFPolicy.load(run.folder / "sft_policy", cfg.rl.sampling, cfg.batching)
     if cfg.model.lora is not None:
         policy.model = with_lora(policy.model, cfg.model.lora)
+    if cfg.model.vllm is not None:
+        policy.use(VLLMEngine(cfg.model.vllm, stop_ids=policy.stop_ids, version=policy.version))
     return policy

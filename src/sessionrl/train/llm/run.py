@@ -30,6 +30,7 @@ from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, final_action, tool_action, with_lora
 from sessionrl.policy.tiny import build_tiny_policy
 from sessionrl.policy.toolcalls import ToolFormat
+from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
@@ -180,6 +181,8 @@ def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPol
         policy = HFPolicy(model, tokenizer, sampling, config.batching)
     if config.model.lora is not None:
         policy.model = with_lora(policy.model, config.model.lora)
+    if config.model.vllm is not None:
+        policy.use(VLLMEngine(config.model.vllm, stop_ids=policy.stop_ids, version=policy.version))
     torch.manual_seed(config.seed)
     return policy
 
