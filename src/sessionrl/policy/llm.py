@@ -62,7 +62,7 @@ Y = TypeVar("Y")
 
 ReplyGuide = Callable[[Sequence[Message], Sequence[int]], str]
 """Given a conversation and its encoded prompt, the text the reply must start with ("" for none). The
-policy appends it to the prompt and the model writes the rest (`sessionrl.policy.toolhead.HeadGuide`
+policy appends it to the prompt and the model writes the rest (`HeadGuide` in bench/research/toolhead.py
 imposes the tool its head chose, so the model writes only the parameters)."""
 
 
@@ -290,7 +290,7 @@ class HFPolicy:
         self.sampling = sampling or SamplingConfig()
         self.batching = batching or BatchingConfig()
         self.generator = torch.Generator().manual_seed(self.sampling.seed)
-        self.stop_ids = _stop_ids(model, tokenizer)
+        self.stop_ids = stop_ids_of(model, tokenizer)
         self.engine: Engine = engine or TorchEngine(
             model, pad_id=int(tokenizer.pad_token_id), stop_ids=self.stop_ids, version=version
         )
@@ -317,6 +317,12 @@ class HFPolicy:
         """Replace the module (wrapped with LoRA adapters, say): the engine samples with it from now on."""
         self._model = model
         self.engine.refresh(model, self.version)
+
+    def use(self, engine: Engine) -> None:
+        """Sample through `engine` from now on, serving the current model as the current version."""
+        version = self.version
+        engine.refresh(self._model, version)
+        self.engine = engine
 
     @property
     def version(self) -> int:
@@ -448,7 +454,7 @@ def _started(reply: PolicyReply, start: str) -> PolicyReply:
     return reply.model_copy(update={"text": start + reply.text}) if start else reply
 
 
-def _stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def stop_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     """Ids that end a reply: the tokenizer's eos and whatever the model's generation config adds."""
     ids = {int(tokenizer.eos_token_id)}
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -530,6 +536,7 @@ __all__ = [
     "final_action",
     "parse_final",
     "signature",
+    "stop_ids_of",
     "system_prompt",
     "tool_action",
     "tool_message",
