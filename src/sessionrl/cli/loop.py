@@ -33,8 +33,13 @@ def loop_command(
                     time.sleep(loop_config.interval_s)
                 report = loop.run_cycle()
                 done += 1
-                shares = ", ".join(f"{c} {s:.1%}" for c, s in report.shares.items()) or "-"
-                out.print(
-                    f"cycle {done}: {report.changed} changed, {report.rescored} re-scored, failures {shares}:"
-                    f" {report.decision}"
+                shares = ", ".join(f"{c} {s:.1%}" for c, s in report.shares.items()) or "none attributed"
+                detail = ", ".join(
+                    f"{k} {v}" for k, v in report.detail.items() if isinstance(v, int | float | str)
                 )
+                out.print(
+                    f"cycle {done}: {report.changed} changed, {report.rescored} re-scored,"
+                    f" failures: {shares}; {report.decision}" + (f" ({detail})" if detail else "")
+                )
+                if cycles is None or done < cycles:
+                    out.print(f"next cycle in {loop_config.interval_s:g} s (Ctrl-C stops)")
