@@ -250,8 +250,8 @@ def test_show_names_a_missing_policy_version_in_words(tmp_path: Path) -> None:
             call=LLMCall(call_id="m2", purpose="plan", response="r", policy_version=3)))  # fmt: skip
     shown = runner.invoke(app, ["sessions", "show", "s-1", "--db", url], terminal_width=200).stdout
     assert "vNone" not in shown
-    assert "m1 plan · 0 tokens · policy version not recorded" in shown
-    assert "m2 plan · 0 tokens · policy v3" in shown
+    assert "m1 plan · tokens unknown · policy version not recorded" in shown  # no usage: not "0 tokens"
+    assert "m2 plan · tokens unknown · policy v3" in shown
 
 
 def test_store_check_finds_and_repairs_drift(tmp_path: Path) -> None:

@@ -104,7 +104,9 @@ def test_last_writer_wins_by_occurrence_not_arrival() -> None:
 
 def test_ratings_from_different_sources_all_stay() -> None:
     later = T0 + timedelta(hours=2, minutes=30)
-    session = fold([*base_events(), rating(4, T0, annotator="doc_007"), rating(2, later, annotator="doc_012")])
+    session = fold(
+        [*base_events(), rating(4, T0, annotator="doc_007"), rating(2, later, annotator="doc_012")]
+    )
     assert [(f.annotator, f.score) for f in session.feedback] == [("doc_007", 4), ("doc_012", 2)]
     assert session.versions.feedback == 2
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from sessionrl.capture.importers import read_records
+from sessionrl.capture.importers import ImportProblem, read_records
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
 from sessionrl.session import codec
 from sessionrl.session.events import (
@@ -34,7 +34,14 @@ from sessionrl.session.events import (
     ToolCallRecorded,
     apply,
 )
-from sessionrl.session.model import CallStatus, FeedbackType, Session, SessionCreate, SessionState
+from sessionrl.session.model import (
+    CallStatus,
+    FeedbackType,
+    LLMCall,
+    Session,
+    SessionCreate,
+    SessionState,
+)
 from sessionrl.session.schema import load_session
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.store.dialect import parse_url
@@ -214,9 +221,7 @@ def session_tree(s: Session) -> Tree:
         calls.add(f"{mark} {escape(c.call_id)} {escape(c.tool)} {c.latency_ms:.0f} ms{detail}{retry}")
     llm = tree.add(f"LLM calls ({len(s.llm_calls)})")
     for m in s.llm_calls:
-        llm.add(
-            f"{escape(m.call_id)} {escape(m.purpose)} · {m.tokens_used} tokens · {_policy(m.policy_version)}"
-        )
+        llm.add(_llm_line(m))
     feedback = tree.add(f"feedback ({len(s.feedback)})")
     for f in s.feedback:
         score = "" if f.score is None else f" {f.score:g}"
@@ -230,6 +235,16 @@ def session_tree(s: Session) -> Tree:
         for claim in s.final_output.claims:
             output.add(f"{escape(claim.text)} ← {escape(', '.join(claim.call_ids) or 'no source')}")
     return tree
+
+
+def _llm_line(m: LLMCall) -> str:
+    """One LLM call: a mark for its status, its tokens ("tokens unknown" when its server did not say)
+    and, for a failed call, why."""
+    ok = m.status is CallStatus.SUCCESS
+    mark = "[green]✓[/green]" if ok else f"[red]✗ {m.status.value}[/red]"
+    tokens = "tokens unknown" if m.tokens_used is None else f"{m.tokens_used} tokens"
+    why = "" if ok else f": {escape(m.error_message or 'no reason given')}"
+    return f"{mark} {escape(m.call_id)} {escape(m.purpose)} · {tokens} · {_policy(m.policy_version)}{why}"
 
 
 def _tool_share(text: str | None) -> ToolShare | None:
@@ -337,7 +352,7 @@ def import_(
     read = read_records(path.read_bytes())
     with reporting(), open_store(db) as store:
         plan = plan_import(store, read.records)
-        plan.problems += [Problem(p.line, p.field, p.rule) for p in read.problems]
+        plan.problems += read.problems
         plan.problems.sort(key=lambda p: p.line)
         if plan.problems:
             bad = len({p.line for p in plan.problems})
@@ -375,15 +390,6 @@ def export(
 # import and export
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Why one line of an import file was refused."""
-
-    line: int
-    field: str
-    rule: str
-
-
 @dataclass
 class ImportPlan:
     """The events an import would append, in file order, or the problems that stop it."""
@@ -391,7 +397,7 @@ class ImportPlan:
     items: list[tuple[str, Event]] = field(default_factory=list)
     sessions: set[str] = field(default_factory=set)
     already_stored: int = 0
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[ImportProblem] = field(default_factory=list)
 
 
 S = SessionState
@@ -491,7 +497,7 @@ def plan_import(store: SessionStore, lines: Sequence[tuple[int, bytes]]) -> Impo
             try:
                 parsed += [(number, sid, event) for sid, event in line_events(raw)]
             except BadLine as exc:
-                plan.problems += [Problem(number, where, rule) for where, rule in exc.problems]
+                plan.problems += [ImportProblem(number, where, rule) for where, rule in exc.problems]
     owners = stored_owners(store, [event.event_id for _, _, event in parsed])
     views: dict[str, Session | None] = {}
     for number, sid, event in parsed:
@@ -500,17 +506,19 @@ def plan_import(store: SessionStore, lines: Sequence[tuple[int, bytes]]) -> Impo
             if owner == sid:
                 plan.already_stored += 1
             else:
-                plan.problems.append(Problem(number, "event.event_id", f"already used by session {owner!r}"))
+                plan.problems.append(
+                    ImportProblem(number, "event.event_id", f"already used by session {owner!r}")
+                )
             continue
         if sid not in views:
             views[sid] = _stored(store, sid)
         try:
             views[sid] = apply(views[sid], event)
         except InvalidEvent as exc:
-            plan.problems.append(Problem(number, f"event.{exc.field}", exc.rule))
+            plan.problems.append(ImportProblem(number, f"event.{exc.field}", exc.rule))
             continue
         except InvalidTransition as exc:
-            plan.problems.append(Problem(number, "event.type", str(exc)))
+            plan.problems.append(ImportProblem(number, "event.type", str(exc)))
             continue
         owners[event.event_id] = sid
         plan.items.append((sid, event))

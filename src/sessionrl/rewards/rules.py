@@ -197,7 +197,9 @@ class RuleTerm:
     needs: Needs
 
     def __call__(self, session: Session, ctx: ScoringContext) -> TermResult:
-        total, steps, hits, seen = 0.0, dict[str, float](), list[str](), 0
+        """The rule over every item of its scope. On feedback, the values of one type on one anchor from
+        several sources are combined by the file's `aggregate` before they add up (one per group)."""
+        fired, seen = list[tuple[str, Any, float]](), 0
         for key, item in _items(self.spec.for_each, session):
             seen += 1
             variables = _variables(self.spec.for_each, self.needs, session, item, key, ctx)
@@ -206,13 +208,20 @@ class RuleTerm:
             value = self._value(variables, session, key)
             if self.spec.discount:
                 value *= discount(item, ctx.params.discount_per_s)
-            total += value
-            hits.append(f"{key} {value:+.3g}")
-            if self.spec.for_each is Scope.FEEDBACK:
-                add_steps(steps, anchor_steps(session, item, value))
-            elif self.spec.for_each is not Scope.SESSION:
-                add_steps(steps, {key: value})
-        explanation = f"fired on {len(hits)}/{seen} {self.spec.for_each}"
+            fired.append((key, item, value))
+        total, steps, hits = 0.0, dict[str, float](), list[str]()
+        if self.spec.for_each is Scope.FEEDBACK:
+            for group in ctx.params.combine((item, value) for _, item, value in fired):
+                total += group.value
+                hits.append(group.note)
+                add_steps(steps, anchor_steps(session, group.item, group.value))
+        else:
+            for key, _, value in fired:
+                total += value
+                hits.append(f"{key} {value:+.3g}")
+                if self.spec.for_each is not Scope.SESSION:
+                    add_steps(steps, {key: value})
+        explanation = f"fired on {len(fired)}/{seen} {self.spec.for_each}"
         if hits:
             explanation += ": " + ", ".join(hits[:4]) + (f", +{len(hits) - 4} more" if len(hits) > 4 else "")
         return TermResult(total, steps, explanation)

@@ -63,7 +63,7 @@ class Featurizer:
             sum(c.status is CallStatus.TIMEOUT for c in calls),
             sum(c.latency_ms for c in calls) / 1000.0,
             len(session.llm_calls),
-            sum(c.tokens_used for c in session.llm_calls),
+            session.tokens_reported(),
             float(session.final_output is not None),
             sum(not c.call_ids for c in claims),
             float(session.state is SessionState.REJECTED),
@@ -126,7 +126,7 @@ class RewardModel:
 
     def fit(self, sessions: Sequence[Session]) -> ModelReport:
         """Fit on the rated sessions (a held-out share excluded) and report on that share."""
-        rated = [(s, r.score) for s in sessions if (r := human_rating(s)) is not None and r.score is not None]
+        rated = [(s, r.score) for s in sessions if (r := human_rating(s)) is not None]
         if len(rated) < self.config.min_rated:
             raise NotEnoughRatings(f"{len(rated)} rated sessions; need at least {self.config.min_rated}")
         self.featurizer = Featurizer.fit([s for s, _ in rated])

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sessionrl.rewards.aggregate import Aggregate, Combined, combine, combine_feedback
 from sessionrl.rewards.judge.runner import JudgeRunner
 from sessionrl.rewards.judge.table import PenaltyTable
 from sessionrl.rewards.layers import TermKind
@@ -46,6 +47,13 @@ class TermResult:
     explanation: str = ""
 
 
+Labeller = Callable[[Feedback], str]
+
+
+def _by_id(feedback: Feedback) -> str:
+    return feedback.feedback_id
+
+
 class Params(BaseModel):
     """Settings terms read: discounting, tool weights and latency budgets (top-level keys of a rule file)."""
 
@@ -58,6 +66,15 @@ class Params(BaseModel):
         default_factory=dict, description="Latency budget per tool (the contract's SLA), in ms."
     )
     default_latency_budget_ms: float | None = Field(default=None, gt=0, description="Budget of others.")
+    aggregate: Aggregate = Field(
+        default=Aggregate.MEAN,
+        description="How values of one feedback type on one anchor from several sources combine: mean,"
+        " median, or weighted (by source_weights); see `sessionrl.rewards.aggregate`.",
+    )
+    source_weights: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="Weight per source (annotator, validator, judge) for `weighted`."
+    )
+    default_source_weight: float = Field(default=1.0, gt=0, description="Weight of sources not listed.")
 
     def tool_weight(self, tool: str) -> float:
         """The weight of a tool."""
@@ -67,6 +84,12 @@ class Params(BaseModel):
         """The latency budget of a tool in ms; infinite when it has none."""
         budget = self.latency_budget_ms.get(tool, self.default_latency_budget_ms)
         return math.inf if budget is None else budget
+
+    def combine(self, scored: Iterable[tuple[Feedback, float]], label: Labeller = _by_id) -> list[Combined]:
+        """Feedback values grouped by type and anchor, each group combined over its sources by
+        `aggregate` (see `sessionrl.rewards.aggregate.combine_feedback`)."""
+        rule, weights = self.aggregate, self.source_weights
+        return combine_feedback(scored, rule, weights, self.default_source_weight, label)
 
 
 class RatingPredictor(Protocol):
@@ -153,10 +176,28 @@ def scenario_key(session: Session) -> str:
     return session.scenario or "default"
 
 
-def human_rating(session: Session) -> Feedback | None:
-    """The latest human rating with a score, or None."""
-    rated = [f for f in session.feedback if f.type is FeedbackType.HUMAN_RATING and f.score is not None]
-    return max(rated, key=lambda f: f.occurred_at) if rated else None
+@dataclass(frozen=True)
+class Rating:
+    """A session's human rating (1–5): each source's latest scored rating, combined by the rule file's
+    `aggregate`, and the sources it came from."""
+
+    score: float
+    sources: tuple[str, ...]
+
+
+def human_rating(session: Session, params: Params | None = None) -> Rating | None:
+    """The session's human rating combined over its raters (`params.aggregate`, mean by default), or None
+    when nobody gave a score. A rater who rated several anchors counts once, with their latest."""
+    latest: dict[str, Feedback] = {}
+    for f in session.feedback:
+        rated = f.type is FeedbackType.HUMAN_RATING and f.score is not None
+        if rated and (f.source not in latest or f.occurred_at >= latest[f.source].occurred_at):
+            latest[f.source] = f
+    if not latest:
+        return None
+    p = params or Params()
+    pairs = [(source, float(f.score or 0.0)) for source, f in latest.items()]
+    return Rating(combine(pairs, p.aggregate, p.source_weights, p.default_source_weight), tuple(latest))
 
 
 def efficiency(session: Session, ctx: ScoringContext) -> TermResult:
@@ -190,25 +231,27 @@ def judge_correction(session: Session, ctx: ScoringContext) -> TermResult:
     """Sum of the penalties of the corrections every commented feedback item asks for."""
     if ctx.judge is None or ctx.penalties is None:
         return TermResult(0.0, {}, "no judge configured")
-    total, steps, notes = 0.0, dict[str, float](), list[str]()
+    penalties, judge = ctx.penalties, ctx.judge
+    scored, found = list[tuple[Feedback, float]](), dict[str, str]()
     for feedback in session.feedback:
         if not feedback.comment:
             continue
-        judgement = ctx.judge.judge(feedback.comment, ctx.penalties)
-        value = sum(ctx.penalties.penalty(c) for c in judgement.corrections)
-        total += value
-        add_steps(steps, anchor_steps(session, feedback, value))
-        found = (
-            ", ".join(
-                f"{c.missing_element}/{c.severity} {ctx.penalties.penalty(c):+g}"
-                for c in judgement.corrections
-            )
-            or "nothing missing"
+        judgement = judge.judge(feedback.comment, penalties)
+        scored.append((feedback, sum(penalties.penalty(c) for c in judgement.corrections)))
+        corrections = ", ".join(
+            f"{c.missing_element}/{c.severity} {penalties.penalty(c):+g}" for c in judgement.corrections
         )
-        note = f"{feedback.feedback_id}: {found} [{judgement.backend}]"
+        note = f"{feedback.feedback_id} by {feedback.source}: {corrections or 'nothing missing'}"
+        note += f" [{judgement.backend}]"
         if judgement.fallback is not None:
             note += f" (fallback: {judgement.fallback})"
-        notes.append(note)
+        found[feedback.feedback_id] = note
+    total, steps, notes = 0.0, dict[str, float](), list(found.values())
+    for group in ctx.params.combine(scored):
+        total += group.value
+        add_steps(steps, anchor_steps(session, group.item, group.value))
+        if len(group.sources) > 1:
+            notes.append(group.note)
     return TermResult(total, steps, "; ".join(notes) or "no comments")
 
 

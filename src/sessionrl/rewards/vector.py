@@ -62,7 +62,10 @@ class RewardVector(_Frozen):
     scheme: Scheme
     scored_at: datetime
     rating: float | None
-    """The latest human rating (1–5) the vector reflects, if any."""
+    """The session's human rating (1–5) the vector reflects, if any: each rater's latest, combined by the
+    rule file's `aggregate` (`sessionrl.rewards.terms.human_rating`)."""
+    rated_by: tuple[str, ...] = ()
+    """The sources (annotators) whose ratings `rating` combines."""
     step_rewards: dict[str, float]
     session_reward: float
     long_term_reward: float
@@ -104,7 +107,7 @@ def assemble(
         add_steps(steps, {call_id: factor * v for call_id, v in c.steps.items()})
     immediate = sum(v.contribution for k, v in layers.items() if k not in LONG_TERM_LAYERS)
     later = sum(v.contribution for k, v in layers.items() if k in LONG_TERM_LAYERS)
-    rating = human_rating(session)
+    rating = human_rating(session, file)
     return RewardVector(
         session_id=session.session_id,
         session_version=session.state_version,
@@ -112,6 +115,7 @@ def assemble(
         scheme=scheme,
         scored_at=scored_at,
         rating=rating.score if rating is not None else None,
+        rated_by=rating.sources if rating is not None else (),
         step_rewards=steps,
         session_reward=immediate,
         long_term_reward=immediate + later,

@@ -96,7 +96,7 @@ def session_view(session: Session) -> dict[str, Any]:
         "n_tool_calls": len(calls),
         "n_failed_calls": sum(c.status is not CallStatus.SUCCESS for c in calls),
         "n_llm_calls": len(session.llm_calls),
-        "tokens_used": sum(c.tokens_used for c in session.llm_calls),
+        "tokens_used": session.tokens_reported(),
         "tool_latency_ms": float(sum(c.latency_ms for c in calls)),
         "duration_s": (session.updated_at - session.created_at).total_seconds(),
         "has_output": session.final_output is not None,

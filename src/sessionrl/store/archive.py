@@ -93,7 +93,7 @@ def session_row(session: Session, written_at: datetime) -> dict[str, Any]:
         "failed_tools": [c.tool for c in session.tool_calls if c.status is not CallStatus.SUCCESS],
         "n_tool_calls": len(session.tool_calls),
         "n_llm_calls": len(session.llm_calls),
-        "tokens_used": sum(c.tokens_used for c in session.llm_calls),
+        "tokens_used": session.tokens_reported(),
         "tool_latency_ms": sum(c.latency_ms for c in session.tool_calls),
         "rating": sum(ratings) / len(ratings) if ratings else None,
         "feedback_types": [f.type.value for f in session.feedback],

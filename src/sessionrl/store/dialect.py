@@ -32,9 +32,16 @@ from typing import Any
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.glossary import DROP_VIEWS, view_ddl
 
-STORE_SCHEMA = 3
+STORE_SCHEMA = 4
 """Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index, 3 the
-operations tables)."""
+operations tables, 4 feedback per source and `llm_calls.status`/`error`: see `sessionrl.store.migrations`)."""
+
+REFOLD = "migration:refold"
+"""The `cursors` row a layout change leaves when sessions must be folded again from their logs and their
+query rows written again (`sessionrl.store.migrations` does it, and removes the row)."""
+
+MARK_REFOLD = "INSERT INTO cursors (name, position) VALUES (?, 0) ON CONFLICT (name) DO NOTHING"
+"""Leave the `REFOLD` row (with `(REFOLD,)`): a store made before layout 4 is migrated when next opened."""
 
 HOT_DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -135,8 +142,10 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     call_id TEXT NOT NULL,
     purpose TEXT NOT NULL,
     policy_version INTEGER,
-    tokens_used INTEGER NOT NULL,
+    tokens_used INTEGER,
     n_tokens INTEGER,
+    status TEXT NOT NULL,
+    error TEXT,
     started_at TEXT NOT NULL,
     finished_at TEXT NOT NULL,
     PRIMARY KEY (session_id, call_id)
@@ -415,8 +424,12 @@ class SQLiteBackend:
                 conn.execute(statement)
             if found == 1:
                 _migrate_v1(conn)
+            if 1 <= found < 4:  # llm_calls gained status and error; it is filled again by the refold
+                conn.execute("DROP TABLE llm_calls")
             for statement in _statements(HOT_DDL + QUERY_DDL + OPS_DDL):
                 conn.execute(statement)
+            if 1 <= found < 4:
+                conn.execute(MARK_REFOLD, (REFOLD,))
             for statement in view_ddl("LIKE"):  # the glossary's views, as this version spells them
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")

@@ -28,7 +28,7 @@ from sessionrl.errors import InvalidEvent, NotFound, SessionRLError, StaleState
 from sessionrl.session.events import created
 from sessionrl.session.model import Session, SessionCreate, SessionState, utcnow
 from sessionrl.session.schema import load_session
-from sessionrl.store import consistency, projector
+from sessionrl.store import consistency, migrations, projector
 from sessionrl.store import query as queries
 from sessionrl.store.backend import PROJECTOR_KEY, Backend, open_backend, session_key
 from sessionrl.store.cache import SessionCache
@@ -71,6 +71,11 @@ class SessionStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self._db = open_backend(config.url)
+        try:
+            migrations.finish_pending(self._db)  # what an older layout left to fold again, once
+        except BaseException:
+            self._db.close()
+            raise
         self._cache = SessionCache(config.cache_sessions)
         self._encoder = ShardEncoder(config.cache_sessions)
 

@@ -46,14 +46,15 @@ import psycopg
 
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.backend import Connection
-from sessionrl.store.dialect import check_read_only_text, contains_pattern
+from sessionrl.store.dialect import MARK_REFOLD, REFOLD, check_read_only_text, contains_pattern
 from sessionrl.store.glossary import view_ddl
 
 _log = logging.getLogger(__name__)
 
-LAYOUT = 2
+LAYOUT = 3
 """Layout version of the store's tables on PostgreSQL, kept in `store_meta` (SQLite's has its own; 2 added
-the operations tables)."""
+the operations tables, 3 feedback per source and `llm_calls.status`/`error`: see
+`sessionrl.store.migrations`)."""
 
 T = 'TEXT COLLATE "C"'
 
@@ -119,7 +120,8 @@ CREATE TABLE IF NOT EXISTS tool_calls (
 CREATE INDEX IF NOT EXISTS tool_calls_tool ON tool_calls (tool, session_id, status);
 CREATE TABLE IF NOT EXISTS llm_calls (
     session_id {T} NOT NULL, call_id {T} NOT NULL, purpose {T} NOT NULL, policy_version BIGINT,
-    tokens_used BIGINT NOT NULL, n_tokens BIGINT, started_at {T} NOT NULL, finished_at {T} NOT NULL,
+    tokens_used BIGINT, n_tokens BIGINT, status {T} NOT NULL, error {T}, started_at {T} NOT NULL,
+    finished_at {T} NOT NULL,
     PRIMARY KEY (session_id, call_id)
 );
 CREATE TABLE IF NOT EXISTS feedback (
@@ -278,7 +280,11 @@ class PostgresBackend:
                 raise InvalidStoreURL(redact(self.url), rule)
             if found < LAYOUT:
                 conn.execute(f"CREATE TABLE IF NOT EXISTS store_meta (key {T} PRIMARY KEY, value BIGINT)")
+                if 1 <= found < 3:  # llm_calls gained status and error; it is filled again by the refold
+                    conn.execute("DROP TABLE llm_calls")
                 self.writer.execute(DDL)
+                if 1 <= found < 3:
+                    conn.execute(MARK_REFOLD, (REFOLD,))
                 conn.execute(TEXT_INDEX_DDL)
                 _create_views(conn)
                 _set_meta(conn, "layout", LAYOUT)

@@ -39,7 +39,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "llm_calls": (
         *("session_id", "call_id", "purpose", "policy_version", "tokens_used", "n_tokens"),
-        *("started_at", "finished_at"),
+        *("status", "error", "started_at", "finished_at"),
     ),
     "feedback": (
         *("session_id", "position", "feedback_id", "type", "score", "comment", "annotator"),
@@ -133,8 +133,10 @@ def _llm_row(sid: str, c: Doc) -> Row:
         c["call_id"],
         c["purpose"],
         c.get("policy_version"),
-        c["tokens_used"],
+        c.get("tokens_used"),
         None if tokens is None else len(tokens),
+        c.get("status", "success"),
+        c.get("error_message"),
         iso(c["started_at"]),
         iso(c["finished_at"]),
     )
