@@ -9,22 +9,13 @@ rest is imported. The warnings of a session are also kept in its metadata (`otlp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import orjson
 
-from sessionrl.capture.importers import ImportProblem, ReadRecords
+from sessionrl.capture.importers import ImportProblem
 from sessionrl.capture.otlp import BadPayload, decode
-from sessionrl.capture.otlp_assembly import Assembled, sessions_from_spans
+from sessionrl.capture.otlp_assembly import sessions_from_spans
 from sessionrl.capture.otlp_spans import Span
-from sessionrl.session import codec
-
-
-@dataclass
-class TraceRecords(ReadRecords):
-    """Session documents read from traces, the problems that stop the import, and warnings that do not."""
-
-    warnings: list[ImportProblem] = field(default_factory=list)
+from sessionrl.capture.trace_records import TraceRecords, records
 
 
 def read_otlp(data: bytes, group_by: str | None = None) -> TraceRecords:
@@ -45,19 +36,6 @@ def read_otlp(data: bytes, group_by: str | None = None) -> TraceRecords:
             lines.setdefault(span.span_id, number)
         spans += decoded.spans
     return records(sessions_from_spans(spans, group_by), lines, read)
-
-
-def records(assembled: Assembled, lines: dict[str, int], read: TraceRecords) -> TraceRecords:
-    """The assembled sessions as import records (and their warnings), each at its first span's line."""
-    for span, rule in assembled.warnings:
-        line = lines.get(span.span_id, 1) if span is not None else 1
-        where = span.where or span.span_id if span is not None else "spans"
-        read.warnings.append(ImportProblem(line, where, rule))
-    for session, members in zip(assembled.sessions, assembled.members, strict=True):
-        line = min((lines[m] for m in members if m in lines), default=1)
-        read.records.append((line, codec.dumps(session)))
-    read.records.sort(key=lambda record: record[0])
-    return read
 
 
 def _requests(data: bytes) -> list[tuple[int, bytes, bool]]:
