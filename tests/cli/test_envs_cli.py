@@ -44,11 +44,45 @@ def test_list_shows_every_built_in_with_its_task_counts(retail_data: Path) -> No
     assert [cell.strip() for cell in rows["retail"].split("│")[2:6]] == ["16", "500", "20", "115"]
 
 
-def test_list_without_retail_data_says_how_to_give_it() -> None:
-    result = run("list")
+def rows_of(result: Result) -> dict[str, str]:
+    """The table's rows by env name, each row's wrapped lines joined."""
     assert result.exit_code == 0, result.output
-    assert "no data: pass --data DIR or set" in result.stdout
-    assert "orders" in result.stdout
+    rows: dict[str, str] = {}
+    name = ""
+    for line in result.stdout.splitlines():
+        if line.count("│") > 2:
+            cells = [cell.strip() for cell in line.split("│")[1:-1]]
+            name = cells[0] or name
+            rows[name] = " ".join(filter(None, [rows.get(name, ""), *cells[1:]]))
+    return rows
+
+
+def test_list_without_retail_data_says_how_to_give_it() -> None:
+    rows = rows_of(run("list"))
+    assert rows["retail"] == f"- - - - no data: pass --data retail=DIR or set {DATA_ENV_VAR}"
+    assert rows["orders"] == "8 400 50 100"
+
+
+def test_list_data_goes_to_the_domain_it_names(tmp_path: Path) -> None:
+    (tmp_path / "users.json").write_text("{}")
+    rows = rows_of(run("list", "--data", f"retail={tmp_path}"))
+    said = f"- - - - retail data folder {tmp_path} lacks orders.json, products.json, tools.json, wiki.md " + (
+        "and a task file (tasks_train.json, tasks_dev.json or tasks_test.json; one is enough)"
+    )
+    assert rows["retail"].replace(" ", "") == said.replace(" ", "")  # a long path folds across lines
+    rows = rows_of(run("list", "--data", str(tmp_path)))  # a bare folder that is not retail's
+    assert rows["retail"] == f"- - - - no data: pass --data retail=DIR or set {DATA_ENV_VAR}"
+    result = run("list", "--data", f"shop={tmp_path}")
+    assert result.exit_code == 2
+    assert "no env named shop; known: clinic, orders, retail" in result.output
+
+
+def test_check_runs_check_env_on_a_built_in() -> None:
+    result = run("check", "orders", "--tasks", "1")
+    assert result.exit_code == 0, result.output
+    assert "orders passes check_env: 8 skills, 3 tasks checked (of 400 train, 50 dev, 100 test)" in (
+        result.stdout
+    )
 
 
 def test_show_prints_contracts_policy_and_a_sample_task(retail_data: Path) -> None:

@@ -4,7 +4,9 @@ An environment is named as `sessionrl.envs.build` takes it: a registered name (`
 entry points of installed packages included) or `module:Class`. Its options come from `--data DIR` (the
 data folder of a τ-bench-style domain) and `-o KEY=VALUE` (any option, such as `-o train=100`).
 
-`run-expert` and `replay-gold` end with one JSON line (`env`, `split`, `agent`, `n`, `successes`,
+`check` runs `check_env` and prints its fix-it text. `run-expert` and `replay-gold` run the split asked for
+(by default train and test, or the one split a domain has) and refuse an empty split by naming the splits
+the domain has. They end with one JSON line (`env`, `split`, `agent`, `n`, `successes`,
 `success_rate`, `failed`, and `reasons`: how many failed episodes each reason accounts for, see
 `sessionrl.episodes.why_unsolved`), so scripts can read the result from the last line of the output.
 """
@@ -22,9 +24,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, out, reporting
-from sessionrl.envs import DecisionEnv, EnvBuildError, Split, Task, build, env_names
+from sessionrl.envs import DecisionEnv, EnvBuildError, EnvCheckError, Split, Task, build, check_env, env_names
 from sessionrl.envs.base import GoldPlans
 from sessionrl.envs.registry import REGISTRY
+from sessionrl.envs.splits import NoTasks, describe_splits, task_counts, tasks_of
 from sessionrl.envs.taubench import DataMissing
 from sessionrl.episodes import RolloutConfig, RunSummary, ScriptedAgent, expert, gold, run_many
 from sessionrl.skills import SkillContract
@@ -55,7 +58,24 @@ OptionOpt = Annotated[
         show_default=False,
     ),
 ]
-SplitOpt = Annotated[Split, typer.Option("--split", help="Which tasks: train, dev or test.")]
+SplitOpt = Annotated[
+    Split | None,
+    typer.Option(
+        "--split",
+        help="Which tasks: train, dev or test [default: train for run-expert, test for replay-gold, or the "
+        "one split the domain has]",
+        show_default=False,
+    ),
+]
+ListDataOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--data",
+        help="NAME=DIR: the data folder of the τ-bench-style domain NAME (repeatable). A bare DIR goes to "
+        "the domains whose files it holds.",
+        show_default=False,
+    ),
+]
 CountOpt = Annotated[int | None, typer.Option("--n", min=1, help="Run the first N tasks [default: all].")]
 ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Episodes in flight at once.")]
 SeedOpt = Annotated[int, typer.Option(help="Seeds every episode (each task draws its own seed from it).")]
@@ -91,33 +111,92 @@ def _load_or_exit(name: str, data: Path | None, options: Sequence[str] | None = 
         raise typer.Exit(1) from exc
 
 
-def _listed(name: str, data: Path | None) -> DecisionEnv | str:
-    """The environment `name` as `list` shows it (given `--data` when it takes a data folder), or a note
-    saying why it cannot be built."""
+def _list_data(entries: Sequence[str]) -> tuple[dict[str, Path], Path | None]:
+    """`--data` of `list`: folders by domain name (`NAME=DIR`), and the one bare `DIR` if given."""
+    named: dict[str, Path] = {}
+    bare: list[Path] = []
+    for entry in entries:
+        name, sep, folder = entry.partition("=")
+        if sep and name.strip() and folder.strip():
+            named[name.strip()] = Path(folder.strip())
+        else:
+            bare.append(Path(entry))
+    if len(bare) > 1:
+        raise typer.BadParameter("give one bare DIR at most; name the others NAME=DIR", param_hint="--data")
+    unknown = sorted(set(named) - set(env_names()))
+    if unknown:
+        known = ", ".join(env_names())
+        raise typer.BadParameter(f"no env named {', '.join(unknown)}; known: {known}", param_hint="--data")
+    return named, bare[0] if bare else None
+
+
+def _listed(name: str, named: dict[str, Path], bare: Path | None) -> DecisionEnv | str:
+    """The environment `name` as `list` shows it, or a note saying why it cannot be built.
+
+    A domain that takes a data folder gets its own `NAME=DIR`, else the bare DIR when that holds its files,
+    else its default (its environment variable).
+    """
     try:
-        takes_data = "data" in REGISTRY.options(name)
-        return load_env(name, data if takes_data else None)
+        if "data" not in REGISTRY.options(name):
+            return load_env(name)
+        if name in named:
+            return load_env(name, named[name])
+        if bare is not None:
+            try:
+                return load_env(name, bare)
+            except DataMissing:
+                pass  # the bare folder belongs to another domain
+        return load_env(name)
     except DataMissing as exc:
-        return "no data: pass --data DIR" + (f" or set {exc.variable}" if exc.variable else "")
+        if name in named:
+            return exc.problem
+        return f"no data: pass --data {name}=DIR" + (f" or set {exc.variable}" if exc.variable else "")
     except EnvBuildError as exc:
         return str(exc).split(". ")[0]
 
 
 @app.command("list")
-def list_envs(data: DataDir = None) -> None:
+def list_envs(data: ListDataOpt = None) -> None:
     """Every registered environment (built-in or from an installed package) with its skills and task
     counts per split."""
+    named, bare = _list_data(data or ())
     table = Table(title="environments")
-    for column in ("env", "skills", *Split, "note"):
+    for column in ("env", "skills", *Split):
         table.add_column(column, justify="right" if column in ("skills", *Split) else "left")
+    table.add_column("note", overflow="fold")  # a path is folded, never cut
     for name in env_names():
-        env = _listed(name, data)
+        env = _listed(name, named, bare)
         if isinstance(env, str):
             table.add_row(name, "-", *("-" for _ in Split), escape(env))
             continue
         counts = (str(len(env.tasks(split))) for split in Split)
         table.add_row(name, str(len(env.contracts())), *counts, "")
     out.print(table)
+
+
+@app.command("check")
+def check(
+    env_name: EnvName,
+    data: DataDir = None,
+    option: OptionOpt = None,
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks checked in each split.")] = 3,
+) -> None:
+    """Check that an environment keeps the DecisionEnv promises (`check_env`): its contracts, tasks and
+    skills, and that the expert solves the first tasks of each split. A failure says how to fix it."""
+    env = _load_or_exit(env_name, data, option)
+    try:
+        warnings = check_env(env, tasks_per_split=tasks)
+    except EnvCheckError as exc:
+        err.print(f"[red]check failed:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from exc
+    for warning in warnings:
+        out.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
+    checked = sum(min(n, tasks) for n in task_counts(env).values())
+    out.print(
+        f"{env.name} passes check_env: {len(env.contracts())} skills, {checked} tasks checked "
+        f"(of {describe_splits(env)}), {len(warnings)} warning(s)",
+        soft_wrap=True,
+    )
 
 
 @app.command("show")
@@ -168,7 +247,7 @@ def _show_task(env: DecisionEnv, task: Task) -> None:
 @app.command("run-expert")
 def run_expert(
     env_name: EnvName,
-    split: SplitOpt = Split.TRAIN,
+    split: SplitOpt = None,
     n: CountOpt = None,
     db: Db = DEFAULT_DB,
     data: DataDir = None,
@@ -179,13 +258,14 @@ def run_expert(
 ) -> None:
     """Run the expert through the orchestrator on a split's tasks into the store; print the success rate."""
     env = _load_or_exit(env_name, data, option)
-    _run(env, expert(env), split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
+    chosen = _split_or_exit(env, split, Split.TRAIN)
+    _run(env, expert(env), chosen, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
 
 
 @app.command("replay-gold")
 def replay_gold(
     env_name: EnvName,
-    split: SplitOpt = Split.TEST,
+    split: SplitOpt = None,
     n: CountOpt = None,
     db: Db = DEFAULT_DB,
     data: DataDir = None,
@@ -199,7 +279,27 @@ def replay_gold(
     if not isinstance(env, GoldPlans):
         err.print(f"[red]error:[/red] {env.name} has no gold actions; only τ-bench-style domains have them")
         raise typer.Exit(1)
-    _run(env, gold(env), split, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
+    chosen = _split_or_exit(env, split, Split.TEST)
+    _run(env, gold(env), chosen, n, db=db, concurrency=concurrency, seed=seed, progress=progress)
+
+
+def choose_split(env: DecisionEnv, asked: Split | None, default: Split) -> Split:
+    """The split to run: `asked` when given, else `default` when it has tasks, else the one split `env`
+    has tasks in. Raises `NoTasks` when the split is empty, naming the splits `env` has."""
+    have = list(task_counts(env))
+    if asked is None:
+        asked = have[0] if len(have) == 1 and default not in have else default
+    how = f"pass --split {' or '.join(have)}" if have else "it has no tasks to run"
+    tasks_of(env, asked, how)
+    return asked
+
+
+def _split_or_exit(env: DecisionEnv, asked: Split | None, default: Split) -> Split:
+    try:
+        return choose_split(env, asked, default)
+    except NoTasks as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from exc
 
 
 def _run(

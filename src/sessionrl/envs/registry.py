@@ -11,7 +11,8 @@ env = build("mypkg.shop:ShopEnv", data="data/shop")   # no registration needed
 Names come from three places: the built-in domains (`retail`, `orders`, `clinic`), which register
 themselves when their package is imported; `register` calls; and installed packages, which declare a
 factory under the entry-point group `sessionrl.envs` (`[project.entry-points."sessionrl.envs"]` in their
-`pyproject.toml`, `shop = "mypkg.shop:ShopEnv"`). A name holding a `:` is imported as `module:attribute`.
+`pyproject.toml`, `shop = "mypkg.shop:ShopEnv"`). A name holding a `:` is imported as `module:attribute`,
+with the current directory on the import path.
 
 A factory's options are its keyword parameters, typed by its annotations: `build` refuses an unknown
 option by naming the accepted ones, and validates each value with pydantic, so a YAML config or a command
@@ -23,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
+import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
@@ -147,8 +150,12 @@ def config_factory(make: Callable[[C], E], config: type[C]) -> Callable[..., E]:
 
 
 def _import(target: str) -> EnvFactory:
-    """The object `module:attribute` names."""
+    """The object `module:attribute` names; the current directory is searched first, as `python -m` does,
+    so a domain in a file beside the command needs no install."""
     module_name, _, attribute = target.partition(":")
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         found: Any = importlib.import_module(module_name)
     except ImportError as error:

@@ -3,6 +3,7 @@ gold actions replay at 1.0 through `sessionrl envs replay-gold module:Class`."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -13,8 +14,8 @@ from library_domain import DATA, LibraryEnv, borrow_book, find_member
 from typer.testing import CliRunner
 
 from sessionrl.cli import app
-from sessionrl.envs import EnvBuildError, Split, check_env, replay
-from sessionrl.envs.taubench import TauEnv, gold_plan
+from sessionrl.envs import EnvBuildError, ExpertPlan, ExpertStep, Split, Task, check_env, replay, run_plan
+from sessionrl.envs.taubench import SHARED_ERRORS, SHARED_TOOLS, TauEnv, calculate, gold_plan
 
 runner = CliRunner()
 
@@ -34,11 +35,7 @@ def test_the_domain_passes_check_env(env: LibraryEnv) -> None:
 
 
 def test_a_domain_with_only_a_test_split_passes_check_env(tmp_path: Path) -> None:
-    folder = tmp_path / "library"
-    shutil.copytree(DATA, folder)
-    (folder / "tasks_train.json").unlink()
-    (folder / "tasks_dev.json").unlink()
-    env = LibraryEnv(folder)
+    env = LibraryEnv(only_test_split(tmp_path))
     assert [len(env.tasks(split)) for split in Split] == [0, 0, 2]
     assert check_env(env) == ()
 
@@ -140,3 +137,94 @@ def test_the_cli_shows_the_domain_and_runs_its_expert() -> None:
     ran = runner.invoke(app, [*args, "--no-progress"])
     assert ran.exit_code == 0, ran.output
     assert orjson.loads(ran.stdout.strip().splitlines()[-1])["success_rate"] == 1.0
+
+
+SHARED_SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The shared tool {name}.",
+            "parameters": {
+                "type": "object",
+                "properties": {param: {"type": "string", "description": f"The {param}."}},
+                "required": [param],
+            },
+        },
+    }
+    for name, param in (
+        ("calculate", "expression"),
+        ("think", "thought"),
+        ("transfer_to_human_agents", "summary"),
+    )
+]
+
+
+class WithSharedTools(LibraryEnv):
+    tools = (*SHARED_TOOLS, *LibraryEnv.tools)
+    errors: ClassVar[dict[str, str]] = {**SHARED_ERRORS, **LibraryEnv.errors}
+
+
+def test_a_domain_includes_the_shared_tools_with_their_examples(tmp_path: Path) -> None:
+    folder = tmp_path / "library"
+    shutil.copytree(DATA, folder)
+    schemas = orjson.loads((folder / "tools.json").read_bytes())
+    (folder / "tools.json").write_bytes(orjson.dumps([*schemas, *SHARED_SCHEMAS]))
+    env = WithSharedTools(folder)
+    assert check_env(env) == ()
+    contracts = {c.name: c for c in env.contracts()}
+    assert contracts["calculate"].examples == ({"expression": "(1 + 2) * 3.5"},)
+    assert sorted(contracts["calculate"].errors) == ["INVALID_ARGUMENT"]
+    assert contracts["transfer_to_human_agents"].risk == "low"
+    episode = env.episode(env.tasks(Split.TEST)[0])
+    assert calculate(episode.db, expression="2 * (3 + 4.5)") == {"result": 15.0}
+    hand_off = ExpertPlan(
+        "hand over", (ExpertStep("s1", "ask a person", "transfer_to_human_agents", {"summary": "x"}),), ""
+    )
+    assert not episode.terminated
+    asyncio.run(run_plan(episode, hand_off))
+    assert episode.terminated  # `ends_episode=True`
+
+
+def test_only_a_test_split_runs_by_default_and_another_split_is_refused_by_name(tmp_path: Path) -> None:
+    folder = only_test_split(tmp_path)
+    args = ["library_domain:LibraryEnv", "--data", str(folder), "--db", "sqlite://", "--no-progress"]
+    for command in ("run-expert", "replay-gold"):
+        ran = runner.invoke(app, ["envs", command, *args])
+        assert ran.exit_code == 0, ran.output
+        summary = orjson.loads(ran.stdout.strip().splitlines()[-1])
+        assert (summary["split"], summary["n"], summary["success_rate"]) == ("test", 2, 1.0)
+        refused = runner.invoke(app, ["envs", command, *args, "--split", "train"])
+        assert refused.exit_code == 1
+        assert "library has no train tasks (its tasks: 2 test); pass --split test" in refused.stderr
+
+
+def test_envs_check_passes_the_domain_and_says_how_to_fix_a_broken_one() -> None:
+    args = ["envs", "check", "library_domain:LibraryEnv", "--data", str(DATA)]
+    passed = runner.invoke(app, args)
+    assert passed.exit_code == 0, passed.output
+    assert "library passes check_env: 3 skills, 6 tasks checked (of 3 train, 1 dev, 2 test)" in passed.stdout
+    args[2] = "test_taubench_domain:SilentExpert"
+    failed = runner.invoke(app, args)
+    assert failed.exit_code == 1
+    assert (
+        "check failed: env 'library': the expert plan of library-train-1 does not solve it" in failed.stderr
+    )
+    assert "fix expert()" in failed.stderr
+
+
+class SilentExpert(LibraryEnv):
+    """Its expert never says the outputs the tasks expect."""
+
+    def expert(self, task: Task) -> ExpertPlan:
+        plan = super().expert(task)
+        return ExpertPlan(plan.goal, plan.steps, "Done.")
+
+
+def only_test_split(tmp_path: Path) -> Path:
+    """A copy of the library's data with only its test split."""
+    folder = tmp_path / "test-only"
+    shutil.copytree(DATA, folder)
+    for split in ("train", "dev"):
+        (folder / f"tasks_{split}.json").unlink()
+    return folder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,16 @@ def test_sessionrl_train_runs_on_a_domain_from_outside_the_package(tmp_path: Pat
     assert {session.metadata["env"] for session in sessions} == {"library"}
     demos = [s for s in sessions if s.metadata.get("agent") == "expert"]
     assert sorted(s.metadata["task_id"] for s in demos) == [f"library-train-{i}" for i in range(3)]
+
+
+def test_training_a_test_only_domain_says_a_train_split_is_missing(tmp_path: Path) -> None:
+    folder = tmp_path / "test-only"
+    shutil.copytree(DATA, folder)
+    for split in ("train", "dev"):
+        (folder / f"tasks_{split}.json").unlink()
+    config = yaml.safe_load(CONFIG.format(run_dir=tmp_path / "run", data=folder))
+    (tmp_path / "library.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["train", str(tmp_path / "library.yaml")])
+    assert result.exit_code == 1, result.output
+    assert "library has no train tasks (its tasks: 2 test); training learns from train tasks" in result.stderr
+    assert "tasks_train.json in its data folder" in result.stderr

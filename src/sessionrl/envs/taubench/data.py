@@ -31,11 +31,13 @@ DOMAIN_FILES = ("tools.json", "wiki.md")
 
 class DataMissing(EnvBuildError, FileNotFoundError):
     """A domain's data folder was not given, lacks files or holds a malformed table; the message says how
-    to provide it. `variable` names the environment variable that may give the folder, if any."""
+    to provide it. `variable` names the environment variable that may give the folder, if any; `problem`
+    is the message's first part, what is wrong without the advice."""
 
-    def __init__(self, message: str, *, variable: str | None = None) -> None:
+    def __init__(self, message: str, *, variable: str | None = None, problem: str = "") -> None:
         super().__init__(message)
         self.variable = variable
+        self.problem = problem or message
 
 
 def resolve_data_dir(
@@ -59,20 +61,20 @@ def resolve_data_dir(
     where = f"--data DIR or set {variable}=DIR" if variable else "--data DIR"
     got = f": {source}" if source else "."
     if raw is None or str(raw) == "":
+        problem = f"no {domain} data folder given"
         needs = f"{', '.join(files)} and {tasks}"
-        raise DataMissing(
-            f"no {domain} data folder given. Pass {where}, where DIR holds {needs}{got}", variable=variable
-        )
+        message = f"{problem}. Pass {where}, where DIR holds {needs}{got}"
+        raise DataMissing(message, variable=variable, problem=problem)
     folder = Path(raw).expanduser()
     if not folder.is_dir():
-        raise DataMissing(
-            f"{domain} data folder {folder} does not exist. Pass {where}{got}", variable=variable
-        )
+        problem = f"{domain} data folder {folder} does not exist"
+        raise DataMissing(f"{problem}. Pass {where}{got}", variable=variable, problem=problem)
     missing = [name for name in files if not (folder / name).is_file()]
     if not any((folder / f"tasks_{split.value}.json").is_file() for split in Split):
         missing.append(tasks)
     if missing:
-        raise DataMissing(f"{domain} data folder {folder} lacks {_listing(missing)}{got}", variable=variable)
+        problem = f"{domain} data folder {folder} lacks {_listing(missing)}"
+        raise DataMissing(f"{problem}{got}", variable=variable, problem=problem)
     return folder
 
 

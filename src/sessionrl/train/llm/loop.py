@@ -28,6 +28,7 @@ from rich.console import Console
 
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
+from sessionrl.envs.splits import TRAIN_SPLIT_NEEDED, tasks_of
 from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes, settle
 from sessionrl.eval.autopause import AutoPause
 from sessionrl.eval.curriculum import Curriculum, expert_steps
@@ -157,6 +158,8 @@ def record_demonstrations(run: Run, console: Console | None = None) -> list[Sess
     """
     cfg, console = run.config, console or Console()
     faults = cfg.faults.fixed(cfg.faults.demo_rate)
+    if cfg.sft.demos:
+        tasks_of(run.env, Split.TRAIN, TRAIN_SPLIT_NEEDED)  # none: say which splits it has, how to add
     tasks = run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
     specs = once_per_task(cfg.seed, tasks, "demo", "demo", faults, {"stage": "demo"})
     with progress(console, "demonstrations", len(specs)) as bar:
