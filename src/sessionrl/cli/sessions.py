@@ -19,7 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from sessionrl.capture.importers import ImportProblem, read_records
+from sessionrl.capture.export_otlp import otlp_lines
+from sessionrl.capture.formats import ExportFormat, ImportFormat, read_file
+from sessionrl.capture.importers import ImportProblem
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
 from sessionrl.session import codec
 from sessionrl.session.events import (
@@ -340,6 +342,10 @@ def import_(
         Path, typer.Argument(exists=True, dir_okay=False, help="JSON Lines or JSON file to import.")
     ],
     db: Db = DEFAULT_DB,
+    fmt: Annotated[
+        ImportFormat,
+        typer.Option("--format", help="sessionrl's records, or traces: otlp, langfuse, langsmith."),
+    ] = ImportFormat.SESSIONRL,
 ) -> None:
     """Import a file of events or sessions, all of it or nothing.
 
@@ -349,7 +355,11 @@ def import_(
     transcript (see `sessionrl.capture.importers`). Every record is checked against the store before
     anything is written; bad records are reported with their line number, field and rule.
     """
-    read = read_records(path.read_bytes())
+    read = read_file(fmt, path.read_bytes())
+    for w in getattr(read, "warnings", ()):  # trace formats: what was left out, or kept with a caveat
+        err.print(
+            f"[yellow]warning:[/yellow] line {w.line}: {escape(w.field)}: {escape(w.rule)}", soft_wrap=True
+        )
     with reporting(), open_store(db) as store:
         plan = plan_import(store, read.records)
         plan.problems += read.problems
@@ -377,12 +387,19 @@ def export(
     documents: Annotated[
         bool, typer.Option("--documents", help="Write session documents instead of event logs.")
     ] = False,
+    fmt: Annotated[
+        ExportFormat, typer.Option("--format", help="jsonl, or otlp: OTLP/JSON, one request per session.")
+    ] = ExportFormat.JSONL,
 ) -> None:
     """Export sessions as event envelopes (lossless, re-importable) or as session documents."""
     with reporting(), open_store(db, create=False) as store:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as handle:
-            lines = export_lines(store, state=state, documents=documents)
+            lines = (
+                otlp_lines(store, state=state)
+                if fmt is ExportFormat.OTLP
+                else export_lines(store, state=state, documents=documents)
+            )
             count = sum(handle.write(line + b"\n") > 0 for line in lines)
     out.print(f"wrote {count} line(s) to {path}")
 
