@@ -17,8 +17,10 @@ from typing import Any
 
 import orjson
 
+from sessionrl.capture.otlp import encode
 from sessionrl.capture.otlp_spans import STATUS_ERROR, STATUS_UNSET, Span, SpanEvent, to_ns
-from sessionrl.session.model import CallStatus, Feedback, LLMCall, Message, Session, ToolCall
+from sessionrl.session.model import CallStatus, Feedback, LLMCall, Message, Session, SessionState, ToolCall
+from sessionrl.store import SessionStore
 from sessionrl.store.records import RewardRecord
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -202,11 +204,8 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def export_requests(
-    sessions: Iterator[tuple[Session, RewardRecord | None]], *, json: bool
-) -> Iterator[bytes]:
-    """One OTLP `ExportTraceServiceRequest` per session (OTLP/JSON or protobuf)."""
-    from sessionrl.capture.otlp import encode
-
-    for session, reward in sessions:
-        yield encode(session_spans(session, reward), json=json)
+def otlp_lines(store: SessionStore, *, state: SessionState | None) -> Iterator[bytes]:
+    """Every session of the store (in `state`, if given) with its latest reward, as OTLP/JSON lines."""
+    for session in store.iter_sessions(state):
+        rewards = store.rewards(session.session_id)
+        yield encode(session_spans(session, rewards[-1] if rewards else None), json=True)
