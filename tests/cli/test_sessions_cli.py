@@ -312,3 +312,24 @@ def test_an_error_of_several_lines_is_printed_as_one(monkeypatch: pytest.MonkeyP
     assert result.output.strip().splitlines() == [
         "error: store URL 'postgresql://localhost/db': cannot connect: refused Is the server running?"
     ]
+
+
+def test_the_list_keeps_its_borders_with_wide_text_and_short_values(tmp_path: Path) -> None:
+    """A Chinese query (two cells a character) and a one-letter scenario, at 80 columns: every line of the
+    table is as wide as the terminal, ends with its border, and no header is cut."""
+    from rich.cells import cell_len
+
+    db = url_of(tmp_path / "cjk.db")
+    with SessionStore.open(db) as store:
+        store.create(
+            SessionCreate(user_query="患者张三，男，65岁，血常规显示Hb 85g/L，请生成贫血鉴别诊断路径。")
+        )
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["sessions", "list", "--db", db])
+    assert result.exit_code == 0, result.output
+    table = [line.rstrip() for line in result.output.splitlines() if line[:1] in "┏┃┡│└"]
+    assert len(table) == 5
+    assert len({cell_len(line) for line in table}) == 1  # one width: no line cut short
+    assert max(cell_len(line) for line in table) <= 80
+    assert all(line[-1] in "┓┃┩│┘" for line in table)
+    assert "scenario" in table[1]
+    assert "患者" in table[3]  # the query gives way, cut at a whole character

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 from pydantic import ValidationError
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -172,22 +173,29 @@ def list_sessions(
 def sessions_table(rows: Sequence[SessionRow], title: str) -> Table:
     """One line per session; ids are never cut (the query text gives way to them)."""
     table = Table(title=f"{title} (calls: tool/LLM/feedback; created: UTC)")
-    widths = {"session": max((len(r.session_id) for r in rows), default=7), "state": 9}
-    widths |= {"scenario": max((len(r.scenario or "-") for r in rows), default=8), "calls": 6, "created": 11}
+    widths = {"session": max((cell_len(r.session_id) for r in rows), default=7), "state": 9}
+    widths |= {
+        "scenario": max((cell_len(r.scenario or "-") for r in rows), default=8),
+        "calls": 6,
+        "created": 11,
+    }
+    widths = {column: max(width, len(column)) for column, width in widths.items()}  # headers are never cut
     for column, width in widths.items():
         table.add_column(column, min_width=width, no_wrap=True)
     room = out.width - sum(widths.values()) - 3 * len(widths) - 4  # what the borders and padding leave
-    table.add_column("query", overflow="ellipsis", no_wrap=True, max_width=max(room, 8))
+    query = room >= len("query")  # a terminal too narrow for it drops the query rather than the borders
+    if query:
+        table.add_column("query", overflow="ellipsis", no_wrap=True, max_width=room)
     for r in rows:
         calls = f"{r.n_tool_calls}/{r.n_llm_calls}/{r.n_feedback}"
-        table.add_row(
+        cells = [
             escape(r.session_id),
             r.state.value,
             escape(r.scenario or "-"),
             calls,
             f"{r.created_at:%m-%d %H:%M}",
-            escape(r.user_query),
-        )
+        ]
+        table.add_row(*cells, *([escape(r.user_query)] if query else []))
     return table
 
 
