@@ -139,42 +139,18 @@ def test_the_cli_shows_the_domain_and_runs_its_expert() -> None:
     assert orjson.loads(ran.stdout.strip().splitlines()[-1])["success_rate"] == 1.0
 
 
-SHARED_SCHEMAS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"The shared tool {name}.",
-            "parameters": {
-                "type": "object",
-                "properties": {param: {"type": "string", "description": f"The {param}."}},
-                "required": [param],
-            },
-        },
-    }
-    for name, param in (
-        ("calculate", "expression"),
-        ("think", "thought"),
-        ("transfer_to_human_agents", "summary"),
-    )
-]
-
-
 class WithSharedTools(LibraryEnv):
     tools = (*SHARED_TOOLS, *LibraryEnv.tools)
     errors: ClassVar[dict[str, str]] = {**SHARED_ERRORS, **LibraryEnv.errors}
 
 
-def test_a_domain_includes_the_shared_tools_with_their_examples(tmp_path: Path) -> None:
-    folder = tmp_path / "library"
-    shutil.copytree(DATA, folder)
-    schemas = orjson.loads((folder / "tools.json").read_bytes())
-    (folder / "tools.json").write_bytes(orjson.dumps([*schemas, *SHARED_SCHEMAS]))
-    env = WithSharedTools(folder)
+def test_a_domain_includes_the_shared_tools_with_their_schemas_and_examples() -> None:
+    env = WithSharedTools(DATA)  # its tools.json describes only the library's own three tools
     assert check_env(env) == ()
     contracts = {c.name: c for c in env.contracts()}
     assert contracts["calculate"].examples == ({"expression": "(1 + 2) * 3.5"},)
     assert sorted(contracts["calculate"].errors) == ["INVALID_ARGUMENT"]
+    assert contracts["think"].description.startswith("Write down a thought; nothing in the database changes")
     assert contracts["transfer_to_human_agents"].risk == "low"
     episode = env.episode(env.tasks(Split.TEST)[0])
     assert calculate(episode.db, expression="2 * (3 + 4.5)") == {"result": 15.0}

@@ -10,6 +10,7 @@ from sessionrl.envs.taubench.gold import gold_plan
 from sessionrl.envs.taubench.shared import (
     SHARED_ERRORS,
     SHARED_EXAMPLES,
+    SHARED_SCHEMAS,
     SHARED_TOOLS,
     calculate,
     think,
@@ -20,6 +21,7 @@ from sessionrl.envs.taubench.tools import Json, Tool, apply_actions, tool, toolb
 __all__ = [
     "SHARED_ERRORS",
     "SHARED_EXAMPLES",
+    "SHARED_SCHEMAS",
     "SHARED_TOOLS",
     "DataMissing",
     "Json",

@@ -33,7 +33,7 @@ from sessionrl.envs.registry import EnvBuildError
 from sessionrl.envs.taubench.data import TauData, TauDb, resolve_data_dir
 from sessionrl.envs.taubench.expert import gold_expert
 from sessionrl.envs.taubench.gold import gold_plan
-from sessionrl.envs.taubench.shared import SHARED_EXAMPLES, SHARED_TOOLS
+from sessionrl.envs.taubench.shared import SHARED_EXAMPLES, SHARED_SCHEMAS, SHARED_TOOLS
 from sessionrl.envs.taubench.tools import Json, Tool, apply_actions, toolbox
 from sessionrl.skills import RiskLevel, Skill, SkillContract, callable_skill
 from sessionrl.skills.skill import JsonValue
@@ -108,6 +108,15 @@ def judge(
     return Outcome(checks={"state": state_ok, "outputs": not missing}, detail="; ".join(details))
 
 
+def with_shared_schemas(
+    tool_schemas: Sequence[Mapping[str, Any]], tools: Mapping[str, Tool[...]]
+) -> list[Mapping[str, Any]]:
+    """`tool_schemas` and, for each shared tool in `tools` that they do not describe, its `SHARED_SCHEMAS`."""
+    named = {schema["function"]["name"] for schema in tool_schemas}
+    shared = [t.name for t in SHARED_TOOLS if tools.get(t.name) is t and t.name not in named]
+    return [*tool_schemas, *(SHARED_SCHEMAS[name] for name in shared)]
+
+
 class TauEnv:
     """A τ-bench-style domain over one data folder (see `taubench.data`); subclasses set the class
     attributes below and may override `expert` and `examples`. Loads the data once."""
@@ -131,14 +140,13 @@ class TauEnv:
             raise EnvBuildError(f"{type(self).__name__} must set {', '.join(missing)} (see TauEnv)")
         self.data = data if isinstance(data, TauData) else self.load_data(data)
         self.toolbox = toolbox(self.tools)
-        check_tools(self.data.tool_schemas, self.toolbox)
+        schemas = with_shared_schemas(self.data.tool_schemas, self.toolbox)
+        check_tools(schemas, self.toolbox)
         self._tasks = {
             split: tuple(self._task(split, i, raw) for i, raw in enumerate(self.data.raw_tasks(split)))
             for split in Split
         }
-        self._contracts = build_contracts(
-            self.data.tool_schemas, self.toolbox, self.errors, self.contract_examples()
-        )
+        self._contracts = build_contracts(schemas, self.toolbox, self.errors, self.contract_examples())
         self._gold_hashes: dict[str, str] = {}
 
     @classmethod

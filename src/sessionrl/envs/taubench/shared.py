@@ -7,8 +7,8 @@ class AirlineEnv(TauEnv):
     errors: ClassVar[dict[str, str]] = {**SHARED_ERRORS, "NOT_FOUND": "No such reservation."}
 ```
 
-Their schemas go in the domain's `tools.json` like any other tool's; their contract examples come from
-`SHARED_EXAMPLES` unless the domain's `examples()` gives its own.
+A domain's `tools.json` may describe them (τ-bench's files do); where it does not, `SHARED_SCHEMAS` does.
+Their contract examples come from `SHARED_EXAMPLES` unless the domain's `examples()` gives its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from sessionrl.envs.taubench.data import TauDb
 from sessionrl.envs.taubench.tools import Json, Tool, tool
@@ -84,3 +84,36 @@ SHARED_EXAMPLES: Final[dict[str, list[Json]]] = {
     "transfer_to_human_agents": [{"summary": "the user asks for a person"}],
 }
 """One valid call of each shared tool, used for its contract unless the domain gives its own."""
+
+
+def _schema(name: str, description: str, parameter: str, meaning: str) -> dict[str, Any]:
+    properties = {parameter: {"type": "string", "description": meaning}}
+    parameters = {"type": "object", "properties": properties, "required": [parameter]}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+SHARED_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
+    "calculate": _schema(
+        "calculate",
+        "Work out an arithmetic expression; the result is rounded to two decimals.",
+        "expression",
+        "Numbers with + - * / and parentheses, such as '(12.5 + 3) * 2'.",
+    ),
+    "think": _schema(
+        "think",
+        "Write down a thought; nothing in the database changes. Use it to reason before acting.",
+        "thought",
+        "The thought.",
+    ),
+    "transfer_to_human_agents": _schema(
+        "transfer_to_human_agents",
+        "Hand the user over to a human agent, when the policy says so or the user asks; the conversation "
+        "ends.",
+        "summary",
+        "What the user wants and what was done so far.",
+    ),
+}
+"""The OpenAI function schema of each shared tool, for a `tools.json` that does not describe it."""
