@@ -6,6 +6,8 @@ other commands stay quick."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -48,7 +50,7 @@ def train_command(
     plan = _plan(run_config)
     if plan:
         console.print(plan, soft_wrap=True)
-    with reporting():  # a named error (too few demonstrations, say) is one line and exit status 1
+    with reporting(), interrupted(run_config, config):  # a named error is one line and exit status 1
         result = run_trainer(run_config, resume=resume, console=console)
     evaluation = run_config.evaluation
     title = f"{run_config.env.name} · {evaluation.split} · {evaluation.tasks} tasks"
@@ -63,6 +65,27 @@ def train_command(
     console.print(f"trainer: {run_config.trainer}; run folder: {run_config.run_dir}")
     if isinstance(trained, TrainResult) and trained.stage is Stage.STOPPED:
         _stopped_at_the_gate(trained, run_config)
+
+
+@contextmanager
+def interrupted(config: RunConfig, path: Path) -> Iterator[None]:
+    """Ctrl-C while training: say how to continue (`--resume` for the trainers that keep checkpoints)
+    instead of a traceback, and exit with status 130."""
+    from sessionrl.cli.sessions import err
+    from sessionrl.train.dispatch import RESUMABLE
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        if config.trainer in RESUMABLE:
+            how = (
+                f"`sessionrl train {path} --resume` continues from the last checkpoint in {config.run_dir}"
+                " (imitation keeps one every 25 steps, RL one every iteration)"
+            )
+        else:
+            how = f"trainer {config.trainer} keeps no checkpoint: run it again with a new run_dir"
+        err.print(f"[yellow]interrupted.[/yellow] {how}", soft_wrap=True)
+        raise typer.Exit(130) from None
 
 
 def _plan(config: RunConfig) -> str:
@@ -104,7 +127,8 @@ def _stopped_at_the_gate(result: TrainResult, config: RunConfig) -> None:
 
 
 def _print_llm(console: Console, result: TrainResult, title: str) -> None:
-    """The gate, the GRPO curve (where there are), the report's metrics and the stage reached."""
+    """The GRPO curve (where there is one), the report's metrics and the stage reached (the gate's verdict
+    was printed when the gate ran)."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.llm.view import curve_table
 

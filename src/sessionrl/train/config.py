@@ -34,6 +34,7 @@ from sessionrl.envs.faults import Faults, FaultSchedule
 from sessionrl.envs.registry import REGISTRY, EnvBuildError
 from sessionrl.episodes.config import RolloutConfig
 from sessionrl.eval.autopause import AutoPauseConfig
+from sessionrl.eval.collapse import CollapseConfig
 from sessionrl.eval.levels import LevelsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.policy.llm import BatchingConfig, LoRAConfig, SamplingConfig
@@ -194,6 +195,10 @@ class RLSection(Section):
     max_lag: int = Field(default=2, ge=0, description="Oldest policy version (behind) a session may be.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")
+    collapse: CollapseConfig = Field(
+        default_factory=CollapseConfig,
+        description="Stop RL, rolled back to the last healthy policy, when it collapses (on by default).",
+    )
 
     @model_validator(mode="after")
     def _same_temperature(self) -> RLSection:

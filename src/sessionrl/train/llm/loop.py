@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -71,6 +72,7 @@ from sessionrl.train.llm.run import (
 )
 from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import UpdateStats
+from sessionrl.train.llm.watch import Guard, stop_collapsed
 
 SEED_BITS = 31
 """Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
@@ -330,15 +332,36 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
     return demos
 
 
-def gate(run: Run) -> Evaluation:
-    """Evaluate the imitation policy on the gate split; the RL stage starts only if it clears the bar."""
+def gate(run: Run, console: Console) -> Evaluation:
+    """Evaluate the imitation policy on the gate split; the RL stage starts only if it clears the bar. The
+    verdict is printed as soon as it is known."""
     bar = run.config.evaluation
     evaluation = evaluate(run, run.need_policy(), bar.gate_split, bar.gate_tasks, "gate")
     passed = evaluation.metrics.success >= bar.gate_min_success and levels_gate(run, evaluation)
     next_stage = Stage.RL if passed else Stage.STOPPED
     run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
     save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, _generators(run))
+    console.print(gate_verdict(run.config, evaluation.metrics.success, passed), soft_wrap=True)
     return evaluation
+
+
+def gate_verdict(config: RunConfig, success: float | None, passed: bool) -> str:
+    """The gate's verdict in one line (`success` None: not known, as after a resume without its record)."""
+    bar = config.evaluation
+    levels = f" and levels {', '.join(config.levels.gate)}" if config.levels.gate else ""
+    reached = "?" if success is None else f"{success:.3f}"
+    verdict = "passed: GRPO starts" if passed else "not passed: GRPO does not start (sft_policy/ is kept)"
+    return (
+        f"gate: the imitation policy's success on {bar.gate_tasks} {bar.gate_split} tasks is {reached}"
+        f" (bar {bar.gate_min_success:g}{levels}); {verdict}"
+    )
+
+
+def logged_gate(run: Run) -> float | None:
+    """The gate's success as the run's metrics log kept it (a resumed run's gate ran before), or None."""
+    records = [json.loads(line) for line in run.log.path.read_text("utf-8").splitlines() if line.strip()]
+    gates = [r for r in records if r.get("stage") == "eval" and r.get("label") == "gate"]
+    return float(gates[-1]["success"]) if gates else None
 
 
 def levels_gate(run: Run, evaluation: Evaluation) -> bool:
@@ -426,6 +449,7 @@ def reinforce(
     curriculum = rl_curriculum(run) if cfg.rl.curriculum and pool is None else None
     reached: LevelReport | None = None  # the levels the last rollouts reached (the curriculum's promotion)
     watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
+    guard = Guard(cfg.rl.collapse, policy.model, run.folder, run.state.curve)
     started = time.monotonic()
     with (
         rollouts(run) as rollout,
@@ -453,6 +477,8 @@ def reinforce(
             ticks.append(time.monotonic())
             # log
             record = _iteration_record(iteration, ran, learned, ticks, policy.version)
+            sessions = [run.store.get(r.session_id) for r in ran]
+            verdict = guard.judge(iteration, sessions, record)  # adds the rollouts' parse share and TCSR
             run.log.write("rl", iteration, record)
             on_iteration(record)
             run.state = dataclasses.replace(
@@ -466,6 +492,11 @@ def reinforce(
                 run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
             )
             bar.advance(info=f"success {record['success']:.2f}")
+            if verdict.collapsed:
+                stop_collapsed(run, guard, verdict, sessions, console)
+                run.state = dataclasses.replace(run.state, stage=Stage.PAUSED)
+                save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, _generators(run))
+                break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
     export_policy(policy, run.folder / "rl_policy")
@@ -599,10 +630,12 @@ def train(
         try:
             if saved is None or saved.stage is Stage.SFT:
                 imitation(run, console, resume=saved is not None)
-                gated = gate(run)
+                gated = gate(run, console)
             else:
                 run.policy = resumed_policy(run)
                 run.state = saved
+                passed = saved.stage is not Stage.STOPPED
+                console.print(gate_verdict(config, logged_gate(run), passed), soft_wrap=True)
             if run.state.stage is Stage.RL and config.rl.iterations > 0:
                 reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
         finally:

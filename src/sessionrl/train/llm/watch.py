@@ -1,0 +1,124 @@
+"""The RL stage's collapse guard: `sessionrl.eval.collapse` applied to the loop's iterations, with the
+weights to roll back to.
+
+Iteration i's rollouts are played by the weights of policy version i, so they judge those weights; the
+update that follows makes version i + 1, judged by the next iteration's rollouts. `Guard` keeps a copy of
+the weights whose judgement is pending and, when the rollouts find them healthy, writes them to
+`good_policy.safetensors` in the run folder: the last good checkpoint. The weights RL starts from are the
+imitation policy's, the watch's baseline, and are written there first. Only trainable parameters are
+kept (all of a tiny model, the adapters of a LoRA one).
+
+On a collapse, `stop_collapsed` rolls the model back to that file (with `action: rollback`), writes the
+`collapse` record of metrics.jsonl and `pause_report.json`, and says so on the console; the loop then
+stops RL and exports what the model holds. A resumed run rebuilds the watch from the iteration records
+of its checkpoint and finds the good weights on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from safetensors.torch import load_file, save_file
+
+from sessionrl.eval.autopause import REPORT, diagnose, write_report
+from sessionrl.eval.collapse import CollapseConfig, CollapseWatch, Health, Verdict
+from sessionrl.session.model import Session
+from sessionrl.train.llm.run import Run
+
+GOOD = "good_policy.safetensors"
+"""The last healthy policy's trainable weights, in the run folder."""
+
+
+def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the parameters that train (on the CPU, contiguous)."""
+    return {
+        name: p.detach().to("cpu", copy=True).contiguous()
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }
+
+
+class Guard:
+    """The collapse watch of one RL stage (see the module doc)."""
+
+    def __init__(
+        self, config: CollapseConfig, model: torch.nn.Module, folder: Path, curve: Sequence[Mapping[str, Any]]
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.path = folder / GOOD
+        self.watch = CollapseWatch(config)
+        for record in curve:  # a resumed run: the iterations already judged
+            self.watch.observe(int(record["iteration"]), Health.from_record(record))
+        self.pending = trainable_weights(model)
+        """The weights the next rollout plays (not judged yet)."""
+        if not self.path.is_file():
+            self._save_good(self.pending, iteration=-1)  # the imitation policy: the baseline itself
+
+    def judge(self, iteration: int, sessions: Sequence[Session], record: dict[str, Any]) -> Verdict:
+        """Judge iteration `iteration` from its rollouts and record (its health is added to `record`); the
+        weights that played it become the last good ones when it is healthy."""
+        health = Health.of(sessions, record)
+        record.update(health.as_record())
+        verdict = self.watch.observe(iteration, health)
+        if verdict.healthy:
+            self._save_good(self.pending, iteration)
+        self.pending = trainable_weights(self.model)  # after this iteration's update
+        return verdict
+
+    def roll_back(self) -> int:
+        """Load the last good weights into the model; the iteration whose rollouts judged them (-1: the
+        weights RL started from, not judged yet)."""
+        saved = load_file(str(self.path))
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name].to(p.device))
+        return int(_iteration_of(self.path))
+
+    def _save_good(self, weights: Mapping[str, torch.Tensor], iteration: int) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        save_file(dict(weights), str(tmp), metadata={"iteration": str(iteration)})
+        tmp.replace(self.path)
+
+
+def _iteration_of(path: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return int(f.metadata()["iteration"])
+
+
+def stop_collapsed(
+    run: Run, guard: Guard, verdict: Verdict, sessions: Sequence[Session], console: Console
+) -> str:
+    """Act on a collapse (roll back, or not, as configured), log it, write the report and say so; returns
+    the message printed."""
+    why = guard.watch.describe()
+    if guard.config.action == "rollback":
+        back = guard.roll_back()
+        # the weights that played iteration 0 (or that RL started from, -1) are the imitation policy's
+        kept = "the imitation policy" if back <= 0 else f"the policy of iteration {back}, the last healthy"
+        done = f"rolled back to {kept}; rl_policy/ holds it"
+    else:
+        back = None
+        done = "rl_policy/ holds the collapsed weights (rl.collapse.action: stop)"
+    message = f"RL stopped at iteration {verdict.iteration}: the policy collapsed ({why}); {done}."
+    run.log.write(
+        "collapse",
+        verdict.iteration,
+        {"reason": why, "action": guard.config.action, "rolled_back_to": back, "message": message},
+    )
+    streak = [{"iteration": v.iteration, "problems": list(v.problems)} for v in guard.watch.streak]
+    write_report(
+        run.folder / REPORT, {**diagnose("collapse", [], sessions), "history": streak, "reason": why}
+    )
+    console.print(f"[bold red]collapse:[/bold red] {message}", soft_wrap=True)
+    return message
+
+
+__all__ = ["GOOD", "Guard", "stop_collapsed", "trainable_weights"]

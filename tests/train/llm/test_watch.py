@@ -1,0 +1,99 @@
+"""The collapse guard in the loop: it keeps the last healthy weights on disk and rolls back to them; a real
+collapse (GRPO at an absurd learning rate) stops RL, rolls back to the imitation policy, says so on the
+console and in metrics.jsonl, and a resumed run neither trains further nor loses the gate's verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+from safetensors.torch import load_file
+
+from sessionrl.eval.autopause import REPORT
+from sessionrl.eval.collapse import CollapseConfig
+from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.checkpoint import Stage
+from sessionrl.train.llm.loop import train
+from sessionrl.train.llm.watch import GOOD, Guard
+from tiny_run_support import tiny_run
+
+
+def test_the_guard_keeps_the_weights_that_played_a_healthy_iteration(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    guard = Guard(CollapseConfig(patience=2), model, tmp_path, curve=())
+    assert (tmp_path / GOOD).is_file()  # the weights RL starts from: the imitation policy
+    played = []
+    for iteration, record in enumerate(
+        [{"success": 0.5}, {"success": 0.4}, {"success": 0.1}, {"success": 0.0, "approx_kl": 2.0}]
+    ):
+        played.append(model.weight.detach().clone())  # these weights play the iteration's rollouts
+        with torch.no_grad():
+            model.weight.add_(1.0)  # then the iteration's update; the loop judges after it
+        verdict = guard.judge(iteration, [], record)
+    # 0.5 is the baseline; 0.4 is healthy; 0.1 and 0.0 fall under 0.5 x 0.5: two in a row collapse
+    assert verdict.collapsed
+    assert verdict.problems == ("rollout success 0.00 < 0.5 x imitation's 0.50", "KL 2 > 1")
+    assert guard.roll_back() == 1
+    assert torch.equal(model.weight, played[1])
+    assert not torch.equal(played[1], played[0])
+
+
+def test_a_resumed_guard_rebuilds_its_watch_from_the_curve(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    curve = [{"iteration": 0, "success": 0.5, "unparseable": 0.0}, {"iteration": 1, "success": 0.1}]
+    guard = Guard(CollapseConfig(patience=2), model, tmp_path, curve)
+    assert guard.watch.baseline is not None
+    assert guard.watch.baseline.success == 0.5
+    assert guard.watch.last_good == 0
+    assert len(guard.watch.streak) == 1
+    assert guard.judge(2, [], {"success": 0.0}).collapsed
+
+
+GATE_PASSED = "gate: the imitation policy's success on 2 dev tasks is 0.000 (bar 0); passed: GRPO starts"
+DESTRUCTIVE: dict[str, Any] = {
+    # imitation long enough that most replies parse; then GRPO at a learning rate 100 times the examples'
+    "model": {"tiny": {"hidden_size": 64, "intermediate_size": 128}},
+    "rollout": {"max_steps": 4, "full_schemas": False, "domain_policy": False},
+    "sft": {"demos": 16, "trainer": {"steps": 120, "batch_sessions": 4, "lr": 0.01, "token_budget": 4096}},
+    "rl": {
+        "iterations": 6,
+        "tasks_per_iteration": 2,
+        "sampling": {"max_new_tokens": 32},
+        "trainer": {"group_size": 2, "lr": 0.05, "token_budget": 4096},
+    },
+    "evaluation": {"max_new_tokens": 32},
+}
+
+
+@pytest.mark.slow
+def test_a_collapsing_run_stops_rolled_back_and_says_so(tmp_path: Path) -> None:
+    config = RunConfig.model_validate(tiny_run(run_dir=str(tmp_path / "run"), **DESTRUCTIVE))
+    console = Console(record=True, width=400)
+    result = train(config, console=console)
+    said = console.export_text()
+    assert result.stage is Stage.PAUSED
+    assert 0 < len(result.curve) < 6  # stopped early
+    assert GATE_PASSED in said
+    assert said.index("gate:") < said.index("collapse:")
+    assert "collapse: RL stopped at iteration" in said
+    assert "rolled back to the imitation policy" in said
+    folder = config.run_dir
+    logged = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    (collapse,) = [r for r in logged if r["stage"] == "collapse"]
+    assert collapse["rolled_back_to"] == 0
+    assert "unparseable" in collapse["reason"]
+    assert all("unparseable" in r for r in logged if r["stage"] == "rl")
+    assert json.loads((folder / REPORT).read_text())["reason"] == collapse["reason"]
+    sft, rl = (load_file(str(folder / f"{p}_policy" / "model.safetensors")) for p in ("sft", "rl"))
+    assert all(torch.equal(sft[k], rl[k]) for k in sft)  # rolled back to what RL started from
+    assert result.report["rl"].metrics.success == result.report["sft"].metrics.success
+
+    again = Console(record=True, width=400)
+    resumed = train(config, resume=True, console=again)
+    assert resumed.stage is Stage.PAUSED
+    assert resumed.curve == result.curve  # no further RL iteration
+    assert GATE_PASSED in again.export_text()
