@@ -40,3 +40,17 @@ def ops_store(request: pytest.FixtureRequest) -> Iterator[SessionStore]:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two exported tiny policies that load (`a`, `b`), and a folder that does not exist (`gone`)."""
+    import shutil
+
+    from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+
+    root = tmp_path_factory.mktemp("artifacts")
+    config = TinyModelConfig(vocab_size=300, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    build_tiny_policy(["find the order and refund it"] * 20, config, root / "a")
+    shutil.copytree(root / "a", root / "b")
+    return {"a": str(root / "a"), "b": str(root / "b"), "gone": str(root / "gone")}

@@ -4,6 +4,7 @@ CLI commands over the same store."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from ops_support import TOKEN, make_app, serving
@@ -13,12 +14,15 @@ from sessionrl.cli import app as cli
 from sessionrl.ops.config import OpsConfig
 
 
-async def test_the_api_registers_promotes_and_answers_with_named_statuses(tmp_path: Path) -> None:
+async def test_the_api_registers_promotes_and_answers_with_named_statuses(
+    tmp_path: Path, artifacts: dict[str, str]
+) -> None:
     url = f"sqlite:///{tmp_path / 'ops.db'}"
     async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
         key = {"Idempotency-Key": "reg-1"}
-        first = await client.post("/v1/policies/orders/versions", json={"artifact": "runs/a"}, headers=key)
-        again = await client.post("/v1/policies/orders/versions", json={"artifact": "runs/a"}, headers=key)
+        a = {"artifact": artifacts["a"]}
+        first = await client.post("/v1/policies/orders/versions", json=a, headers=key)
+        again = await client.post("/v1/policies/orders/versions", json=a, headers=key)
         assert (first.status_code, again.status_code) == (201, 201)
         assert again.json() == first.json()
         assert first.json()["stage"] == "candidate"
@@ -28,7 +32,7 @@ async def test_the_api_registers_promotes_and_answers_with_named_statuses(tmp_pa
         assert (
             await client.post("/v1/policies/orders/versions/7/promote", json={"to": "canary"})
         ).status_code == 404
-        await client.post("/v1/policies/orders/versions", json={"artifact": "runs/b"})
+        await client.post("/v1/policies/orders/versions", json={"artifact": artifacts["b"]})
         canary = await client.post("/v1/policies/orders/versions/2/promote", json={"to": "canary"})
         assert canary.json()["share"] == 0.05  # the config's default share
         assert (await client.post("/v1/policies/orders/rollback", json={})).status_code == 422  # no reason
@@ -59,7 +63,7 @@ async def test_a_time_outside_the_store_s_range_is_a_422_not_a_server_error(tmp_
         assert (await client.get("/v1/policies/orders/compare", params=ok)).status_code == 200
 
 
-def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
+def test_the_cli_manages_versions_and_the_switch(tmp_path: Path, artifacts: dict[str, str]) -> None:
     db = f"sqlite:///{tmp_path / 'ops.db'}"
     runner = CliRunner()
 
@@ -68,8 +72,10 @@ def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         return result.output
 
-    assert "registered orders v1" in run("policies", "register", "orders", "runs/a", "--run-dir", "runs/a")
-    run("policies", "register", "orders", "runs/b")
+    assert "registered orders v1" in run(
+        "policies", "register", "orders", artifacts["a"], "--run-dir", "runs/a"
+    )
+    run("policies", "register", "orders", artifacts["b"])
     assert "orders v1 is production" in run("policies", "promote", "orders", "1")
     assert "on 20% of sessions" in run("policies", "promote", "orders", "2", "--canary", "0.2")
     rows = [json.loads(line) for line in run("policies", "list", "--json").splitlines()]
@@ -87,11 +93,13 @@ def test_the_cli_manages_versions_and_the_switch(tmp_path: Path) -> None:
     assert "retired" in failed.output
 
 
-async def test_the_dashboard_shows_versions_parked_sessions_and_the_log(tmp_path: Path) -> None:
+async def test_the_dashboard_shows_versions_parked_sessions_and_the_log(
+    tmp_path: Path, artifacts: dict[str, str]
+) -> None:
     url = f"sqlite:///{tmp_path / 'ops.db'}"
     async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
         await client.post(
-            "/v1/policies/orders/versions", json={"artifact": "runs/a", "lineage": {"note": "first"}}
+            "/v1/policies/orders/versions", json={"artifact": artifacts["a"], "lineage": {"note": "first"}}
         )
         await client.post("/v1/policies/orders/versions/1/promote", json={"to": "production"})
         await client.put("/v1/policies/strategy", json={"mode": "rules", "reason": "drill"})
@@ -99,8 +107,43 @@ async def test_the_dashboard_shows_versions_parked_sessions_and_the_log(tmp_path
         assert login.status_code == 303
         html = (await client.get("/ui/policies", cookies=login.cookies)).text
         assert '<b class="mode">rules</b>' in html
-        assert "runs/a" in html
+        assert artifacts["a"] in html
         assert "first" in html
         assert "drill" in html  # the switch's log line
         only = (await client.get("/ui/policies", params={"kind": "stage"}, cookies=login.cookies)).text
         assert "drill" not in only
+
+
+async def test_an_artifact_that_does_not_load_is_refused_on_register_and_promote(
+    tmp_path: Path, artifacts: dict[str, str]
+) -> None:
+    """`register` loads the artifact as serving will; `promote` refuses one deleted since: a 422 naming it,
+    and nothing changes (before, both were accepted and every step then failed with a 500)."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    doomed = tmp_path / "doomed"
+    shutil.copytree(artifacts["a"], doomed)
+    async with serving(make_app(url, OpsConfig(policy="orders"))) as client:
+        missing = await client.post("/v1/policies/orders/versions", json={"artifact": artifacts["gone"]})
+        assert missing.status_code == 422, missing.text
+        assert artifacts["gone"] in missing.text
+        assert (await client.get("/v1/policies")).json() == []
+        made = await client.post("/v1/policies/orders/versions", json={"artifact": str(doomed)})
+        assert made.status_code == 201, made.text
+        shutil.rmtree(doomed)
+        promoted = await client.post("/v1/policies/orders/versions/1/promote", json={"to": "production"})
+        assert promoted.status_code == 422, promoted.text
+        assert "doomed" in promoted.text
+        assert (await client.get("/v1/policies")).json()[0]["stage"] == "candidate"
+
+
+def test_the_cli_refuses_an_artifact_that_does_not_load(tmp_path: Path, artifacts: dict[str, str]) -> None:
+    db = f"sqlite:///{tmp_path / 'ops.db'}"
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["policies", "register", "orders", artifacts["gone"], "--db", db])
+    assert refused.exit_code == 1
+    assert "cannot serve orders" in refused.output
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    refused = runner.invoke(cli, ["policies", "register", "orders", str(not_a_model), "--db", db])
+    assert refused.exit_code == 1
+    assert "config.json missing" in " ".join(refused.output.split())

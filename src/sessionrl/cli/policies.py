@@ -19,6 +19,7 @@ from sessionrl.ops.analysis import Comparison, compare_versions
 from sessionrl.ops.canary import check_canary
 from sessionrl.ops.config import OpsConfig
 from sessionrl.ops.registry import Lineage, PolicyRegistry, PolicyVersion, Stage
+from sessionrl.ops.serving import load_hf_policy
 from sessionrl.ops.strategy import StrategyMode, current_mode, set_mode
 
 app = typer.Typer(
@@ -45,6 +46,15 @@ def _row(v: PolicyVersion) -> dict[str, Any]:
 
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def artifact_loads(version: PolicyVersion) -> None:
+    """The check `register` and `promote` run: an `llm` artifact loads as serving loads it; an artifact of
+    a kind serving does not load must at least exist."""
+    if version.kind == "llm":
+        load_hf_policy(version)
+    elif not Path(version.artifact).exists():
+        raise FileNotFoundError("no such file or folder")
 
 
 @app.command("list")
@@ -74,10 +84,12 @@ def register(
     run_dir: Annotated[Path | None, typer.Option(help="The run that made it.")] = None,
     note: Annotated[str | None, typer.Option(help="Why this version exists.")] = None,
 ) -> None:
-    """Register the next version of a policy as a candidate."""
+    """Register the next version of a policy as a candidate, once its artifact has loaded."""
     lineage = Lineage(run_dir=str(run_dir) if run_dir else None, note=note)
     with reporting(), open_store(db) as store:
-        made = PolicyRegistry(store).register(policy, artifact, kind=kind, lineage=lineage)
+        made = PolicyRegistry(store, check=artifact_loads).register(
+            policy, artifact, kind=kind, lineage=lineage
+        )
     out.print(f"registered {policy} v{made.version} ({made.stage})")
 
 
@@ -91,10 +103,12 @@ def promote(
     ] = None,
     reason: Reason = "",
 ) -> None:
-    """Put a version in production (or, with --canary SHARE, start it as a canary)."""
+    """Put a version in production (or, with --canary SHARE, start it as a canary), once its artifact has
+    loaded: one that was deleted or damaged since it was registered is refused."""
     to = Stage.PRODUCTION if canary is None else Stage.CANARY
     with reporting(), open_store(db, create=False) as store:
-        moved = PolicyRegistry(store).promote(policy, version, to, share=canary, reason=reason)
+        registry = PolicyRegistry(store, check=artifact_loads)
+        moved = registry.promote(policy, version, to, share=canary, reason=reason)
     share = f" on {moved.share:.0%} of sessions" if moved.stage is Stage.CANARY else ""
     out.print(f"{policy} v{moved.version} is {moved.stage}{share}")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
@@ -153,11 +153,38 @@ def log_line(
     )
 
 
-class PolicyRegistry:
-    """Policy versions, their stages and the operations log, on a session store's database."""
+ArtifactCheck = Callable[[PolicyVersion], object]
+"""Loads a version's artifact (what serving it will do), raising when it cannot; what it returns is
+dropped. `Operations` passes its policy loader; `sessionrl policies` the Hugging Face one."""
 
-    def __init__(self, store: SessionStore) -> None:
+
+class UnusableArtifact(InvalidEvent):
+    """A version's artifact is missing or does not load: registering or promoting it is refused (422)."""
+
+    def __init__(self, version: PolicyVersion, problem: str) -> None:
+        super().__init__("artifact", f"{version.artifact!r} cannot serve {version.policy}: {problem}")
+
+
+def check_artifact(check: ArtifactCheck, version: PolicyVersion) -> None:
+    """Run `check` on `version`; whatever it raises (a loader raises anything from `FileNotFoundError` to a
+    framework's own errors) becomes `UnusableArtifact` naming the artifact and the reason."""
+    try:
+        check(version)
+    except Exception as exc:  # the loader is pluggable: any failure to load means it cannot serve
+        raise UnusableArtifact(version, f"{type(exc).__name__}: {exc}") from exc
+
+
+class PolicyRegistry:
+    """Policy versions, their stages and the operations log, on a session store's database.
+
+    With a `check`, a version is registered, and promoted to canary or production, only when its artifact
+    loads (`UnusableArtifact` otherwise): an artifact removed after registering is caught at promotion,
+    not by every request the version would serve. The check runs outside the store's transaction.
+    """
+
+    def __init__(self, store: SessionStore, *, check: ArtifactCheck | None = None) -> None:
         self.store = store
+        self.check = check
         self._db = store.backend
 
     # reads
@@ -230,6 +257,20 @@ class PolicyRegistry:
             raise InvalidEvent("policy", f"must match {POLICY_NAME.pattern}, got {policy[:40]!r}")
         lineage = lineage or Lineage()
         now = iso(utcnow())
+        if self.check is not None:
+            proposed = PolicyVersion(
+                policy=policy,
+                version=0,
+                kind=kind,
+                stage=Stage.CANDIDATE,
+                artifact=artifact,
+                share=0.0,
+                lineage=lineage,
+                evaluation=dict(evaluation or {}),
+                created_at=datetime.fromisoformat(now),
+                updated_at=datetime.fromisoformat(now),
+            )
+            check_artifact(self.check, proposed)
         with self._write(policy, key) as (conn, done):
             if done is not None:
                 return done
@@ -272,6 +313,8 @@ class PolicyRegistry:
             raise InvalidEvent("to", f"promote moves a version to canary or production, not {to}")
         if to is Stage.CANARY and not (share is not None and 0.0 < share <= 1.0):
             raise InvalidEvent("share", f"a canary needs a share in (0, 1], got {share}")
+        if self.check is not None:
+            check_artifact(self.check, self.get(policy, version))
         with self._write(policy, key) as (conn, done):
             if done is not None:
                 return done

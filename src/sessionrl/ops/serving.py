@@ -59,7 +59,7 @@ class Operations:
 
     def open(self, store: SessionStore) -> None:
         """Use the registry in `store` (the service's lifespan calls this when it opens the store)."""
-        self._registry = PolicyRegistry(store)
+        self._registry = PolicyRegistry(store, check=self.loader)  # what cannot load is never routed to
 
     @property
     def registry(self) -> PolicyRegistry:
@@ -79,7 +79,11 @@ class Operations:
         """The backend serving `version` (loaded on first use)."""
         key = (version.policy, version.version)
         if key not in self._loaded:
-            self._loaded[key] = self.loader(version)
+            try:
+                self._loaded[key] = self.loader(version)
+            except Exception as exc:  # e.g. its artifact was deleted after promotion: no retry helps
+                tag = version_tag(version.policy, version.version)
+                raise PolicyError(f"{tag} does not load: {exc}", retryable=False) from exc
         return self._loaded[key]
 
     async def decide(self, engine: Orchestrator, session: Session) -> RulesBackend | Route:

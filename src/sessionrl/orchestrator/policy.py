@@ -27,7 +27,14 @@ from sessionrl.skills.contract import SkillContract
 
 
 class PolicyError(SessionRLError):
-    """A backend could not answer (unreachable, overloaded, out of replies): the step fails unrecorded."""
+    """A backend could not answer (unreachable, overloaded, out of replies): the step fails unrecorded.
+
+    `retryable` is False when asking again cannot help: no backend is configured, or the version a
+    session is routed to does not load."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class PolicyReply(BaseModel):
