@@ -259,7 +259,7 @@ class Orchestrator:
     def route(self, session_id: str) -> PolicyBackend:
         """The backend that serves `session_id` (the same one every time, for its prompt cache)."""
         if not self.backends:
-            raise PolicyError("no policy backend is configured")
+            raise PolicyError("no policy backend is configured", retryable=False)
         return self.backends[route(session_id, len(self.backends))]
 
     # steps
@@ -441,7 +441,7 @@ class Orchestrator:
                 state_version=session.state_version,
                 error_code=StepError.POLICY_ERROR,
                 error_message=str(exc),
-                retryable=True,
+                retryable=exc.retryable,
                 masked=self._masked(),
             )
 
