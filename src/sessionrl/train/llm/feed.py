@@ -79,6 +79,10 @@ class Scored:
         return {k: float(v) for k, v in self.vector.get("step_rewards", {}).items()}
 
 
+class StaleFeed(RuntimeError):
+    """Every scored session the trainer read was sampled too many policy versions ago."""
+
+
 @dataclass(frozen=True, slots=True)
 class FeedRead:
     """What the trainer took from the feed: fresh scored sessions, how many stale ones it left, the cursor."""
@@ -86,6 +90,29 @@ class FeedRead:
     fresh: tuple[Scored, ...]
     stale: int
     cursor: int
+
+    def stale_note(self, max_lag: int) -> str | None:
+        """What to tell the console of the sessions left out for staleness; None when there were none.
+
+        >>> FeedRead((), 3, 0).stale_note(2)
+        'dropped 3 of 3 scored sessions: sampled more than rl.max_lag=2 policy versions ago'
+        """
+        if not self.stale:
+            return None
+        read = self.stale + len(self.fresh)
+        return (
+            f"dropped {self.stale} of {read} scored sessions: sampled more than rl.max_lag={max_lag}"
+            " policy versions ago"
+        )
+
+    def require_fresh(self, max_lag: int) -> None:
+        """Raise `StaleFeed` when stale sessions came and no fresh one did: the trainer would learn nothing
+        while rollouts went on sampling too old a policy."""
+        if self.stale and not self.fresh:
+            raise StaleFeed(
+                f"{self.stale_note(max_lag)}, and none was fresh: rollouts lag the trainer; raise rl.max_lag "
+                "or publish weights to the rollouts more often"
+            )
 
 
 def read_scored(store: SessionStore, after: int, *, stage: str, version: int, max_lag: int) -> FeedRead:
@@ -104,4 +131,4 @@ def read_scored(store: SessionStore, after: int, *, stage: str, version: int, ma
     return FeedRead(tuple(fresh), stale, cursor)
 
 
-__all__ = ["FeedRead", "RewardShaper", "Scored", "changed_sessions", "read_scored"]
+__all__ = ["FeedRead", "RewardShaper", "Scored", "StaleFeed", "changed_sessions", "read_scored"]

@@ -387,10 +387,15 @@ class Learned:
     stats: UpdateStats | None
 
 
-def learn(run: Run, trainer: GRPOTrainer) -> Learned:
-    """Read scored sessions from the feed, compute advantages, update once; advance the cursor."""
+def learn(run: Run, trainer: GRPOTrainer, console: Console | None = None) -> Learned:
+    """Read scored sessions from the feed, compute advantages, update once; advance the cursor. Sessions
+    sampled more than `rl.max_lag` versions ago are left out and said on `console` (`StaleFeed` when
+    nothing else came)."""
     cfg, policy = run.config.rl, run.need_policy()
     read = read_scored(run.store, run.state.cursor, stage="rl", version=policy.version, max_lag=cfg.max_lag)
+    if (note := read.stale_note(cfg.max_lag)) is not None:
+        (console or Console()).print(note, markup=False, highlight=False)
+    read.require_fresh(cfg.max_lag)
     scored = sorted(read.fresh, key=lambda s: s.session.session_id)
     # advantages: each session against its group, then per policy call
     rewards = {s.session.session_id: s.reward(cfg.trainer.reward) for s in scored}
@@ -472,8 +477,8 @@ def reinforce(
             run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)
             ticks.append(time.monotonic())
             # learn: feed, advantages, update
-            learned = learn(run, trainer)
-            policy.version += 1
+            learned = learn(run, trainer, console)
+            policy.version += 1  # the engine serves the updated weights as the next version
             ticks.append(time.monotonic())
             # log
             record = _iteration_record(iteration, ran, learned, ticks, policy.version)
