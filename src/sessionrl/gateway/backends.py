@@ -56,6 +56,8 @@ class ChatReply:
     prompt_token_ids: tuple[int, ...] | None = None
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    policy_version: int | None = None
+    """The version of our policy that sampled the tokens (None for other backends)."""
 
 
 class ChatBackend(Protocol):
@@ -130,6 +132,7 @@ class PolicyChat:
             prompt_token_ids=reply.prompt_token_ids,
             token_ids=reply.token_ids,
             logprobs=reply.logprobs,
+            policy_version=reply.policy_version,
         )
 
     async def models(self) -> list[str]:
