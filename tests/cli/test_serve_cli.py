@@ -69,6 +69,38 @@ def test_full_collections_are_spaced_from_the_command_line(
     assert runner.invoke(app, ["serve", "--full-gc-every", "0"]).exit_code == 2
 
 
+def test_a_config_file_sets_what_no_flag_does_and_flags_override_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = tmp_path / "service.yaml"
+    settings.write_text("rate_per_s: 50\norchestrator: {free_form_tools: true, cache_size: 7}\n")
+    config = served(monkeypatch, tmp_path, "--config", str(settings))["app"].state.config
+    assert (config.rate_per_s, config.orchestrator.free_form_tools, config.orchestrator.cache_size) == (
+        50,
+        True,
+        7,
+    )
+    flagged = served(monkeypatch, tmp_path, "--config", str(settings), "--rate", "9", "--cache-sessions", "8")
+    config = flagged["app"].state.config
+    assert (config.rate_per_s, config.orchestrator.free_form_tools, config.orchestrator.cache_size) == (
+        9,
+        True,
+        8,
+    )
+    settings.write_text("- not a mapping\n")
+    refused = runner.invoke(app, ["serve", "--config", str(settings)])
+    assert refused.exit_code == 2
+    assert "must be a mapping" in refused.output
+
+
+def test_every_flag_that_sets_a_field_takes_its_help_from_that_field() -> None:
+    from sessionrl.cli.serve import described
+    from sessionrl.service import ServiceConfig
+
+    assert described("rate_per_s").startswith(str(ServiceConfig.model_fields["rate_per_s"].description))
+    assert "[default: 2000.0]" in described("rate_per_s")
+
+
 def test_db_takes_a_path_or_a_url_and_defaults_to_the_store_the_other_commands_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -15,62 +15,92 @@ import typer
 import uvicorn
 import yaml
 from prometheus_client import CollectorRegistry, start_http_server
+from pydantic import BaseModel
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
 from sessionrl.ops.serving import route_gateway
 from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
-from sessionrl.service.collector import FULL_GC_EVERY_S
 
-CACHE_SESSIONS = OrchestratorConfig.model_fields["cache_size"].default
 UPSTREAM_KEY_ENV = "SESSIONRL_UPSTREAM_KEY"
+
+
+def described(field: str, *, model: type[BaseModel] = ServiceConfig) -> str:
+    """The help of the flag that sets `field`: the field's own description and default, so the two cannot
+    drift apart."""
+    info = model.model_fields[field]
+    default = info.get_default(call_default_factory=True)
+    return f"{info.description} [default: {default}]" if default is not None else str(info.description)
+
+
+def given(**flags: object) -> dict[str, object]:
+    """The flags a person gave (typer passes None for the others), by the config field each sets."""
+    return {name: value for name, value in flags.items() if value is not None}
+
+
+def mapping(value: object, where: str) -> dict[str, object]:
+    """`value` as a mapping of settings (none: empty); anything else is a bad `--config`."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{where} must be a mapping of settings, not {type(value).__name__}")
+    return {str(k): v for k, v in value.items()}
+
+
+def settings(path: Path) -> dict[str, object]:
+    """The service settings in the YAML file `path` (`--config`)."""
+    return mapping(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
 
 
 def serve(
     db: Db = DEFAULT_DB,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8321,
-    skills: Annotated[
+    config_file: Annotated[
         Path | None,
-        typer.Option("--skills", help="Folder of YAML skill contracts, served as simulated skills."),
+        typer.Option(
+            "--config",
+            help="A YAML file of the service's settings (`sessionrl.service.ServiceConfig`: limits, the "
+            "orchestrator's guards such as free_form_tools, the gateway, traces, ops); flags override it.",
+        ),
     ] = None,
+    skills: Annotated[Path | None, typer.Option("--skills", help=described("skills_dir"))] = None,
     tokens: Annotated[
         str | None,
         typer.Option(
             "--tokens",
-            help="Bearer tokens, 'tok1:read,write;tok2:read'. Default: $SESSIONRL_TOKENS, "
-            "else a new one, printed.",
+            help="Bearer tokens, 'tok1:read,write;tok2:read'. Default: $SESSIONRL_TOKENS, else "
+            "--tokens-file, else a new one, printed.",
         ),
     ] = None,
-    rate: Annotated[float, typer.Option("--rate", help="Requests per second allowed per token.")] = 2000.0,
-    time_factor: Annotated[
-        float, typer.Option("--time-factor", help="Wall seconds per simulated skill second.")
-    ] = 1.0,
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--tokens-file",
+            help="A file of tokens (token:scopes, one per line) that several serve processes share; "
+            "created with one new read-write token when missing. Default: $SESSIONRL_TOKENS_FILE.",
+            show_default=False,
+        ),
+    ] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help=described("rate_per_s"))] = None,
+    time_factor: Annotated[float | None, typer.Option("--time-factor", help=described("time_factor"))] = None,
     cache_sessions: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--cache-sessions",
             min=1,
-            help="Active sessions kept in memory (LRU). Size it to the sessions in flight: a step whose "
-            "session was evicted re-reads it from the store.",
+            help=described("cache_size", model=OrchestratorConfig)
+            + " Size it to the sessions in flight: an evicted session is read again from the store.",
         ),
-    ] = CACHE_SESSIONS,
+    ] = None,
     full_gc_every: Annotated[
-        float,
-        typer.Option(
-            "--full-gc-every",
-            min=0.001,
-            help="Seconds between full garbage collections; in between, collections skip objects that "
-            "survived one.",
-        ),
-    ] = FULL_GC_EVERY_S,
+        float | None, typer.Option("--full-gc-every", min=0.001, help=described("full_gc_every_s"))
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
     upstream: Annotated[
         str | None,
         typer.Option(
-            "--upstream",
-            help="An OpenAI-compatible server (such as https://host/v1) the gateway proxies to; its key "
-            "comes from $SESSIONRL_UPSTREAM_KEY.",
+            "--upstream", help=described("upstream_url") + f" Its key comes from ${UPSTREAM_KEY_ENV}."
         ),
     ] = None,
     policy: Annotated[
@@ -87,14 +117,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    ops: Annotated[
-        Path | None,
-        typer.Option(
-            "--ops",
-            help="Operations config (YAML, `sessionrl.ops.config.OpsConfig`): the registry policy the gateway"
-            " and the steps are routed to, canary rules, the alert webhook, fallback plans.",
-        ),
-    ] = None,
+    ops: Annotated[Path | None, typer.Option("--ops", help=described("ops") + " A YAML file.")] = None,
     proxy_headers: Annotated[
         bool,
         typer.Option(
@@ -108,26 +131,33 @@ def serve(
     With `--policy`, the model answers the gateway and the steps that ask the policy; with `--upstream`,
     the gateway proxies to that server. With neither, plan steps need a `plan` in their payload.
     """
-    fields: dict[str, object] = {
-        "upstream_url": upstream,
-        "upstream_api_key": os.environ.get(UPSTREAM_KEY_ENV),
-        "db_url": store_url(db),
-        "skills_dir": skills,
-        "rate_per_s": rate,
-        "rate_burst": max(1, int(rate * 2)),
-        "time_factor": time_factor,
-        "orchestrator": OrchestratorConfig(cache_size=cache_sessions),
-        "full_gc_every_s": full_gc_every,
-    }
-    if tokens is not None:
-        fields["tokens"] = parse_tokens(tokens)
-    if ops is not None:
-        fields["ops"] = yaml.safe_load(ops.read_text()) or {}
+    fields = settings(config_file) if config_file is not None else {}
+    fields |= given(
+        db_url=store_url(db),
+        skills_dir=skills,
+        rate_per_s=rate,
+        rate_burst=max(1, int(rate * 2)) if rate is not None else None,
+        time_factor=time_factor,
+        full_gc_every_s=full_gc_every,
+        upstream_url=upstream,
+        upstream_api_key=os.environ.get(UPSTREAM_KEY_ENV),
+        tokens=_tokens(tokens, tokens_file),
+        ops=(yaml.safe_load(ops.read_text()) or {}) if ops is not None else None,
+    )
+    if cache_sessions is not None:
+        fields["orchestrator"] = mapping(fields.get("orchestrator"), "orchestrator") | {
+            "cache_size": cache_sessions
+        }
     config = ServiceConfig.from_env(**fields)
     if not config.tokens:
         token = secrets.token_urlsafe(24)
         config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
-        print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr, flush=True)
+        print(
+            f"no tokens given; use this one (read, write): {token} (it is this process's own: for several"
+            f" processes, give them one --tokens-file or ${TOKENS_ENV})",
+            file=sys.stderr,
+            flush=True,
+        )
     backends: list[PolicyBackend] = []
     if policy is not None:
         from sessionrl.policy.llm import HFPolicy  # loads torch: only when a model is served
@@ -155,6 +185,26 @@ def serve(
 
 
 @contextmanager
+def _tokens(flag: str | None, file: Path | None) -> dict[str, frozenset[Scope]] | None:
+    """The tokens of `--tokens`; else, unless $SESSIONRL_TOKENS is set (the config reads it), those of
+    `--tokens-file` or $SESSIONRL_TOKENS_FILE, made with a new token when missing (`shared_tokens`)."""
+    if flag is not None:
+        return parse_tokens(flag)
+    if os.environ.get(TOKENS_ENV):
+        return None
+    env_file = os.environ.get(TOKENS_FILE_ENV)
+    path = file or (Path(env_file) if env_file else None)
+    if path is None:
+        return None
+    try:
+        found, created = shared_tokens(path)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tokens-file") from exc
+    if created:
+        print(f"wrote a new read-write token to {path}", file=sys.stderr, flush=True)
+    return found
+
+
 def metrics_without_token(registry: CollectorRegistry, host: str, port: int | None) -> Iterator[None]:
     """While the block runs, serve `registry` in the Prometheus text format on `host:port` to anyone who
     asks (any path), saying where on stderr; nothing when `port` is None. It is the same registry the
