@@ -17,10 +17,12 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 from pydantic import BaseModel
 
+from sessionrl.access import Scope
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
 from sessionrl.ops.serving import route_gateway
 from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
+from sessionrl.service.config import TOKENS_ENV, TOKENS_FILE_ENV, shared_tokens
 
 UPSTREAM_KEY_ENV = "SESSIONRL_UPSTREAM_KEY"
 
@@ -184,7 +186,6 @@ def serve(
         server.run()
 
 
-@contextmanager
 def _tokens(flag: str | None, file: Path | None) -> dict[str, frozenset[Scope]] | None:
     """The tokens of `--tokens`; else, unless $SESSIONRL_TOKENS is set (the config reads it), those of
     `--tokens-file` or $SESSIONRL_TOKENS_FILE, made with a new token when missing (`shared_tokens`)."""
@@ -205,6 +206,7 @@ def _tokens(flag: str | None, file: Path | None) -> dict[str, frozenset[Scope]] 
     return found
 
 
+@contextmanager
 def metrics_without_token(registry: CollectorRegistry, host: str, port: int | None) -> Iterator[None]:
     """While the block runs, serve `registry` in the Prometheus text format on `host:port` to anyone who
     asks (any path), saying where on stderr; nothing when `port` is None. It is the same registry the

@@ -1,6 +1,10 @@
 """Configuration of the HTTP service: where the store is, who may call it, and how much.
 
-Tokens come from the config or from the environment (`SESSIONRL_TOKENS="tok1:read,write;tok2:read"`).
+Tokens come from the config or from the environment: `SESSIONRL_TOKENS="tok1:read,write;tok2:read"`, or
+`SESSIONRL_TOKENS_FILE`, a file of such entries (one per line or `;`-separated; `#` starts a comment). Several
+`serve` processes behind one balancer must accept the same tokens: give them all the same variable or file
+(`shared_tokens` creates a missing file with one new token, so the first process to start makes it and the
+others read it).
 
 >>> sorted(scope.value for scope in parse_tokens("tok1:read,write;tok2:read")["tok1"])
 ['read', 'write']
@@ -9,6 +13,7 @@ Tokens come from the config or from the environment (`SESSIONRL_TOKENS="tok1:rea
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -21,6 +26,7 @@ from sessionrl.service.collector import FULL_GC_EVERY_S
 
 TOKENS_ENV = "SESSIONRL_TOKENS"
 
+TOKENS_FILE_ENV = "SESSIONRL_TOKENS_FILE"
 
 def parse_tokens(text: str) -> dict[str, frozenset[Scope]]:
     """Parse `token:scope,scope;token:scope`; raise `ValueError` naming the bad entry."""
@@ -39,6 +45,44 @@ def parse_tokens(text: str) -> dict[str, frozenset[Scope]]:
 
 
 class ServiceConfig(BaseModel):
+def read_tokens_file(path: Path) -> dict[str, frozenset[Scope]]:
+    """The tokens in a file of `token:scopes` entries (see the module doc); `ValueError` when it holds
+    none or an entry is malformed, naming the file."""
+    lines = (line.partition("#")[0] for line in path.read_text(encoding="utf-8").splitlines())
+    try:
+        tokens = parse_tokens(";".join(lines))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not tokens:
+        raise ValueError(f"{path} holds no token (expected lines like token:read,write)")
+    return tokens
+
+
+def shared_tokens(path: Path) -> tuple[dict[str, frozenset[Scope]], bool]:
+    """The tokens of `path`, and whether this call created it: a file that does not exist yet is made,
+    readable by its owner alone, with one new read-write token. It appears whole (written aside, then
+    linked into place), so processes starting together all read the same token, whichever made it."""
+    if path.exists():
+        return read_tokens_file(path), False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("# sessionrl serve tokens (token:scopes, one per line)\n")
+            out.write(f"{secrets.token_urlsafe(24)}:read,write\n")
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(aside, path)
+            created = True
+        except FileExistsError:  # another process made it first: use its token
+            created = False
+    finally:
+        aside.unlink()
+    return read_tokens_file(path), created
+
+
     """Everything `create_app` needs besides the skills and policy backends."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -90,7 +134,10 @@ class ServiceConfig(BaseModel):
 
     @classmethod
     def from_env(cls, **fields: object) -> ServiceConfig:
-        """A config whose tokens (when not given in `fields`) are read from `SESSIONRL_TOKENS`."""
+        """A config whose tokens (when not given in `fields`) are read from `SESSIONRL_TOKENS`, else from
+        the file `SESSIONRL_TOKENS_FILE` names."""
         if "tokens" not in fields and os.environ.get(TOKENS_ENV):
             fields["tokens"] = parse_tokens(os.environ[TOKENS_ENV])
         return cls.model_validate(fields)
+        elif "tokens" not in fields and os.environ.get(TOKENS_FILE_ENV):
+            fields["tokens"] = read_tokens_file(Path(os.environ[TOKENS_FILE_ENV]))
