@@ -25,8 +25,8 @@ from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S
 
 TOKENS_ENV = "SESSIONRL_TOKENS"
-
 TOKENS_FILE_ENV = "SESSIONRL_TOKENS_FILE"
+
 
 def parse_tokens(text: str) -> dict[str, frozenset[Scope]]:
     """Parse `token:scope,scope;token:scope`; raise `ValueError` naming the bad entry."""
@@ -44,7 +44,6 @@ def parse_tokens(text: str) -> dict[str, frozenset[Scope]]:
     return tokens
 
 
-class ServiceConfig(BaseModel):
 def read_tokens_file(path: Path) -> dict[str, frozenset[Scope]]:
     """The tokens in a file of `token:scopes` entries (see the module doc); `ValueError` when it holds
     none or an entry is malformed, naming the file."""
@@ -83,6 +82,7 @@ def shared_tokens(path: Path) -> tuple[dict[str, frozenset[Scope]], bool]:
     return read_tokens_file(path), created
 
 
+class ServiceConfig(BaseModel):
     """Everything `create_app` needs besides the skills and policy backends."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -138,6 +138,6 @@ def shared_tokens(path: Path) -> tuple[dict[str, frozenset[Scope]], bool]:
         the file `SESSIONRL_TOKENS_FILE` names."""
         if "tokens" not in fields and os.environ.get(TOKENS_ENV):
             fields["tokens"] = parse_tokens(os.environ[TOKENS_ENV])
-        return cls.model_validate(fields)
         elif "tokens" not in fields and os.environ.get(TOKENS_FILE_ENV):
             fields["tokens"] = read_tokens_file(Path(os.environ[TOKENS_FILE_ENV]))
+        return cls.model_validate(fields)
