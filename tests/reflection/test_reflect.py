@@ -54,6 +54,18 @@ def change(tool: str, **params: object) -> Callable[[ExpertPlan], ExpertPlan]:
     return spoil
 
 
+def repeat(tool: str) -> Callable[[ExpertPlan], ExpertPlan]:
+    """The plan with its `tool` step done a second time, right after the first: a call nobody asked for."""
+
+    def spoil(plan: ExpertPlan) -> ExpertPlan:
+        first = next(s for s in plan.steps if s.tool == tool)
+        again = dataclasses.replace(first, id=f"{first.id}_again", depends_on=(first.id,))
+        at = plan.steps.index(first) + 1
+        return dataclasses.replace(plan, steps=(*plan.steps[:at], again, *plan.steps[at:]))
+
+    return spoil
+
+
 def reply(text: str) -> Callable[[ExpertPlan], ExpertPlan]:
     return lambda plan: dataclasses.replace(plan, final_message=text)
 
@@ -69,6 +81,8 @@ CASES = [
     (IssueType.LOST_PARCEL, drop("erp_sync"), RootCause.MISSING_STEP),
     # every call right, the reply says nothing of the outcome
     (IssueType.WRONG_ADDRESS, reply("All done, thanks!"), RootCause.HALLUCINATED_RESULT),
+    # the address is changed a second time: an effectful call the ticket did not ask for
+    (IssueType.WRONG_ADDRESS, repeat("order_update_address"), RootCause.WRONG_TOOL),
 ]
 
 

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from sessionrl.envs.faults import Faults
 from sessionrl.skills import Skill, SkillContract
@@ -87,16 +87,25 @@ class ExpertPlan:
         return tuple(step.id for step in self.steps)
 
 
+EXTRA_CALLS: Final = "extra_calls"
+"""`Outcome.findings` kind: tools the episode called that the task did not ask for."""
+RISKY: Final = "risky"
+"""`Outcome.findings` kind: the risks the episode took (a refund before the return was confirmed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How an episode ended, criterion by criterion.
 
     `checks` names each criterion of success (for retail: `state` and `outputs`); the task is solved when
-    there is at least one and all of them hold. `detail` says in words what failed.
+    there is at least one and all of them hold. `detail` says in words what failed, for people; `findings`
+    says it for programs (reflection reads it), by kind: `EXTRA_CALLS` (tools called that the task did not
+    ask for) and `RISKY` (names of risks taken), each with what was found, in order.
     """
 
     checks: Mapping[str, bool]
     detail: str = ""
+    findings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def success(self) -> bool:

@@ -1,7 +1,8 @@
 """The end of every episode: one `task_outcome` verdict, and why a judged session is not a solution.
 
 The verdict is a `task_outcome` feedback: score 1.0 when the env's checker says the task is solved, else
-0.0; annotator `<env>_checker`; `data` holds the checks by name and the checker's detail in words.
+0.0; annotator `<env>_checker`; `data` holds the checks by name, the checker's detail in words and its
+findings by kind (`Outcome.findings`).
 
 `why_unsolved` reads a stored session and names, in one short code, why it does not count as a solved
 episode (a demonstration imitation could learn from):
@@ -25,7 +26,11 @@ def verdict(env: str, outcome: Outcome) -> Feedback:
         score=1.0 if outcome.success else 0.0,
         comment=outcome.detail or None,
         annotator=f"{env}_checker",
-        data={"checks": dict(outcome.checks), "detail": outcome.detail},
+        data={
+            "checks": dict(outcome.checks),
+            "detail": outcome.detail,
+            "findings": {kind: list(found) for kind, found in outcome.findings.items()},
+        },
     )
 
 

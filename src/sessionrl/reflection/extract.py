@@ -6,8 +6,8 @@ reflection record out. Rules, first match wins:
 2. with the expert's plan, the first expert step no successful call matched: `bad_parameter` when its
    tool was called with other values, `wrong_order` when it was called before its dependencies, else
    `missing_step`;
-3. the checker flagged a risky call (a refund before the return was confirmed): `wrong_order`;
-4. the checker found an effectful call the task did not ask for: `wrong_tool`;
+3. the checker's findings name a risk taken (a refund before the return was confirmed): `wrong_order`;
+4. its findings name a call the task did not ask for: `wrong_tool`;
 5. every call matched but the reply failed its check: `hallucinated_result`;
 6. otherwise `missing_step`.
 
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import orjson
 
-from sessionrl.envs.base import ExpertPlan, ExpertStep
+from sessionrl.envs.base import EXTRA_CALLS, RISKY, ExpertPlan, ExpertStep
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.levels import misread
 from sessionrl.reflection.record import Reflection, RootCause
@@ -42,7 +42,7 @@ def reflect(session: Session, expert: ExpertPlan | None = None) -> Reflection | 
     """The reflection on a failed `session` (None when it did not fail); see the module doc."""
     if task_success(session) is not False:
         return None
-    checks, detail = _verdict(session)
+    checks, findings = _verdict(session)
     steps = {step.tool: step for step in expert.steps} if expert is not None else {}
     failed = _unresolved(session.tool_calls)
     if failed is not None:
@@ -51,12 +51,12 @@ def reflect(session: Session, expert: ExpertPlan | None = None) -> Reflection | 
         found = _unmatched_step(session, expert)
         if found is not None:
             return found
-    if "risky:" in detail:
-        risk = detail.split("risky:", 1)[1].split(";")[0].strip()
+    if findings.get(RISKY):
+        risk = findings[RISKY][0]
         hypothesis = f"Confirming first what {risk} skipped makes the `no_risk` check pass."
         return Reflection(session.session_id, RootCause.WRONG_ORDER, hypothesis, _in_order(expert), "no_risk")
-    if checks.get("no_extra_actions") is False:
-        extra = detail.split("unasked-for ", 1)[-1].split(" call")[0]
+    if findings.get(EXTRA_CALLS):
+        extra = findings[EXTRA_CALLS][0]
         hypothesis = f"Leaving out the {extra} call makes the `no_extra_actions` check pass."
         plan = (f"do not call {extra}", *_in_order(expert))
         return Reflection(session.session_id, RootCause.WRONG_TOOL, hypothesis, plan, "no_extra_actions")
@@ -69,14 +69,16 @@ def reflect(session: Session, expert: ExpertPlan | None = None) -> Reflection | 
     return Reflection(session.session_id, RootCause.MISSING_STEP, hypothesis, _in_order(expert), "pattern")
 
 
-def _verdict(session: Session) -> tuple[dict[str, bool], str]:
+def _verdict(session: Session) -> tuple[dict[str, bool], dict[str, tuple[str, ...]]]:
+    """The latest verdict's checks by name and its findings by kind (`Outcome.findings`)."""
     verdicts = [f for f in session.feedback if f.type == FeedbackType.TASK_OUTCOME]
     if not verdicts:
-        return {}, ""
+        return {}, {}
     data = verdicts[-1].data
-    checks = data.get("checks", {})
-    return ({str(k): bool(v) for k, v in checks.items()} if isinstance(checks, dict) else {}), str(
-        data.get("detail", "")
+    checks, findings = data.get("checks", {}), data.get("findings", {})
+    return (
+        {str(k): bool(v) for k, v in checks.items()} if isinstance(checks, dict) else {},
+        {str(k): tuple(map(str, v)) for k, v in findings.items()} if isinstance(findings, dict) else {},
     )
 
 

@@ -19,7 +19,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from sessionrl.envs.base import ExpertStep, Outcome
+from sessionrl.envs.base import EXTRA_CALLS, RISKY, ExpertStep, Outcome
 from sessionrl.envs.orders.expert import Facts, amount_spellings, key_facts, pattern
 from sessionrl.envs.orders.ticket import IssueType, Ticket
 from sessionrl.envs.orders.tools import World
@@ -181,4 +181,7 @@ def judge(world: World, messages: Sequence[str]) -> Outcome:
         "no_risk": not world.risk_flags,
         "message": not facts,
     }
-    return Outcome(checks=checks, detail="; ".join(details))
+    findings = {EXTRA_CALLS: tuple(extra), RISKY: tuple(world.risk_flags)}
+    return Outcome(
+        checks=checks, detail="; ".join(details), findings={k: v for k, v in findings.items() if v}
+    )
