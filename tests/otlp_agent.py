@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -45,7 +45,7 @@ def instrument(kind: str, provider: TracerProvider) -> None:
     if kind == "genai":
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
-        OpenAIInstrumentor().instrument(tracer_provider=provider)
+        OpenAIInstrumentor().instrument(tracer_provider=provider)  # type: ignore[no-untyped-call]
     else:
         from openinference.instrumentation.openai import OpenAIInstrumentor as OpenInferenceInstrumentor
 

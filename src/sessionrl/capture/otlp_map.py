@@ -180,7 +180,7 @@ def _response(span: Span) -> tuple[str, tuple[ToolRequest, ...]]:
 def _gen_ai_message(m: Doc) -> Message:
     """A GenAI-convention message: a role and typed parts (text, tool_call, tool_call_response)."""
     parts = [p for p in _list(m.get("parts")) if isinstance(p, dict)]
-    text = "".join(str(p.get("content", "")) for p in parts if p.get("type") in ("text", "reasoning"))
+    text = "".join(str(p.get("content", "")) for p in parts if p.get("type") == "text")
     calls = tuple(
         _tool_request(p.get("id"), p.get("name"), p.get("arguments"), i)
         for i, p in enumerate(parts)

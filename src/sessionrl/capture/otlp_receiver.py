@@ -42,8 +42,11 @@ from sessionrl.capture.otlp_spans import Span
 from sessionrl.errors import InvalidEvent, NotFound, SessionRLError
 from sessionrl.session.events import Event, FeedbackAdded, PlanSet, SessionCreated
 from sessionrl.session.lifecycle import ACTIVE
+from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
 from sessionrl.store.writes import Write
+
+ROOT_ENDED = "root span ended"
 
 
 @dataclass
@@ -59,6 +62,8 @@ class _Group:
     last_seen: float = 0.0
     deferred: list[Event] = field(default_factory=list)
     waiting: list[Span] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What went wrong while assembling, written into the session's metadata when it is finished."""
     """Spans held until one tells the session's request (the session opens with it), or the finish."""
     opened: bool = False
     closed: bool = False
@@ -139,8 +144,8 @@ class TraceReceiver:
                 self._stage(key, spans, batch, done)
             self._write(batch, done)
             if self.config.root_grace_s == 0:
-                for group in [g for g in self._groups.values() if g.complete() and not g.closed]:
-                    self._close(group, "root span ended", done)
+                ended = [(g, ROOT_ENDED) for g in self._groups.values() if g.complete() and not g.closed]
+                self._close(ended, done)
             for key in [k for k, g in self._groups.items() if g.closed]:
                 self._forget(key)
         return done
@@ -152,14 +157,15 @@ class TraceReceiver:
         grace, idle = self.config.root_grace_s, self.config.idle_finish_s
         with self._lock:
             now = self._clock()
-            for group in list(self._groups.values()):
+            ending: list[tuple[_Group, str]] = []
+            for group in self._groups.values():
                 quiet = now - group.last_seen
                 if group.complete() and quiet >= grace:
-                    self._close(group, "root span ended", done)
+                    ending.append((group, ROOT_ENDED))
                 elif quiet >= idle:
-                    self._close(group, f"no span came for {idle:g} s", done)
-                else:
-                    continue
+                    ending.append((group, f"no span came for {idle:g} s"))
+            self._close(ending, done)
+            for group, _ in ending:
                 self._forget(group.key)
         return done.finished
 
@@ -216,27 +222,44 @@ class TraceReceiver:
                 done.accepted -= spans
                 done.refuse(spans, f"{event.event_id}: {result}")
 
-    def _close(self, group: _Group, reason: str, done: Ingested) -> None:
-        notes = [] if group.root is not None else ["no root span came: finished when spans stopped coming"]
-        if not group.opened:
-            notes.append("no span told the request the session answers: its user_query is empty")
-            batch = _Batch()
-            self._open(group, group.waiting, batch)
-            self._add(group, group.waiting, batch)
-            self._write(batch, done)
-        session = self.store.get(group.session_id)
-        notes += group.missing()
-        events = closing(session, group.root, group.key, reason) + group.deferred
-        results = self.store.append_batch([(group.session_id, e, None) for e in events])
-        for event, result in zip(events, results, strict=True):
+    def _close(self, ending: list[tuple[_Group, str]], done: Ingested) -> None:
+        """Finish sessions (each with its reason), all in one transaction, then note what was missing."""
+        if not ending:
+            return
+        waiting = _Batch()
+        for group, _ in ending:
+            if not group.opened:
+                group.notes.append("no span told the request the session answers: its user_query is empty")
+                self._open(group, group.waiting, waiting)
+                self._add(group, group.waiting, waiting)
+        if waiting.writes:
+            self._write(waiting, done)
+        batch = _Batch()
+        latest: dict[str, Session] = {}
+        for group, reason in ending:
+            if group.root is None:
+                group.notes.append("no root span came: finished when spans stopped coming")
+            group.notes += group.missing()
+            latest[group.session_id] = session = self.store.get(group.session_id)
+            for event in closing(session, group.root, group.key, reason) + group.deferred:
+                batch.add(group, event, spans=0)
+        results = self.store.append_batch(batch.writes)
+        for (group, event, _), result in zip(batch.owners, results, strict=True):
             if isinstance(result, SessionRLError):
-                notes.append(f"event {event.event_id} left out: {result}")
+                group.notes.append(f"event {event.event_id} left out: {result}")
             else:
-                session = result
-        for event in warnings_patch(session, notes, group.key):
-            self.store.append(group.session_id, event)
-        group.closed = True
-        done.finished.append(group.session_id)
+                latest[group.session_id] = result
+        notes = [
+            (g.session_id, e, None)
+            for g, _ in ending
+            for e in warnings_patch(latest[g.session_id], g.notes, g.key)
+        ]
+        for result in self.store.append_batch(notes) if notes else ():
+            if isinstance(result, SessionRLError):
+                raise result
+        for group, _ in ending:
+            group.closed = True
+            done.finished.append(group.session_id)
 
     def _forget(self, key: str) -> None:
         group = self._groups.pop(key)
