@@ -51,11 +51,13 @@ def batch(vocab: int) -> list[TokenSequence]:
 
 
 def update(sft: SFTTrainer, grpo: GRPOTrainer, sequences: list[TokenSequence]) -> None:
-    """One SFT step, then one GRPO step of two epochs, on every rank."""
+    """One SFT step, then a GRPO step of two epochs, then one on a single sequence (the other ranks' shards
+    are empty), on every rank."""
     lead(sft)
     step_everywhere(sft, sequences)
     lead(grpo)
     step_everywhere(grpo, sequences)
+    step_everywhere(grpo, sequences[:1])
 
 
 def step_config(folder: Path) -> RunConfig:
@@ -97,7 +99,7 @@ def main(mode: str, folder: Path) -> None:
         sft = SFTTrainer(policy.model, SFT, 0)
         update(sft, GRPOTrainer(policy.model, GRPO, 0), batch(len(policy.tokenizer)))
         release()
-        weights, steps = policy.model.state_dict(), 2
+        weights, steps = policy.model.state_dict(), 3
     else:
         train(config)
         weights, steps = HFPolicy.load(config.run_dir / "rl_policy").model.state_dict(), -1

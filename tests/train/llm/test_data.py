@@ -192,3 +192,8 @@ def test_end_to_end_packing_fills_each_micro_batch_up_to_the_budget() -> None:
     assert sorted(i for g in groups for i in g) == list(range(8))
     assert all(sum(lengths[i] for i in g) <= 1024 for g in groups)
     assert len(groups) == 2  # 1725 tokens need two micro-batches of 1024
+
+
+def test_an_empty_shard_packs_to_an_empty_batch() -> None:
+    batch = packed([], budget=64)
+    assert (batch.micro, batch.policy_tokens, batch.tokens, batch.computed) == ((), 0, 0, 0)

@@ -48,7 +48,9 @@ def test_two_ranks_take_the_step_one_process_takes_on_the_whole_batch(tmp_path: 
     single = LlamaForCausalLM.from_pretrained(tmp_path / "run" / "base")
     sequences = batch(len(tokenizer))
     SFTTrainer(single, SFT, 0).step(sequences)
-    GRPOTrainer(single, GRPO, 0).step(sequences)
+    grpo = GRPOTrainer(single, GRPO, 0)
+    grpo.step(sequences)
+    grpo.step(sequences[:1])
 
     torchrun("step", tmp_path)
 
@@ -56,7 +58,7 @@ def test_two_ranks_take_the_step_one_process_takes_on_the_whole_batch(tmp_path: 
     expected = single.state_dict()
     for rank in (0, 1):
         ranked = weights(tmp_path, rank)
-        assert int(ranked.pop("steps")) == 2
+        assert int(ranked.pop("steps")) == 3
         assert ranked.keys() == expected.keys()
         for name, value in expected.items():
             torch.testing.assert_close(ranked[name], value, rtol=1e-4, atol=1e-5, msg=name)

@@ -475,7 +475,9 @@ def packed(sequences: Sequence[TokenSequence], budget: int, share_prefixes: bool
     (`chunk_shared`), so those beginning alike meet in one micro-batch and share their prefix; without,
     `pack_end_to_end` fills the micro-batches."""
     lengths = [len(s) for s in sequences]
-    if share_prefixes:
+    if not sequences:  # a data-parallel rank's empty shard
+        groups = []
+    elif share_prefixes:
         groups = chunk_shared([s.input_ids[: shareable(s.loss_mask)] for s in sequences], lengths, budget)
     else:
         groups = pack_end_to_end(lengths, budget)

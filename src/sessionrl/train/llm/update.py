@@ -21,7 +21,7 @@ from torch import Tensor
 from torch import distributed as dist
 from torch.nn import functional as F
 
-from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, shard
+from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, concatenate, shard
 from sessionrl.train.llm.packing import packed_kwargs, use_packed_attention
 
 LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
@@ -121,6 +121,8 @@ def accumulate(
         loss_sum += loss.item() * share
         for name, value in extra.items():
             parts[name] = parts.get(name, 0.0) + value * share
+    if not parts and world_size() > 1:
+        parts = _diagnostic_names(loss_fn, device)
     _sum_gradients(_params(optimizer))
     names = sorted(parts)
     loss_sum, *summed = _across_ranks([loss_sum, *(parts[n] for n in names)], device)
@@ -130,6 +132,15 @@ def accumulate(
     return UpdateStats(
         loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens, padding
     )
+
+
+def _diagnostic_names(loss_fn: LossFn, device: torch.device) -> dict[str, float]:
+    """The diagnostics `loss_fn` reports, each 0: what a rank whose shard holds no policy token adds to
+    the sum over ranks (the ranks sum the same names). Taken from a two-token placeholder, no gradient."""
+    placeholder = TokenSequence((0, 0), (False, True), (0.0, 0.0), (0.0, 0.0))
+    with torch.no_grad():
+        _, extra = loss_fn(concatenate([placeholder]).to(device))
+    return dict.fromkeys(extra, 0.0)
 
 
 def world_size() -> int:
