@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -12,7 +13,10 @@ from rich.table import Table
 from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, out, reporting
 from sessionrl.store.archive import Archive, archive_finished
 
-app = typer.Typer(help="Store maintenance: consistency checks and the Parquet archive.", no_args_is_help=True)
+app = typer.Typer(
+    help="Store maintenance: consistency checks, the Parquet archive, a throwaway PostgreSQL to try.",
+    no_args_is_help=True,
+)
 
 ArchiveUrl = Annotated[
     str, typer.Argument(help="Archive location: a folder, file://... or s3://bucket/prefix.")
@@ -64,3 +68,37 @@ def archive(
     with reporting(), open_store(db, create=False) as store:
         moved = archive_finished(store, Archive(url), before=cutoff)
     out.print(f"archived {moved} session(s) to {escape(url)}")
+
+
+@app.command("postgres")
+def postgres(
+    durable: Annotated[
+        bool, typer.Option("--durable", help="Wait for the disk on every commit (default: fast, losable).")
+    ] = False,
+) -> None:
+    """Start a throwaway PostgreSQL server to try the PostgreSQL store on this machine; Ctrl-C stops it
+    and deletes its data.
+
+    It prints the store URL to pass as `--db` (a Unix socket in a temporary folder, no TCP port), then
+    waits. As root, the server runs as the `postgres` user (PostgreSQL refuses root). Not for data that
+    matters: unless `--durable`, it does not wait for the disk.
+    """
+    import signal
+    import threading
+
+    from sessionrl.store.postgres_server import LocalPostgres, find_bin_dir
+
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        err.print("error: PostgreSQL is not installed (no initdb on PATH or under /usr/lib/postgresql/*/bin)")
+        raise typer.Exit(1)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with reporting(), LocalPostgres(bin_dir, durable=durable) as server:
+        with open_store(server.url(), create=True):
+            pass  # the store's tables, and the text-search extension, exist before anyone connects
+        out.print(server.url(), soft_wrap=True)
+        err.print(f"PostgreSQL is up in {server.folder}; pass the URL above as --db. Ctrl-C stops it.")
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+    err.print("stopped; its data is gone")

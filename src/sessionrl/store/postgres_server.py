@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL server in a temporary folder, for tests and benchmarks (`LocalPostgres`).
+"""A throwaway PostgreSQL server in a temporary folder (`LocalPostgres`): `sessionrl store postgres` for a
+person trying the PostgreSQL store, and the tests and benchmarks.
 
 It listens on a Unix socket inside its folder only (no TCP port), trusts local connections, and is
 tuned for speed over durability (`fsync=off`) unless started `durable` (as a benchmark that compares it
