@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -104,3 +105,14 @@ def test_config_factory_takes_the_fields_of_a_config_dataclass() -> None:
     assert len(envs.build("sized", train="2").tasks(Split.TRAIN)) == 2
     with pytest.raises(TypeError, match="is not a dataclass"):
         config_factory(OrdersEnv, int)
+
+
+def test_module_class_names_are_found_in_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = "from sessionrl.envs import build\n\n\ndef make():\n    return build('orders', train=2)\n"
+    (tmp_path / "shop_here.py").write_text(module)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert len(build("shop_here:make").tasks(Split.TRAIN)) == 2
+    sys.modules.pop("shop_here", None)
