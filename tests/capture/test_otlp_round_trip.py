@@ -165,7 +165,7 @@ def content(session: Session) -> dict[str, Any]:
 
 
 @given(session=sessions(), json=st.booleans())
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_export_then_import_gives_the_same_session(session: Session, json: bool) -> None:
     decoded = decode(encode(session_spans(session), json=json), json=json)
     assert decoded.problems == []

@@ -79,7 +79,7 @@ def session_id_of(key: str) -> str:
     """The session id a key stands for (a valid id: long or odd values are hashed).
 
     >>> session_id_of("trace:0af7651916cd43dd8448eb211c80319c"), session_id_of("attr:chat 7")
-    ('otel-0af7651916cd43dd8448eb211c80319c', 'otel-e6a4c2b05f0b6f3b8d43')
+    ('otel-0af7651916cd43dd8448eb211c80319c', 'otel-f67cef2ac9a284c7f6a5')
     """
     kind, _, value = key.partition(":")
     if kind == "sessionrl":
