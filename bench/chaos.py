@@ -1,7 +1,7 @@
 """Chaos run (`make chaos`, long; not part of `make test`): kill writers and servers, fuzz the service.
 
 1. Writer kills: on each backend (SQLite file, PostgreSQL), `--kill-trials` trials of a forked writer
-   appending to the store, killed with SIGKILL at a random moment (`sessionrl.store.crash`); every
+   appending to the store, killed with SIGKILL at a random moment (`bench/research/crash.py`); every
    acknowledged write must be in the store, every log must fold to its view, the store consistent.
 2. Server kills: on each backend, one `sessionrl serve` process under load from `--drivers` clients,
    each driving sessions (open, tool steps, finish) with an idempotency key per request and retrying a
@@ -86,7 +86,7 @@ def store_urls(folder: Path, backends: list[str]) -> Iterator[dict[str, Any]]:
 
 
 def writer_kills(make_url: Any, trials: int, per_db: int = 10) -> dict[str, int]:
-    from sessionrl.store.crash import run_trial, survivors
+    from research.crash import run_trial, survivors
 
     rng = random.Random(2026)
     lost = broken = drift = acknowledged = 0

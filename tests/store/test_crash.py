@@ -13,7 +13,7 @@ import random
 import pytest
 from store_support import FreshURL
 
-from sessionrl.store.crash import run_trial, survivors
+from research.crash import run_trial, survivors
 
 pytestmark = pytest.mark.slow
 

@@ -1,8 +1,5 @@
 """Reward shaping: rules → discount → judge refinement → weighted layers → versioned reward vectors.
 
-Sparse-feedback tools (reward model, annotation queue, curriculum) live in `sessionrl.rewards.sparse`,
-which imports scikit-learn.
-
 >>> from sessionrl.rewards import RewardEngine
 >>> engine = RewardEngine()
 >>> engine.ruleset.name
