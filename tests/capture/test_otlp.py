@@ -170,3 +170,21 @@ def test_a_root_less_file_still_imports_with_a_warning_in_the_session() -> None:
 def test_spans_built_here_are_what_the_support_module_says() -> None:
     # guard against the fixture drifting: a plain span with no conventions maps to no call
     assert sessions_from_spans([span("c000000000000001", None, "work", {}, 0, 1)]).sessions[0].llm_calls == ()
+
+
+def test_an_evaluation_span_is_feedback_on_its_parents_call() -> None:
+    judged = span(
+        "a000000000000009",
+        "a000000000000004",
+        "evaluate",
+        {
+            "gen_ai.evaluation.name": "relevance",
+            "gen_ai.evaluation.score.value": 1,
+            "gen_ai.evaluation.score.label": "relevant",
+        },
+        85,
+        86,
+    )
+    feedback = {f.annotator: f for f in one_session([*genai_trace(), judged]).feedback}
+    assert feedback["relevance"].anchor.call_id == "a000000000000004"
+    assert (feedback["relevance"].score, feedback["relevance"].data) == (1.0, {"label": "relevant"})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -142,8 +142,9 @@ def conventions(spans: Iterable[Span]) -> list[str]:
     return sorted(found)
 
 
-def span_events(span: Span, key: str) -> tuple[list[Event], list[Event]]:
-    """(the span's call, its feedback): an LLM or tool call event, and its evaluation results."""
+def span_events(span: Span, key: str, known: Mapping[str, Span]) -> tuple[list[Event], list[Event]]:
+    """(the span's call, its feedback): an LLM or tool call event, and its evaluation results, about its
+    own call, or for an evaluation span about its parent's call when the parent is among `known`."""
     role = m.role_of(span)
     prefix = f"otlp.{digest(key)}.{span.span_id}"
     calls: list[Event] = []
@@ -154,6 +155,9 @@ def span_events(span: Span, key: str) -> tuple[list[Event], list[Event]]:
         tool = m.tool_call(span)
         calls.append(ToolCallRecorded(call=tool, at=tool.finished_at, event_id=prefix))
     anchor = m.call_id_of(span) if role != m.OTHER else None
+    parent = known.get(span.parent_span_id or "")
+    if anchor is None and parent is not None and m.role_of(parent) != m.OTHER:
+        anchor = m.call_id_of(parent)
     found = m.feedback(span, anchor)
     notes: list[Event] = [
         FeedbackAdded(feedback=f, at=f.received_at, event_id=f"{prefix}.f{i}") for i, f in enumerate(found)
@@ -260,8 +264,9 @@ def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, s
     session = apply(None, opening(session_id_of(key), spans, key))
     calls: list[Event] = []
     feedback: list[Event] = []
+    known = {s.span_id: s for s in spans}
     for span in ordered(spans):
-        c, f = span_events(span, key)
+        c, f = span_events(span, key, known)
         calls += c
         feedback += f
     for event in calls:

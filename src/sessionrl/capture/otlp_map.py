@@ -290,11 +290,13 @@ def _params(value: Any) -> Doc:
 
 
 def feedback(span: Span, anchor_call: str | None) -> list[Feedback]:
-    """The span's evaluation results (GenAI's `gen_ai.evaluation.result` events) as feedback, anchored
-    to `anchor_call` (the span's own call) unless the event names its anchor."""
-    return [
-        _feedback(span, i, e, anchor_call) for i, e in enumerate(span.events) if e.name == EVALUATION_EVENT
-    ]
+    """The span's evaluation results as feedback, anchored to `anchor_call` unless one names its anchor:
+    GenAI's `gen_ai.evaluation.result` events, and the span itself when it carries `gen_ai.evaluation.*`
+    attributes (an evaluation span, at its end)."""
+    found = [e for e in span.events if e.name == EVALUATION_EVENT]
+    if "gen_ai.evaluation.name" in span.attributes:
+        found.append(SpanEvent(EVALUATION_EVENT, span.end_ns, span.attributes))
+    return [_feedback(span, i, e, anchor_call) for i, e in enumerate(found)]
 
 
 def _feedback(span: Span, i: int, event: SpanEvent, anchor_call: str | None) -> Feedback:

@@ -200,8 +200,9 @@ class TraceReceiver:
     def _add(self, group: _Group, spans: list[Span], batch: _Batch) -> None:
         """A group's spans as events: calls in session order, then the feedback on them."""
         feedback: list[Event] = []
+        known = {s.span_id: s for s in spans}
         for span in ordered(spans):
-            calls, notes = span_events(span, group.key)
+            calls, notes = span_events(span, group.key, known)
             for event in calls:
                 batch.add(group, event, spans=int(not isinstance(event, PlanSet)))
             feedback += notes
