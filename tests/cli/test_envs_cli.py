@@ -70,8 +70,12 @@ def test_list_data_goes_to_the_domain_it_names(tmp_path: Path) -> None:
         "and a task file (tasks_train.json, tasks_dev.json or tasks_test.json; one is enough)"
     )
     assert rows["retail"].replace(" ", "") == said.replace(" ", "")  # a long path folds across lines
-    rows = rows_of(run("list", "--data", str(tmp_path)))  # a bare folder that is not retail's
-    assert rows["retail"] == f"- - - - no data: pass --data retail=DIR or set {DATA_ENV_VAR}"
+    result = run("list", "--data", str(tmp_path))  # a bare folder that is not retail's
+    assert rows_of(result)["retail"] == f"- - - - no data: pass --data retail=DIR or set {DATA_ENV_VAR}"
+    assert f"--data {tmp_path} holds the files of none of them; name one: --data NAME=DIR" in result.stderr
+    assert rows_of(run("list", "--data", f"orders={tmp_path}"))["orders"] == (
+        "- - - - takes no data folder; --data orders=... is not used"
+    )
     result = run("list", "--data", f"shop={tmp_path}")
     assert result.exit_code == 2
     assert "no env named shop; known: clinic, orders, retail" in result.output

@@ -130,22 +130,25 @@ def _list_data(entries: Sequence[str]) -> tuple[dict[str, Path], Path | None]:
     return named, bare[0] if bare else None
 
 
-def _listed(name: str, named: dict[str, Path], bare: Path | None) -> DecisionEnv | str:
+def _listed(name: str, named: dict[str, Path], bare: Path | None, fits: set[str]) -> DecisionEnv | str:
     """The environment `name` as `list` shows it, or a note saying why it cannot be built.
 
-    A domain that takes a data folder gets its own `NAME=DIR`, else the bare DIR when that holds its files,
-    else its default (its environment variable).
+    A domain that takes a data folder gets its own `NAME=DIR`, else the bare DIR when that holds its files
+    (then its name is added to `fits`), else its default (its environment variable).
     """
     try:
         if "data" not in REGISTRY.options(name):
-            return load_env(name)
+            return f"takes no data folder; --data {name}=... is not used" if name in named else load_env(name)
         if name in named:
             return load_env(name, named[name])
         if bare is not None:
             try:
-                return load_env(name, bare)
+                env = load_env(name, bare)
             except DataMissing:
                 pass  # the bare folder belongs to another domain
+            else:
+                fits.add(name)
+                return env
         return load_env(name)
     except DataMissing as exc:
         if name in named:
@@ -164,14 +167,18 @@ def list_envs(data: ListDataOpt = None) -> None:
     for column in ("env", "skills", *Split):
         table.add_column(column, justify="right" if column in ("skills", *Split) else "left")
     table.add_column("note", overflow="fold")  # a path is folded, never cut
+    fits: set[str] = set()
     for name in env_names():
-        env = _listed(name, named, bare)
+        env = _listed(name, named, bare, fits)
         if isinstance(env, str):
             table.add_row(name, "-", *("-" for _ in Split), escape(env))
             continue
         counts = (str(len(env.tasks(split))) for split in Split)
         table.add_row(name, str(len(env.contracts())), *counts, "")
     out.print(table)
+    if bare is not None and not fits:
+        note = f"--data {escape(str(bare))} holds the files of none of them; name one: --data NAME=DIR"
+        err.print(note, soft_wrap=True)
 
 
 @app.command("check")
