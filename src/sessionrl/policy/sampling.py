@@ -17,7 +17,9 @@ prefilled as one cache laid out right-aligned, each row's reused part followed b
              [kv_1             ][  suffix_1  ]    positions: each row's suffix continues from its own
              [pad...... kv_2   ][.  suffix_2 ]    reused length (pads between are skipped)
 
-and decoded, rows leaving the batch (and the cache) as they reach a stop token. Entries are evicted least
+and decoded, rows leaving the batch (and the cache) as they reach a stop token. The batch's cache keeps
+room for the new tokens (`RoomyLayer`), so a decode step writes one position per layer in place rather than
+copying the whole cache to append it (`DynamicLayer` concatenates). Entries are evicted least
 recently used first once they hold more than `max_tokens` tokens; an entry is dropped as soon as the
 same episode's next turn is kept. `TorchEngine.refresh` (a new policy version) clears them all: nothing
 computed by older weights is reused.
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from sessionrl.policy.engine import Completion
 
@@ -233,20 +236,106 @@ def extend_batch(
     return ids, torch.cat([kept, own], dim=-1), positions
 
 
-def batch_cache(kvs: Sequence[KV | None], reused: Sequence[int]) -> DynamicCache:
-    """One cache over the batch: row i's first `reused[i]` kept tokens, right-aligned (`extend_batch`)."""
-    like = next(kv for kv in kvs if kv is not None)
+class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A cache layer whose keys and values live in buffers with room for more tokens, so a decode step
+    writes its token in place where `DynamicLayer` copies the whole layer (`torch.cat`) to append it; a
+    full buffer doubles. `keys` and `values` are views of the filled part, as the attention reads them."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.room = room
+        self.length = 0
+        self.buffers: tuple[Tensor, Tensor] | None = None
+
+    def hold(self, keys: Tensor, values: Tensor, length: int) -> None:
+        """Start from buffers ``[B, heads, capacity, head_dim]`` whose first `length` positions are filled."""
+        self.buffers, self.length = (keys, values), length
+        self.lazy_initialization(keys, values)
+        self._views()
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        """Write the new positions after the filled ones; the filled part, as views."""
+        end = self.length + key_states.shape[-2]
+        if self.buffers is None:
+            shape = (*key_states.shape[:2], end + self.room, key_states.shape[-1])
+            self.buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self.buffers
+        if end > keys.shape[-2]:
+            capacity = max(end, 2 * keys.shape[-2])
+            keys, values = self._grown(keys, capacity), self._grown(values, capacity)
+            self.buffers = (keys, values)
+        keys[:, :, self.length : end] = key_states
+        values[:, :, self.length : end] = value_states
+        self.length = end
+        return self._views()
+
+    def _grown(self, buffer: Tensor, capacity: int) -> Tensor:
+        shape = (*buffer.shape[:2], capacity, buffer.shape[-1])
+        grown = buffer.new_empty(shape)
+        grown[:, :, : self.length] = buffer[:, :, : self.length]
+        return grown
+
+    def _views(self) -> tuple[Tensor, Tensor]:
+        assert self.buffers is not None
+        keys, values = (b[:, :, : self.length] for b in self.buffers)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        """Keep only the rows `indices` (a copy of their buffers)."""
+        if self.buffers is not None:
+            self.buffers = (self.buffers[0][indices], self.buffers[1][indices])
+            self._views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (the sign convention of `DynamicLayer.crop`)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to remove, got {tokens_to_remove}")
+        if self.buffers is not None and tokens_to_remove < 0:
+            self.length = max(self.length + tokens_to_remove, 0)
+            self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times."""
+        if self.buffers is not None:
+            keys, values = self.buffers
+            self.buffers = (keys.repeat_interleave(repeats, dim=0), values.repeat_interleave(repeats, dim=0))
+            self._views()
+
+    def reset(self) -> None:
+        """Forget everything."""
+        self.buffers, self.length = None, 0
+        super().reset()
+
+
+class RoomyCache(DynamicCache):
+    """A `DynamicCache` of `RoomyLayer`s, one per layer of the model."""
+
+    def __init__(self, layers: int, room: int) -> None:
+        Cache.__init__(self, layers=[RoomyLayer(room) for _ in range(layers)])
+
+
+def batch_cache(kvs: Sequence[KV | None], reused: Sequence[int], layers: int, room: int) -> RoomyCache:
+    """One cache over the batch: row i's first `reused[i]` kept tokens, right-aligned (`extend_batch`) over
+    ``max(reused)`` positions, with room for `room` more."""
+    cache = RoomyCache(layers, room)
     slots, rows = max(reused), len(kvs)
-    layers = []
-    for layer, (k0, v0) in enumerate(like):
-        keys = k0.new_zeros((rows, k0.shape[0], slots, k0.shape[-1]))
-        values = v0.new_zeros((rows, v0.shape[0], slots, v0.shape[-1]))
+    if slots == 0:
+        return cache
+    like = next(kv for kv in kvs if kv is not None)
+    for layer, ((k0, v0), held) in enumerate(zip(like, cache.layers, strict=True)):
+        keys = k0.new_zeros((rows, k0.shape[0], slots + room, k0.shape[-1]))
+        values = v0.new_zeros((rows, v0.shape[0], slots + room, v0.shape[-1]))
         for i, (kv, n) in enumerate(zip(kvs, reused, strict=True)):
             if kv is not None and n > 0:
-                keys[i, :, slots - n :] = kv[layer][0][:, :n]
-                values[i, :, slots - n :] = kv[layer][1][:, :n]
-        layers.append((keys, values))
-    return DynamicCache(ddp_cache_data=layers)
+                keys[i, :, slots - n : slots] = kv[layer][0][:, :n]
+                values[i, :, slots - n : slots] = kv[layer][1][:, :n]
+        assert isinstance(held, RoomyLayer)
+        held.hold(keys, values, slots)
+    return cache
 
 
 Keep = Callable[[int, Any, int, Tensor], None]
@@ -277,7 +366,8 @@ def sample_batch(
     reused = [r.tokens for r in taken]
     suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
     ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
-    cache = batch_cache([r.kv for r in taken], reused) if max(reused) > 0 else None
+    room = ids.shape[1] + config.max_new_tokens
+    cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
     left: dict[int, KV] = {}
     keep = functools.partial(_take_row, left) if prefix is not None and prefix.turns else None
@@ -427,6 +517,8 @@ class TorchEngine:
 __all__ = [
     "KVStore",
     "Reuse",
+    "RoomyCache",
+    "RoomyLayer",
     "Sample",
     "TorchEngine",
     "batch_cache",

