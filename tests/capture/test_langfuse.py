@@ -132,6 +132,7 @@ def only_session(data: bytes) -> Session:
 def test_a_langfuse_trace_imports_with_its_calls() -> None:
     s = only_session(dump())
     assert (s.trace_id, s.user_query, s.user_id) == (TRACE, "Where is order 7?", "u-42")
+    assert s.metadata["imported_from"] == "langfuse"
     first, second = s.llm_calls
     assert [t.name for t in first.tool_calls] == ["order_status"]
     assert first.usage == {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}

@@ -159,6 +159,7 @@ def only_session(data: bytes) -> Session:
 def test_langsmith_runs_import_with_their_calls() -> None:
     s = only_session(dump())
     assert (s.trace_id, s.user_query) == (TRACE.hex, QUESTION)
+    assert s.metadata["imported_from"] == "langsmith"
     first, second = s.llm_calls
     assert [(m.role, m.content) for m in first.messages] == [("user", QUESTION)]
     assert [(t.id, t.name, orjson.loads(t.arguments)) for t in first.tool_calls] == [

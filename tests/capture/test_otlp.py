@@ -25,6 +25,7 @@ def test_genai_spans_become_llm_and_tool_calls() -> None:
     s = one_session(genai_trace())
     assert (s.session_id, s.trace_id, s.state) == (f"otel-{TRACE}", TRACE, SessionState.FINISHED)
     assert s.user_query == QUESTION
+    assert s.metadata["token_ids"].startswith("none in the trace: training re-tokenises")
     first, second = s.llm_calls
     assert first.call_id == "a000000000000002"
     assert [(m.role, m.content) for m in first.messages] == [("user", QUESTION)]

@@ -162,6 +162,7 @@ def _span(o: Any, events: tuple[SpanEvent, ...]) -> Span:
         events=events,
         status_code=STATUS_ERROR if failed else STATUS_UNSET,
         status_message=(o.status_message or "") if failed else "",
+        resource={"sessionrl.source": "langfuse"},
         where=o.id,
     )
 

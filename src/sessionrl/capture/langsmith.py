@@ -139,6 +139,7 @@ def _span(run: Any, events: tuple[SpanEvent, ...]) -> Span:
         events=events,
         status_code=STATUS_ERROR if run.error else STATUS_UNSET,
         status_message=run.error or "",
+        resource={"sessionrl.source": "langsmith"},
         where=str(run.id),
     )
 

@@ -110,7 +110,11 @@ def opening(session_id: str, spans: Sequence[Span], key: str) -> SessionCreated:
     fields = m.session_fields(next((s for s in first if s.attr("sessionrl.session.id")), root))
     metadata = fields.pop("metadata", None)
     if not isinstance(metadata, dict):
-        metadata = {"imported_from": "otlp", "conventions": conventions(first)}
+        metadata = {
+            "imported_from": str(first[0].attr("sessionrl.source") or "otlp"),
+            "conventions": conventions(first),
+            "token_ids": "none in the trace: training re-tokenises each call's messages and answer",
+        }
     create = SessionCreate(
         user_query=query or "", session_id=session_id, trace_id=first[0].trace_id, metadata=metadata, **fields
     )
