@@ -4,9 +4,10 @@ Both are `TorchEngine`s over the same module (`sessionrl.policy.sampling`); what
 between batches:
 
 - `ours` (the sampler as it was before the engine boundary): the batch's shared system prompt only, so
-  every turn prefills the whole conversation after it;
+  every turn prefills the whole conversation after it, and a cache that copies itself to append each
+  decoded token (`DynamicCache`);
 - `engine` (the CPU default): the shared prompt and every episode's last prompt and reply, so a turn
-  prefills only the tool result that followed.
+  prefills only the tool result that followed, and a cache with room for the new tokens (`RoomyCache`).
 
 The episodes: `--batch` concurrent episodes (the env's first test tasks: one domain's system prompt, each
 task's request) of `--turns` turns. Each turn samples every episode's reply in one batch, then appends it
@@ -89,12 +90,17 @@ def tool_result(turn: int) -> Message:
 
 
 def play(
-    label: str, policy: HFPolicy, store: KVStore, starts: Sequence[Sequence[Message]], turns: int
+    label: str,
+    policy: HFPolicy,
+    store: KVStore,
+    starts: Sequence[Sequence[Message]],
+    turns: int,
+    *,
+    in_place: bool,
 ) -> Played:
     """The episodes from `starts`, `turns` turns each, sampled by a torch engine keeping `store`."""
-    engine = TorchEngine(
-        policy.model, pad_id=int(policy.tokenizer.pad_token_id), stop_ids=policy.stop_ids, store=store
-    )
+    pad = int(policy.tokenizer.pad_token_id)
+    engine = TorchEngine(policy.model, pad_id=pad, stop_ids=policy.stop_ids, store=store, in_place=in_place)
     player = HFPolicy(policy.model, policy.tokenizer, policy.sampling, engine=engine)
     conversations = [list(c) for c in starts]
     replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]]] = []
@@ -180,8 +186,8 @@ def main() -> None:
         ]
         warm = HFPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=2))
         warm.sample_prompts([policy.encode_prompt(s)[-16:] for s in starts[:2]])  # one-time set-up costs
-        ours = play("ours", policy, KVStore(turns=False), starts, args.turns)
-        engine = play("engine", policy, KVStore(), starts, args.turns)
+        ours = play("ours", policy, KVStore(turns=False), starts, args.turns, in_place=False)
+        engine = play("engine", policy, KVStore(), starts, args.turns, in_place=True)
         refresh_s = refresh_seconds(policy)
     mae, worst, same = agreement(engine, ours)
     lengths = [len(policy.encode_prompt(s)) for s in starts]

@@ -318,21 +318,31 @@ class RoomyCache(DynamicCache):
         Cache.__init__(self, layers=[RoomyLayer(room) for _ in range(layers)])
 
 
-def batch_cache(kvs: Sequence[KV | None], reused: Sequence[int], layers: int, room: int) -> RoomyCache:
+def batch_cache(
+    kvs: Sequence[KV | None], reused: Sequence[int], layers: int, room: int | None
+) -> DynamicCache | None:
     """One cache over the batch: row i's first `reused[i]` kept tokens, right-aligned (`extend_batch`) over
-    ``max(reused)`` positions, with room for `room` more."""
-    cache = RoomyCache(layers, room)
+    ``max(reused)`` positions, with room for `room` more (`RoomyCache`). With `room` None: a `DynamicCache`,
+    which appends by concatenation (the sampler before the engine boundary), or None when nothing is
+    reused."""
     slots, rows = max(reused), len(kvs)
     if slots == 0:
-        return cache
+        return RoomyCache(layers, room) if room is not None else None
     like = next(kv for kv in kvs if kv is not None)
-    for layer, ((k0, v0), held) in enumerate(zip(like, cache.layers, strict=True)):
-        keys = k0.new_zeros((rows, k0.shape[0], slots + room, k0.shape[-1]))
-        values = v0.new_zeros((rows, v0.shape[0], slots + room, v0.shape[-1]))
+    filled = []
+    for layer, (k0, v0) in enumerate(like):
+        capacity = slots + (room or 0)
+        keys = k0.new_zeros((rows, k0.shape[0], capacity, k0.shape[-1]))
+        values = v0.new_zeros((rows, v0.shape[0], capacity, v0.shape[-1]))
         for i, (kv, n) in enumerate(zip(kvs, reused, strict=True)):
             if kv is not None and n > 0:
                 keys[i, :, slots - n : slots] = kv[layer][0][:, :n]
                 values[i, :, slots - n : slots] = kv[layer][1][:, :n]
+        filled.append((keys, values))
+    if room is None:
+        return DynamicCache(ddp_cache_data=filled)
+    cache = RoomyCache(layers, room)
+    for held, (keys, values) in zip(cache.layers, filled, strict=True):
         assert isinstance(held, RoomyLayer)
         held.hold(keys, values, slots)
     return cache
@@ -353,10 +363,11 @@ def sample_batch(
     config: SamplingConfig,
     generator: torch.Generator,
     prefix: KVStore | None = None,
+    in_place: bool = True,
 ) -> list[Sample]:
     """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch that
     reuses what `prefix` keeps and keeps what it computes (see the module doc). Without `prefix` every
-    prompt is prefilled whole.
+    prompt is prefilled whole; without `in_place` the cache appends by concatenation (`batch_cache`).
 
     Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
     The stop token, when reached, is the last id of a sample.
@@ -366,7 +377,7 @@ def sample_batch(
     reused = [r.tokens for r in taken]
     suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
     ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
-    room = ids.shape[1] + config.max_new_tokens
+    room = ids.shape[1] + config.max_new_tokens if in_place else None
     cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
     left: dict[int, KV] = {}
@@ -469,8 +480,11 @@ class TorchEngine:
         stop_ids: frozenset[int],
         store: KVStore | None = None,
         version: int = 0,
+        in_place: bool = True,
     ) -> None:
         self.model = model
+        self.in_place = in_place
+        """Decode into a cache with room reserved (`sample_batch`); off, it measures the sampler before."""
         self.pad_id = pad_id
         self.stop_ids = stop_ids
         self.store = store if store is not None else KVStore()
@@ -505,6 +519,7 @@ class TorchEngine:
                     config=sampling,
                     generator=generator,
                     prefix=self.store,
+                    in_place=self.in_place,
                 )
             finally:
                 self.model.train(was_training)
