@@ -15,10 +15,8 @@ author and value type; a person's score from 1 to 5 is a human rating.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from sessionrl.capture.importers import ImportProblem
@@ -27,6 +25,7 @@ from sessionrl.capture.otlp_spans import STATUS_ERROR, STATUS_UNSET, Span, SpanE
 from sessionrl.capture.trace_records import (
     TraceRecords,
     camel,
+    json_items,
     json_text,
     records,
     score_event,
@@ -49,7 +48,7 @@ def read_langfuse(data: bytes) -> TraceRecords:
     read = TraceRecords()
     observations: list[tuple[int, Any]] = []
     scores: list[tuple[int, Any]] = []
-    for line, prefix, item in _items(data, read.problems):
+    for line, prefix, item in json_items(data, ("data", "observations", "scores"), read.problems):
         is_score = isinstance(item, dict) and "dataType" in item
         try:
             parsed = parse(Score if is_score else ObservationV2, item)
@@ -68,36 +67,6 @@ def _models() -> tuple[Any, Any, Any]:
     except ImportError as exc:
         raise LangfuseUnavailable() from exc
     return ObservationV2, Score, parse_obj_as
-
-
-def _items(data: bytes, problems: list[ImportProblem]) -> Iterator[tuple[int, str, Any]]:
-    """(line, field prefix, item) of every record: JSON Lines, or one document holding a list."""
-    try:
-        whole = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        whole = None
-    if whole is not None:
-        yield from _document_items(whole)
-        return
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if raw.strip():
-            try:
-                yield number, "", orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                problems.append(ImportProblem(number, "line", f"malformed JSON: {exc}"))
-
-
-def _document_items(whole: Any) -> Iterator[tuple[int, str, Any]]:
-    if isinstance(whole, list):
-        yield from ((1, f"[{i}].", item) for i, item in enumerate(whole))
-    elif isinstance(whole, dict) and any(k in whole for k in ("data", "observations", "scores")):
-        for key in ("data", "observations", "scores"):
-            items = whole.get(key)
-            yield from (
-                (1, f"{key}[{i}].", item) for i, item in enumerate(items if isinstance(items, list) else [])
-            )
-    else:
-        yield 1, "", whole
 
 
 def _problems(line: int, prefix: str, exc: ValidationError) -> list[ImportProblem]:

@@ -15,10 +15,8 @@ human rating.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
 from sessionrl.capture.importers import ImportProblem
@@ -26,6 +24,7 @@ from sessionrl.capture.otlp_assembly import sessions_from_spans
 from sessionrl.capture.otlp_spans import STATUS_ERROR, STATUS_UNSET, Span, SpanEvent, to_ns
 from sessionrl.capture.trace_records import (
     TraceRecords,
+    json_items,
     json_text,
     records,
     score_event,
@@ -50,7 +49,7 @@ def read_langsmith(data: bytes) -> TraceRecords:
     read = TraceRecords()
     runs: list[tuple[int, Any]] = []
     feedback: list[tuple[int, Any]] = []
-    for line, prefix, item in _items(data, read.problems):
+    for line, prefix, item in json_items(data, ("runs", "feedback"), read.problems):
         is_feedback = isinstance(item, dict) and "key" in item
         try:
             parsed = (Feedback if is_feedback else Run).model_validate(item)
@@ -71,30 +70,6 @@ def _models() -> tuple[Any, Any]:
     except ImportError as exc:
         raise LangSmithUnavailable() from exc
     return Run, Feedback
-
-
-def _items(data: bytes, problems: list[ImportProblem]) -> Iterator[tuple[int, str, Any]]:
-    try:
-        whole = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        whole = None
-    if isinstance(whole, list):
-        yield from ((1, f"[{i}].", item) for i, item in enumerate(whole))
-    elif isinstance(whole, dict) and ("runs" in whole or "feedback" in whole):
-        for key in ("runs", "feedback"):
-            items = whole.get(key)
-            yield from (
-                (1, f"{key}[{i}].", x) for i, x in enumerate(items if isinstance(items, list) else [])
-            )
-    elif whole is not None:
-        yield 1, "", whole
-    else:
-        for number, raw in enumerate(data.splitlines(), start=1):
-            if raw.strip():
-                try:
-                    yield number, "", orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    problems.append(ImportProblem(number, "line", f"malformed JSON: {exc}"))
 
 
 def _spans(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -108,6 +109,35 @@ def records(assembled: Assembled, lines: dict[str, int], read: TraceRecords) -> 
         read.records.append((line, codec.dumps(session)))
     read.records.sort(key=lambda record: record[0])
     return read
+
+
+def json_items(
+    data: bytes, lists: tuple[str, ...], problems: list[ImportProblem]
+) -> Iterator[tuple[int, str, Any]]:
+    """(line, field prefix, item) of every record of a dump: JSON Lines (a malformed line is a problem),
+    or one document that is an array of records, an object holding them under one of `lists`, or one
+    record."""
+    try:
+        whole = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        yield from ((1, f"[{i}].", item) for i, item in enumerate(whole))
+    elif isinstance(whole, dict) and any(k in whole for k in lists):
+        for key in lists:
+            items = whole.get(key)
+            yield from (
+                (1, f"{key}[{i}].", x) for i, x in enumerate(items if isinstance(items, list) else [])
+            )
+    elif whole is not None:
+        yield 1, "", whole
+    else:
+        for number, raw in enumerate(data.splitlines(), start=1):
+            if raw.strip():
+                try:
+                    yield number, "", orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    problems.append(ImportProblem(number, "line", f"malformed JSON: {exc}"))
 
 
 def camel(name: str) -> str:
