@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ class VersionChat:
 
 
 async def serve(client: httpx.AsyncClient, sid: str, task: Task) -> str:
-    """One session through the gateway: a tool call, its result, the answer; then the session is finished."""
+    """One session through the gateway: a tool call, its result, the answer, which finishes the session
+    (the gateway's `finish_on_answer`)."""
     base = f"/gateway/sessions/{sid}/v1/chat/completions"
     tool = ENV.expert(task).steps[0].tool
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.instruction}]
@@ -104,7 +106,8 @@ async def serve(client: httpx.AsyncClient, sid: str, task: Task) -> str:
     ]
     second = await client.post(base, json=body | {"messages": messages})
     text = str(second.json()["choices"][0]["message"]["content"])
-    assert (await client.post(f"/v1/sessions/{sid}/finish", json={"text": text})).status_code == 200
+    session = (await client.get(f"/v1/sessions/{sid}")).json()
+    assert (session["state"], session["metadata"]["finished_by"]) == ("finished", "final_answer"), session
     return text
 
 
@@ -194,7 +197,9 @@ async def test_the_loop_canaries_a_better_version_and_a_broken_one_is_rolled_bac
             assert cycle.decision == "canary_promote", cycle
             assert registry.production("orders") == registry.get("orders", 2)
 
-            # 5. a broken v3 (trained on corrupted demonstrations) is canaried and rolled back
+            # 5. a broken v3 (trained on corrupted demonstrations) is canaried and rolled back; its weights
+            # stand in as a copy of v2's (registering loads them; VersionChat plays its answers)
+            shutil.copytree(v2.artifact, tmp_path / "corrupted")
             promoted = await client.post(
                 "/v1/policies/orders/versions",
                 json={
