@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import orjson
 from langfuse.api import ObservationV2
 from langfuse.api.commons.types.score import Score_Categorical, Score_Numeric
+from typer.testing import CliRunner
 
 from sessionrl.capture.langfuse import read_langfuse
+from sessionrl.cli import app
 from sessionrl.session.model import Session
+from sessionrl.store import SessionStore
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 TRACE = "7f3a9c1b2d4e5f60718293a4b5c6d7e8"
@@ -176,3 +180,18 @@ def test_a_bad_record_is_reported_with_its_line_and_field() -> None:
     broken["projectId"] = 5
     read = read_langfuse(b"\n".join([*lines[:2], orjson.dumps(broken), *lines[3:]]))
     assert [(p.line, p.field) for p in read.problems] == [(3, "startTime"), (3, "projectId")]
+
+
+def test_the_cli_imports_a_langfuse_dump_with_its_scores(tmp_path: Path) -> None:
+    dump_file = tmp_path / "langfuse.jsonl"
+    dump_file.write_bytes(dump())
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    result = CliRunner().invoke(
+        app, ["sessions", "import", str(dump_file), "--db", db, "--format", "langfuse"]
+    )
+    assert result.exit_code == 0, result.output
+    with SessionStore.open(db) as store:
+        (sid,) = store.session_ids()
+        stored = store.get(sid)
+    assert (len(stored.llm_calls), len(stored.tool_calls), len(stored.feedback)) == (2, 1, 2)
+    assert {f.annotator for f in stored.feedback} == {"langfuse:annotation:helpfulness", "langfuse:eval:tone"}

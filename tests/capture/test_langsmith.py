@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import orjson
 from langsmith.schemas import Feedback, FeedbackSourceBase, Run
+from typer.testing import CliRunner
 
 from sessionrl.capture.langsmith import read_langsmith
 from sessionrl.capture.trace_records import span_id_of
+from sessionrl.cli import app
 from sessionrl.session.model import CallStatus, Session
+from sessionrl.store import SessionStore
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 TRACE = uuid.UUID("5b1d2c3e-4f50-6172-8394-a5b6c7d8e9f0")
@@ -202,3 +206,16 @@ def test_feedback_for_a_run_not_in_the_file_is_a_warning() -> None:
     assert read.problems == []
     (warning,) = read.warnings
     assert (warning.line, warning.field) == (6, "run_id")
+
+
+def test_the_cli_imports_a_langsmith_dump_with_its_feedback(tmp_path: Path) -> None:
+    dump_file = tmp_path / "langsmith.json"
+    dump_file.write_bytes(b"[" + b",".join(dump().splitlines()) + b"]")
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    result = CliRunner().invoke(
+        app, ["sessions", "import", str(dump_file), "--db", db, "--format", "langsmith"]
+    )
+    assert result.exit_code == 0, result.output
+    with SessionStore.open(db) as store:
+        stored = store.get(f"otel-{TRACE.hex}")
+    assert (len(stored.llm_calls), len(stored.tool_calls), len(stored.feedback)) == (2, 1, 2)
