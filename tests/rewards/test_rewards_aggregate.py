@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import orjson
 import pytest
 from rewards_support import T0, ZH_COMMENT, build, feedback, tool
+from typer.testing import CliRunner
 
+from sessionrl.cli import app as cli
 from sessionrl.rewards.aggregate import Aggregate, combine
 from sessionrl.rewards.engine import RewardConfig, RewardEngine
 from sessionrl.rewards.rules import default_rules_path
@@ -18,6 +21,8 @@ from sessionrl.session import Anchor, Feedback, FeedbackType, Session
 
 FT = FeedbackType
 HOUR = 3600.0
+SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seed-examples" / "anemia-session.json"
+runner = CliRunner()
 
 
 def rated(
@@ -107,3 +112,23 @@ def test_human_rating_takes_each_raters_latest() -> None:
     assert rating is not None
     assert rating.score == pytest.approx(3.0)  # doc_007's latest is the 4 at t=100, not the 1 at t=50
     assert combine([("a", 1.0)], Aggregate.MEDIAN) == 1.0
+
+
+def test_explain_names_both_raters_of_the_design_documents_session(tmp_path: Path) -> None:
+    """The worked session imported with a second rating 2.5 hours after the first: `rewards explain` gives
+    the mean rating and names both raters."""
+    seed = orjson.loads(SEED.read_bytes())
+    second = {**seed["feedback"][0], "score": 2, "annotator_id": "doc_012"}
+    second |= {"comment": "建议补充CRP和ESR检查", "timestamp": "2024-03-20T10:53:15.333Z"}
+    (tmp_path / "two.json").write_bytes(orjson.dumps({**seed, "feedback": [*seed["feedback"], second]}))
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    imported = runner.invoke(cli, ["sessions", "import", str(tmp_path / "two.json"), "--db", url])
+    assert imported.exit_code == 0, imported.output
+    explained = runner.invoke(
+        cli, ["rewards", "explain", "sess_abc123", "--fresh", "--db", url], terminal_width=250
+    )
+    assert explained.exit_code == 0, explained.output
+    text = " ".join(explained.output.replace("│", " ").split())
+    assert "rating 3.0 by doc_007, doc_012" in text  # the mean of 4 and 2
+    assert "doc_007 +0.75" in text
+    assert "doc_012 +0.25" in text

@@ -180,7 +180,8 @@ def _print_vector(console: Console, vector: RewardVector) -> None:
     console.print(_normaliser_line(vector), soft_wrap=True)
     console.print(
         f"session reward [bold]{vector.session_reward:+.4f}[/bold], long-term reward "
-        f"[bold]{vector.long_term_reward:+.4f}[/bold], rating {vector.rating}, "
+        f"[bold]{vector.long_term_reward:+.4f}[/bold], rating {vector.rating}"
+        f"{' by ' + ', '.join(vector.rated_by) if vector.rated_by else ''}, "
         f"scored {vector.scored_at:%Y-%m-%d %H:%M:%S}"
     )
 
