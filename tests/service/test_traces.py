@@ -216,3 +216,37 @@ def test_spans_grouped_by_an_attribute_across_traces_make_one_session() -> None:
         assert r.sweep() == ["otel-chat-7"]
         s = stored(store, "otel-chat-7")
         assert (len(s.llm_calls), len(s.tool_calls)) == (4, 1)  # both traces' tool spans share call_1
+
+
+def test_a_span_whose_parent_never_comes_is_kept_and_noted_at_the_idle_finish() -> None:
+    clock = [0.0]
+    spans = genai_trace()
+    orphan = dataclasses.replace(spans[2], parent_span_id="ffffffffffffffff")
+    with SessionStore.open("sqlite://") as store:
+        r = receiver(store, clock, root_grace_s=0, idle_finish_s=30)
+        done = r.ingest(decode(encode([spans[0], spans[1], orphan, spans[3]], json=False), json=False))
+        assert (done.accepted, done.rejected, done.finished) == (4, 0, [])  # the root came, a parent did not
+        clock[0] = 31.0
+        assert r.sweep() == [SID]
+        s = stored(store)
+        assert [t.tool for t in s.tool_calls] == ["order_status"]
+        assert s.metadata["otlp_warnings"] == [
+            "no span ffffffffffffffff came, though spans name it as their parent"
+        ]
+
+
+async def test_an_evaluation_after_the_finish_is_still_feedback(traces: httpx.AsyncClient) -> None:
+    spans = genai_trace()
+    await post(traces, spans)
+    late = dataclasses.replace(
+        spans[1],
+        events=(
+            dataclasses.replace(
+                spans[3].events[0],
+                attributes={"gen_ai.evaluation.name": "late", "gen_ai.evaluation.score.value": 1},
+            ),
+        ),
+    )
+    assert rejected(await post(traces, [late])) == (0, "")  # its call is a duplicate, its evaluation new
+    s = await session(traces)
+    assert sorted(f["annotator"] for f in s["feedback"]) == ["helpfulness", "late"]
