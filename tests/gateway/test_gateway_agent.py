@@ -13,7 +13,7 @@ from openai import OpenAI
 
 from sessionrl.eval.metrics import tool_call_success_rate
 from sessionrl.gateway import ChatReply, ScriptedChat
-from sessionrl.gateway.capture import TOOL_ERROR
+from sessionrl.orchestrator.recording import TOOL_ERROR
 from sessionrl.session.model import CallStatus, ToolRequest
 from sessionrl.store import SessionStore
 

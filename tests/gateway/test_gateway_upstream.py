@@ -73,8 +73,14 @@ def test_an_upstream_failure_is_an_openai_error_and_a_recorded_failed_call(tmp_p
         client = OpenAI(base_url=f"{root}/gateway/sessions/p-2/v1", api_key=WRITER, max_retries=0)
         with pytest.raises(openai.InternalServerError) as failed:
             client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
-        assert failed.value.status_code == 503
+        assert failed.value.status_code == 502  # the upstream's 503 is a bad gateway to the agent
         assert "overloaded" in str(failed.value)
+        assert failed.value.body == {
+            "message": "the upstream server answered 503: The server is overloaded; try again later",
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_failed",
+        }
         retried = OpenAI(base_url=f"{root}/gateway/sessions/p-2/v1", api_key=WRITER, max_retries=0)
         assert retried.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}]).id
         calls = session(root, "p-2")["llm_calls"]

@@ -73,13 +73,20 @@ def test_every_operation_answers_as_documented(case: schemathesis.Case) -> None:
 def within_rules_across_fields(body: dict[str, object]) -> None:
     """Bring a generated body within the rules that tie one field to another, which the schema states in
     words only (and which have their own tests): a recorded tool call names its tool, log-probabilities
-    come with as many token ids, and a human rating is from 1 to 5."""
+    come with as many token ids, a human rating is from 1 to 5, and a chat request's messages come in an
+    order OpenAI takes, with `tool_choice` and `stream_options` only where tools and streaming are."""
     payload = body.get("payload")
     if isinstance(payload, dict):
         if payload.get("result") is not None and payload.get("tool") is None:
             payload["result"] = None
         if isinstance(payload.get("reply"), dict):
             payload["reply"]["logprobs"] = None
+    if isinstance(body.get("messages"), list):  # a chat request: OpenAI's rules on order and pairs
+        body["messages"] = [{"role": "user", "content": "hi"}]
+        if isinstance(body.get("tool_choice"), dict) or not body.get("tools"):
+            body["tool_choice"] = None
+        if not body.get("stream"):
+            body["stream_options"] = None
     score = body.get("score")
     if body.get("type") == "human_rating" and isinstance(score, int | float) and not 1 <= score <= 5:
         body["score"] = 3

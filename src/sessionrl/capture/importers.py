@@ -20,7 +20,8 @@ the file's own terms.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,26 +29,57 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from sessionrl.session.model import SCHEMA_VERSION, Session
+from sessionrl.capture.timing import (
+    DANGLING,
+    MISSING_TIME,
+    TIME_NAMES,
+    UNANSWERED,
+    Note,
+    first_given,
+    instant,
+    numbered,
+    time_order,
+    timing,
+)
+from sessionrl.orchestrator.recording import tool_message_result, tool_output_result
+from sessionrl.session.model import SCHEMA_VERSION, CallStatus, Session
 
 Doc = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class ImportProblem:
-    """One thing wrong with a record: the line it starts on, the field, and the rule it breaks."""
+    """One thing wrong with a record: the line it starts on, the field, and the rule it breaks; for a
+    warning (kept, with a caveat), also its `kind`, which the import's summary counts."""
 
     line: int
     field: str
     rule: str
+    kind: str = ""
 
 
 @dataclass
 class ReadRecords:
-    """What a file holds: native records as JSON with the line each starts on, and the problems found."""
+    """What a file holds: native records as JSON with the line each starts on, the problems that stop the
+    import, and the warnings that do not (each kept as the file has it, or as the warning says)."""
 
     records: list[tuple[int, bytes]] = field(default_factory=list)
     problems: list[ImportProblem] = field(default_factory=list)
+    warnings: list[ImportProblem] = field(default_factory=list)
+
+
+def warning_summary(warnings: Sequence[ImportProblem]) -> str:
+    """The warnings counted by kind, for the import's summary line.
+
+    >>> late, lost = ImportProblem(1, "f", "r", MISSING_TIME), ImportProblem(1, "g", "r", DANGLING)
+    >>> warning_summary([late, late, lost])
+    '3 warning(s): 1 dangling reference, 2 missing time'
+    """
+    if not warnings:
+        return "no warnings"
+    counts = Counter(w.kind or "other" for w in warnings)
+    kinds = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(counts.items()))
+    return f"{len(warnings)} warning(s): {kinds}"
 
 
 class BadRecord(Exception):
@@ -59,15 +91,18 @@ class BadRecord(Exception):
 
 
 def read_records(data: bytes) -> ReadRecords:
-    """Every record of a file, converted to sessionrl's shapes, and every problem of every record."""
+    """Every record of a file, converted to sessionrl's shapes, every problem of every record, and every
+    warning of the records that import."""
     read = ReadRecords()
     for line, prefix, value in _values(data, read.problems):
+        notes: list[Note] = []
         try:
-            native = to_native(value)
+            native = to_native(value, notes)
         except BadRecord as exc:
             read.problems += [ImportProblem(line, prefix + where, rule) for where, rule in exc.problems]
             continue
         read.records.append((line, orjson.dumps(native)))
+        read.warnings += [ImportProblem(line, prefix + where, rule, kind) for where, rule, kind in notes]
     return read
 
 
@@ -108,16 +143,18 @@ def _whole_document(data: bytes, first_line: bytes) -> Any:
         return None
 
 
-def to_native(value: Any) -> Any:
-    """A record in sessionrl's own shape (an envelope or a current session document), or `BadRecord`."""
+def to_native(value: Any, notes: list[Note] | None = None) -> Any:
+    """A record in sessionrl's own shape (an envelope or a current session document), or `BadRecord`;
+    what is kept with a caveat is added to `notes`."""
+    notes = [] if notes is None else notes
     if not isinstance(value, dict):
         raise BadRecord([("record", "expected a JSON object")])
     if "event" in value:
         return value
     if "messages" in value:
-        return from_openai(value)
+        return from_openai(value, notes)
     if _is_seed(value):
-        return from_seed(value)
+        return from_seed(value, notes)
     if "schema_version" not in value:
         raise BadRecord(
             [
@@ -155,19 +192,30 @@ SEED_FIELDS = {
     "created_at": "start_timestamp",
     "updated_at": "end_timestamp",
 }
-SEED_CALL_FIELDS = {"tool": "tool_name", "params": "input_params", "finished_at": "timestamp"}
+SEED_CALL_FIELDS = {"tool": "tool_name", "params": "input_params", "subgoal_id": "sub_goal_id"}
 SEED_FEEDBACK_FIELDS = {"annotator": "annotator_id", "occurred_at": "timestamp", "received_at": "timestamp"}
 
 
-def from_seed(doc: Doc) -> Doc:
-    """The design document's session shape as a current session document."""
+def from_seed(doc: Doc, notes: list[Note]) -> Doc:
+    """The design document's session shape as a current session document: its events in time order,
+    each retry of a tool for a sub-goal numbered, latencies from the times given; references to what the
+    file lacks and times it does not give are noted (`DANGLING`, `MISSING_TIME`)."""
     sid = str(doc.get("session_id") or derived_id("seed", doc.get("user_query"), doc.get("start_timestamp")))
-    start = doc.get("start_timestamp")
     plan = doc.get("agent_plan")
-    feedback = doc.get("feedback", doc.get("human_feedback")) or []
     feedback_key = "feedback" if "feedback" in doc else "human_feedback"
+    feedback = doc.get(feedback_key) or []
     final = doc.get("final_output")
-    ended = doc.get("end_timestamp") or start
+    start = _seed_start(doc, notes)
+    tools = _list(doc.get("tool_calls"))
+    tool_calls = numbered(
+        [_seed_tool_call(c, f"tool_calls.{i}", start, notes) for i, c in enumerate(tools)],
+        [isinstance(c, dict) and "attempt" in c for c in tools],
+    )
+    llm_calls = time_order(
+        [_seed_llm_call(c, f"llm_calls.{i}", start, notes) for i, c in enumerate(_list(doc.get("llm_calls")))]
+    )
+    ended = _seed_end(doc, [*tool_calls, *llm_calls], start, notes)
+    _seed_references(doc, notes)
     native: Doc = {
         "schema_version": SCHEMA_VERSION,
         "session_id": sid,
@@ -178,15 +226,75 @@ def from_seed(doc: Doc) -> Doc:
         "tags": doc.get("tags", []),
         "metadata": {"imported_from": "seed", **_sub_goal_calls(plan)},
         "plan": _seed_plan(plan),
-        "tool_calls": [_seed_tool_call(c) for c in _list(doc.get("tool_calls"))],
-        "llm_calls": [_seed_llm_call(c) for c in _list(doc.get("llm_calls"))],
-        "feedback": [_seed_feedback(sid, i, f) for i, f in enumerate(_list(feedback))],
+        "tool_calls": tool_calls,
+        "llm_calls": llm_calls,
+        "feedback": [
+            _seed_feedback(sid, i, f, f"{feedback_key}.{i}", ended, notes)
+            for i, f in enumerate(_list(feedback))
+        ],
         "final_output": {"text": final} if isinstance(final, str) else final,
         "created_at": start,
         "updated_at": ended,
     }
     _validate(native, lambda where: _seed_field(where, feedback_key))
     return native
+
+
+def _seed_start(doc: Doc, notes: list[Note]) -> str:
+    """When the session started: its `start_timestamp`, else its first event's time, else now (noted)."""
+    start = doc.get("start_timestamp")
+    if start is not None:
+        return str(start) if not isinstance(start, str) else start
+    times = [
+        at
+        for record in [*_list(doc.get("tool_calls")), *_list(doc.get("llm_calls"))]
+        if isinstance(record, dict)
+        for at in [instant(first_given(record, TIME_NAMES))]
+        if at is not None
+    ]
+    chosen = min(times).isoformat() if times else datetime.now(UTC).isoformat()
+    said = "its first event's time" if times else "the import's time"
+    notes.append(("start_timestamp", f"missing: the session starts at {said}, {chosen}", MISSING_TIME))
+    return chosen
+
+
+def _seed_end(doc: Doc, calls: list[Any], start: str, notes: list[Note]) -> str:
+    """When the session ended: its `end_timestamp`, else its last call's end (noted for a finished one)."""
+    end = doc.get("end_timestamp")
+    if end is not None:
+        return str(end)
+    ends = [at for c in calls if isinstance(c, dict) for at in [instant(c.get("finished_at"))] if at]
+    chosen = max(ends).isoformat() if ends else start
+    if doc.get("final_output") is not None:
+        notes.append(
+            ("end_timestamp", f"missing: the session ends at its last call's end, {chosen}", MISSING_TIME)
+        )
+    return chosen
+
+
+def _seed_references(doc: Doc, notes: list[Note]) -> None:
+    """Note each sub-goal naming an LLM call the file lacks, and each tool call naming a sub-goal the
+    plan lacks; both are kept as the file has them."""
+    plan = doc.get("agent_plan")
+    goals = _list(plan.get("sub_goals")) if isinstance(plan, dict) else []
+    llm_ids = {c.get("call_id") for c in _list(doc.get("llm_calls")) if isinstance(c, dict)}
+    for j, goal in enumerate(goals):
+        named = goal.get("llm_call_id") if isinstance(goal, dict) else None
+        if named is not None and named not in llm_ids:
+            notes.append(
+                (
+                    f"agent_plan.sub_goals.{j}.llm_call_id",
+                    f"names LLM call {named!r}, which the file lacks",
+                    DANGLING,
+                )
+            )
+    goal_ids = {g.get("id") for g in goals if isinstance(g, dict)}
+    for i, call in enumerate(_list(doc.get("tool_calls"))):
+        named = first_given(call, ("sub_goal_id", "subgoal_id")) if isinstance(call, dict) else None
+        if named is not None and named not in goal_ids:
+            notes.append(
+                (f"tool_calls.{i}.sub_goal_id", f"names sub-goal {named!r}, which the plan lacks", DANGLING)
+            )
 
 
 def _list(value: Any) -> list[Any]:
@@ -210,40 +318,41 @@ def _seed_plan(plan: Any) -> Any:
     return {"root_goal": plan.get("root_goal"), "subgoals": goals}
 
 
-def _seed_tool_call(call: Any) -> Any:
+def _seed_tool_call(call: Any, where: str, start: str, notes: list[Note]) -> Any:
+    """A seed tool call in sessionrl's names and times; its status is the file's, or (when it says none,
+    or success) what the shared rule reads in its output (`tool_output_result`)."""
     if not isinstance(call, dict):
         return call
-    at = call.get("timestamp")
-    ours = {theirs: mine for mine, theirs in SEED_CALL_FIELDS.items()}
-    renamed = {ours.get(k, k): v for k, v in call.items() if k != "timestamp"}
-    return {**renamed, **_times(at), "recorded": True, "free_form": True}
+    ours = {theirs: mine for mine, theirs in SEED_CALL_FIELDS.items()} | {"subgoal_id": "subgoal_id"}
+    renamed = {ours.get(k, k): v for k, v in call.items() if k not in TIME_NAMES}
+    if call.get("status", "success") == "success" and "output" in call:
+        result = tool_output_result(call["output"])
+        if result.status is CallStatus.ERROR:
+            renamed |= {"status": "error", "output": None, "error_code": result.error_code}
+            renamed |= {"error_message": result.error_message}
+    return {**renamed, **timing(call, where, start, notes), "recorded": True, "free_form": True}
 
 
-def _seed_llm_call(call: Any) -> Any:
+def _seed_llm_call(call: Any, where: str, start: str, notes: list[Note]) -> Any:
     if not isinstance(call, dict):
         return call
-    out = {k: v for k, v in call.items() if k not in ("prompt", "timestamp")}
+    out = {k: v for k, v in call.items() if k != "prompt" and k not in TIME_NAMES}
     if "prompt" in call:
         out["messages"] = [{"role": "user", "content": call["prompt"]}]
-    return {
-        **out,
-        **_times(call.get("timestamp")),
-        "recorded": True,
-    }
+    return {**out, **timing(call, where, start, notes), "recorded": True}
 
 
-def _seed_feedback(sid: str, i: int, item: Any) -> Any:
+def _seed_feedback(sid: str, i: int, item: Any, where: str, ended: str, notes: list[Note]) -> Any:
+    """A rating or comment, from any number of raters; one without a time is placed at the session's
+    end (noted)."""
     if not isinstance(item, dict):
         return item
     at = item.get("timestamp")
+    if at is None:
+        notes.append((where, f"no time given: placed at the session's end, {ended}", MISSING_TIME))
+        at = ended
     out = {("annotator" if k == "annotator_id" else k): v for k, v in item.items() if k != "timestamp"}
-    times = {"occurred_at": at, "received_at": at} if at is not None else {}
-    return {"feedback_id": f"f_{sid}_{i}", **out, **times}
-
-
-def _times(at: Any) -> Doc:
-    """A seed call's one timestamp as when it started and ended (none given: now, as for a live call)."""
-    return {"started_at": at, "finished_at": at} if at is not None else {}
+    return {"feedback_id": f"f_{sid}_{i}", **out, "occurred_at": at, "received_at": at}
 
 
 def _seed_field(where: str, feedback_key: str) -> str:
@@ -264,24 +373,30 @@ def _seed_field(where: str, feedback_key: str) -> str:
 
 # OpenAI chat transcripts
 
+MESSAGE_TIMES = ("timestamp", "created_at", "created")
 
-def from_openai(doc: Doc) -> Doc:
+
+def from_openai(doc: Doc, notes: list[Note]) -> Doc:
     """An OpenAI chat transcript as a current session document (one LLM call per assistant message, one
-    tool call per `tool` message), with its reward and feedback."""
+    tool call per `tool` message, its status by the gateway's rule), with its reward and feedback. A
+    message's own time (`timestamp`, `created_at` or `created`) dates its call, and the time since the
+    message before gives the latency; a transcript with no time at all takes the import's (noted)."""
     messages = doc.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise BadRecord([("messages", "expected a list of message objects")])
     problems: list[tuple[str, str]] = []
     sid = str(doc.get("session_id") or derived_id("oai", messages))
-    at = doc.get("created_at") or datetime.now(UTC).isoformat()
+    at = _transcript_time(doc, messages, notes)
     user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), None)
     if user is None:
         problems.append(("messages", "no user message: the session's query is the first one"))
-    llm_calls, tool_calls = _openai_calls(sid, messages, str(doc.get("model") or "") or None, at, problems)
+    model = str(doc.get("model") or "") or None
+    llm_calls, tool_calls = _openai_calls(sid, messages, model, at, problems, notes)
     last = messages[-1] if messages else {}
     final = (
         _text(last.get("content")) if last.get("role") == "assistant" and not last.get("tool_calls") else None
     )
+    ended = first_given(last, MESSAGE_TIMES) if isinstance(last, dict) else None
     native: Doc = {
         "schema_version": SCHEMA_VERSION,
         "session_id": sid,
@@ -292,15 +407,36 @@ def from_openai(doc: Doc) -> Doc:
         "metadata": {"imported_from": "openai", **({"model": doc["model"]} if doc.get("model") else {})},
         "tool_calls": tool_calls,
         "llm_calls": llm_calls,
-        "feedback": _openai_feedback(sid, doc, at, problems),
+        "feedback": _openai_feedback(sid, doc, _iso(ended) or at, problems),
         "final_output": {"text": final} if final else None,
         "created_at": at,
-        "updated_at": at,
+        "updated_at": _iso(ended) or at,
     }
     if problems:
         raise BadRecord(problems)
     _validate(native, lambda where: where)
     return native
+
+
+def _iso(value: Any) -> str | None:
+    """A message time as RFC 3339 text (None for none that reads)."""
+    at = instant(value)
+    return None if at is None else at.isoformat()
+
+
+def _transcript_time(doc: Doc, messages: list[Doc], notes: list[Note]) -> str:
+    """When the transcript began: its `created_at`, else its first message's time, else now (noted)."""
+    given = doc.get("created_at")
+    if given is not None:
+        return _iso(given) or str(given)
+    first = next((t for m in messages for t in [_iso(first_given(m, MESSAGE_TIMES))] if t is not None), None)
+    if first is not None:
+        return first
+    now = datetime.now(UTC).isoformat()
+    notes.append(
+        ("created_at", f"missing, and no message has a time: every call is placed at {now}", MISSING_TIME)
+    )
+    return now
 
 
 def _text(content: Any) -> str:
@@ -325,31 +461,54 @@ def _message(m: Doc) -> Doc:
 
 
 def _openai_calls(
-    sid: str, messages: list[Doc], model: str | None, at: str, problems: list[tuple[str, str]]
+    sid: str,
+    messages: list[Doc],
+    model: str | None,
+    at: str,
+    problems: list[tuple[str, str]],
+    notes: list[Note],
 ) -> tuple[list[Doc], list[Doc]]:
+    """One LLM call per assistant message and one tool call per `tool` message, dated by their messages
+    (the transcript's time when a message has none); a tool call never answered is noted."""
     llm_calls: list[Doc] = []
     tool_calls: list[Doc] = []
-    asked: dict[str, Doc] = {}
+    asked: dict[str, tuple[Doc, str]] = {}
+    answered: set[str] = set()
+    times = [_iso(first_given(m, MESSAGE_TIMES)) for m in messages]
     for i, m in enumerate(messages):
+        when = times[i] or at
         if m.get("role") == "assistant":
             message = _message(m)
-            asked.update((c["id"], c) for c in message["tool_calls"])
+            asked.update((c["id"], (c, when)) for c in message["tool_calls"])
+            since = times[i - 1] if i > 0 and times[i] else None
             llm_calls.append(
                 {"call_id": f"{sid}.l{i}", "purpose": "chat", "messages": [_message(x) for x in messages[:i]],
                  "response": message["content"], "tool_calls": message["tool_calls"], "model": model,
-                 "started_at": at, "finished_at": at, "recorded": True}
+                 **_span(since or when, when), "recorded": True}
             )  # fmt: skip
         elif m.get("role") == "tool":
-            call = asked.get(str(m.get("tool_call_id")))
-            if call is None:
+            found = asked.get(str(m.get("tool_call_id")))
+            if found is None:
                 problems.append((f"messages.{i}.tool_call_id", "no earlier assistant tool call has this id"))
                 continue
+            call, asked_at = found
+            answered.add(call["id"])
+            result = tool_message_result(_text(m.get("content")))
             tool_calls.append(
                 {"call_id": call["id"], "tool": call["name"], "params": _arguments(call["arguments"]),
-                 "output": _json_or_text(_text(m.get("content"))), "status": "success",
-                 "started_at": at, "finished_at": at, "recorded": True, "free_form": True}
+                 **result.model_dump(exclude={"latency_ms"}), **_span(asked_at, when),
+                 "recorded": True, "free_form": True}
             )  # fmt: skip
+    for call_id in asked.keys() - answered:
+        notes.append(("messages", f"tool call {call_id!r} is never answered by a tool message", UNANSWERED))
     return llm_calls, tool_calls
+
+
+def _span(start: str, end: str) -> Doc:
+    """A call's times and the latency between them (0 when either does not read)."""
+    began, ended = instant(start), instant(end)
+    latency = max((ended - began).total_seconds() * 1000, 0.0) if began and ended else 0.0
+    return {"started_at": start, "finished_at": end, "latency_ms": latency}
 
 
 def _arguments(text: str) -> Doc:

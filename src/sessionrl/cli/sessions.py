@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,21 +19,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from sessionrl.capture.documents import document_events
 from sessionrl.capture.export_otlp import otlp_lines
 from sessionrl.capture.formats import ExportFormat, ImportFormat, read_file
-from sessionrl.capture.importers import ImportProblem
+from sessionrl.capture.importers import ImportProblem, warning_summary
 from sessionrl.errors import InvalidEvent, InvalidTransition, NotFound, SessionRLError
 from sessionrl.session import codec
 from sessionrl.session.events import (
     EVENT_ADAPTER,
     Event,
-    FeedbackAdded,
-    LLMCallRecorded,
-    OutputSet,
-    PlanSet,
     SessionCreated,
-    StateChanged,
-    ToolCallRecorded,
     apply,
 )
 from sessionrl.session.model import (
@@ -42,7 +36,6 @@ from sessionrl.session.model import (
     FeedbackType,
     LLMCall,
     Session,
-    SessionCreate,
     SessionState,
 )
 from sessionrl.session.schema import load_session
@@ -364,7 +357,7 @@ def import_(
     anything is written; bad records are reported with their line number, field and rule.
     """
     read = read_file(fmt, path.read_bytes())
-    for w in getattr(read, "warnings", ()):  # trace formats: what was left out, or kept with a caveat
+    for w in read.warnings:  # what was left out, or kept with a caveat
         err.print(
             f"[yellow]warning:[/yellow] line {w.line}: {escape(w.field)}: {escape(w.rule)}", soft_wrap=True
         )
@@ -383,7 +376,7 @@ def import_(
         written = apply_import(store, plan)
     out.print(
         f"imported {written} event(s) for {len(plan.sessions)} session(s); "
-        f"{plan.already_stored} already stored"
+        f"{plan.already_stored} already stored; {warning_summary(read.warnings)}"
     )
 
 
@@ -423,43 +416,6 @@ class ImportPlan:
     sessions: set[str] = field(default_factory=set)
     already_stored: int = 0
     problems: list[ImportProblem] = field(default_factory=list)
-
-
-S = SessionState
-STATE_PATH: dict[SessionState, tuple[SessionState, ...]] = {
-    S.CREATED: (),
-    S.PLANNING: (S.PLANNING,),
-    S.EXECUTING: (S.EXECUTING,),
-    S.FINISHED: (S.FINISHED,),
-    S.REJECTED: (S.REJECTED,),
-    S.ARCHIVED: (S.FINISHED, S.ARCHIVED),
-}
-"""State changes that bring an imported document from `created` to its state."""
-
-
-def document_events(s: Session) -> list[Event]:
-    """Events whose fold has the content of a session document.
-
-    Versions are renumbered by the fold, and an archived session is taken through `finished`. Event ids
-    are derived from the session id, so importing the same document twice stores it once.
-    """
-    create = SessionCreate(
-        user_query=s.user_query, session_id=s.session_id, trace_id=s.trace_id, scenario=s.scenario,
-        tags=s.tags, user_id=s.user_id, metadata=s.metadata,
-    )  # fmt: skip
-    events: list[Event] = [
-        SessionCreated(session_id=s.session_id, trace_id=s.trace_id, create=create, at=s.created_at)
-    ]
-    if s.plan is not None:
-        events.append(PlanSet(plan=s.plan, at=s.created_at))
-    events += [ToolCallRecorded(call=c, at=c.finished_at) for c in s.tool_calls]
-    events += [LLMCallRecorded(call=c, at=c.finished_at) for c in s.llm_calls]
-    if s.final_output is not None:
-        events.append(OutputSet(output=s.final_output, at=s.updated_at))
-    events += [StateChanged(state=state, at=s.updated_at) for state in STATE_PATH[s.state]]
-    events += [FeedbackAdded(feedback=f, at=f.received_at) for f in s.feedback]
-    key = hashlib.sha256(s.session_id.encode()).hexdigest()[:24]
-    return [e.model_copy(update={"event_id": f"imp_{key}_{i}"}) for i, e in enumerate(events)]
 
 
 class BadLine(Exception):

@@ -150,7 +150,7 @@ def offered_tools(messages: list[Message], request: ChatRequest, fmt: ToolFormat
     """
     if fmt is not ToolFormat.NATIVE or not request.tools:
         return messages
-    listing = tool_listing(request.tools)
+    listing = tool_listing(request.tool_dicts())
     if messages and messages[0].role == "system":
         first = messages[0]
         return [first.model_copy(update={"content": f"{first.content}\n\n{listing}"}), *messages[1:]]
@@ -179,7 +179,8 @@ def read_action(
     ``{{inventory_check.on_hand}}``) are resolved against the request's conversation
     (`conversation_context`), as an episode resolves them, so the agent receives the values.
 
-    >>> req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[{"function": {"name": "f"}}])
+    >>> tool = {"type": "function", "function": {"name": "f"}}
+    >>> req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=[tool])
     >>> read_action('{"tool": "f", "params": {"a": 1}}', req, seed="s")[1][0].arguments
     '{"a":1}'
     >>> read_action('{"final": "done"}', req, seed="s")
@@ -245,10 +246,15 @@ class UpstreamChat:
         body.pop("stream_options", None)
         try:
             response = await self._http.post("/chat/completions", json=body)
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(504, f"the upstream server did not answer in time: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(502, f"the upstream server did not answer: {exc!r}") from exc
         if response.status_code >= 400:
-            raise UpstreamError(response.status_code, f"the upstream server answered: {_message(response)}")
+            status = upstream_status(response.status_code)
+            raise UpstreamError(
+                status, f"the upstream server answered {response.status_code}: {_message(response)}"
+            )
         try:
             return parse_completion(response.json())
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -261,6 +267,19 @@ class UpstreamChat:
             return [str(m["id"]) for m in response.json()["data"]]
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return []
+
+
+def upstream_status(status: int) -> int:
+    """What the agent is told of an upstream's error status: a request the upstream refused (4xx) as it
+    is, but its refusal of the gateway's own key (401, 403) and every server error are the upstream's
+    failure (502; 504 for its timeouts).
+
+    >>> [upstream_status(s) for s in (400, 401, 429, 500, 503, 504)]
+    [400, 502, 429, 502, 502, 504]
+    """
+    if status in (408, 504):
+        return 504
+    return 502 if status in (401, 403) or status >= 500 else status
 
 
 def _message(response: httpx.Response) -> str:

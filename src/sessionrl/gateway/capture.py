@@ -4,8 +4,8 @@ A request names its session; the session opens on first use (allowing the agent'
 contract here describes), carrying the `metadata` of the request that opened it. The `tool` messages the
 agent sends back (matched by `tool_call_id` to the tool calls of an earlier answer) become recorded tool
 steps, once each, with the time from the answer to this request as their latency. A tool message whose
-content is a JSON object with an `error` key reports a failed call (`tool_result`); any other content is the
-call's output. Then the model call
+content is a JSON object with an `error` key reports a failed call (`recording.tool_message_result`, the
+rule importers share); any other content is the call's output. Then the model call
 itself becomes a recorded LLM step, answered or failed, whose id is the completion's id: feedback can name
 it, or a tool call's id, later.
 """
@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from sessionrl.errors import InvalidTransition, NotFound
-from sessionrl.gateway.backends import ChatReply
+from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
 from sessionrl.gateway.chat import ChatMessage, ChatRequest
+from sessionrl.gateway.ending import GATEWAY_TAG, finish_answered
 from sessionrl.orchestrator.engine import Orchestrator
-from sessionrl.orchestrator.recording import FREE_FORM_KEY
+from sessionrl.orchestrator.recording import FREE_FORM_KEY, tool_message_result
+from sessionrl.orchestrator.results import KeyReused
 from sessionrl.session.model import CallStatus, Session, SessionCreate, ToolRequest, utcnow
-from sessionrl.wire import LLMPayload, RecordedReply, RecordedResult, StepKind, StepResult, ToolPayload
+from sessionrl.wire import LLMPayload, RecordedReply, StepKind, StepResult, ToolPayload
 
 ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 """What a session or call id may be (the session model's pattern)."""
@@ -47,7 +51,7 @@ async def create_session(engine: Orchestrator, session_id: str, request: ChatReq
     create = SessionCreate(
         session_id=session_id,
         user_query=query[:MAX_QUERY],
-        tags=("gateway",),
+        tags=(GATEWAY_TAG,),
         metadata={
             **(request.metadata or {}),
             FREE_FORM_KEY: True,
@@ -94,7 +98,7 @@ async def record_tool_results(engine: Orchestrator, session: Session, request: C
         payload = ToolPayload(
             tool=call.name,
             params=_params(call.arguments),
-            result=tool_result(message.text, latency),
+            result=tool_message_result(message.text, latency),
             call_id=call_id if ID.match(call_id) else None,
         )
         await engine.execute_step(
@@ -114,52 +118,68 @@ def _params(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-TOOL_ERROR = "TOOL_ERROR"
-"""The error code of a failed tool call whose `tool` message names none (or one too long to keep)."""
-MAX_CODE, MAX_MESSAGE = 200, 20_000
-"""The longest error code and message a recorded tool result holds."""
+@dataclass(frozen=True)
+class Turn:
+    """What one request through the gateway came to: the completion's id, and the model's answer or
+    why there is none (the backend's error)."""
+
+    call_id: str
+    reply: ChatReply | None = None
+    error: UpstreamError | None = None
 
 
-def clipped(text: str, limit: int) -> str:
-    """`text`, or its start with a note saying how long it was when it is longer than `limit`.
-
-    >>> clipped("abcdef", 40), len(clipped("x" * 100, 40))
-    ('abcdef', 40)
-    """
-    if len(text) <= limit:
-        return text
-    note = f"... [{len(text)} characters, cut]"
-    return text[: limit - len(note)] + note
-
-
-def tool_result(text: str, latency_ms: float) -> RecordedResult:
-    """What a `tool` message says the call answered. Content that is a JSON object whose `error` is a
-    non-empty string or an object reports a failure: `{"error": "why"}`, or `{"error": {"code": ...,
-    "message": ...}}` (OpenAI's error shape; either field may be missing). Any other content (`{"error":
-    null}` included) is the call's output: the JSON value it spells, or the text.
-
-    >>> tool_result('{"error": "no product SKU-1"}', 3.0).error_message
-    'no product SKU-1'
-    >>> tool_result('{"error": {"code": "SKU_NOT_FOUND"}}', 3.0).error_code
-    'SKU_NOT_FOUND'
-    >>> [tool_result(t, 3.0).status.value for t in ('{"on_hand": 4}', '{"error": null}', "fine")]
-    ['success', 'success', 'success']
-    """
+async def take_turn(
+    engine: Orchestrator,
+    backend: ChatBackend,
+    session_id: str,
+    request: ChatRequest,
+    call_id: str,
+    *,
+    key: str | None = None,
+    finish_on_answer: bool = False,
+) -> Turn:
+    """Record the request's tool results, ask the backend, record the model call (and, with
+    `finish_on_answer`, finish the session on an answer without a tool call). With a `key`, the
+    completion `call_id` already in the session is a retry, answered as recorded (`replayed`)."""
+    if key is not None:
+        replay = await replayed(engine, session_id, request, call_id, key)
+        if replay is not None:
+            return replay
+    await record_sent_tools(engine, session_id, request)
+    started = time.perf_counter()
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return RecordedResult(output=text, latency_ms=latency_ms)
-    error = value.get("error") if isinstance(value, dict) else None
-    if not (isinstance(error, dict) or (isinstance(error, str) and error)):
-        return RecordedResult(output=value, latency_ms=latency_ms)
-    fields = error if isinstance(error, dict) else {"message": error}
-    code, message = fields.get("code"), fields.get("message")
-    return RecordedResult(
-        status=CallStatus.ERROR,
-        error_code=code if isinstance(code, str) and 0 < len(code) <= MAX_CODE else TOOL_ERROR,
-        error_message=clipped(message if isinstance(message, str) else text, MAX_MESSAGE),
-        latency_ms=latency_ms,
+        reply: ChatReply | None = await backend.complete(request, session_id)
+        error = None
+    except UpstreamError as exc:
+        reply, error = None, exc
+    latency_ms = (time.perf_counter() - started) * 1000
+    outcome = reply if reply is not None else error.message if error is not None else ""
+    await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key)
+    if reply is not None and finish_on_answer and not reply.tool_calls:
+        await finish_answered(engine, session_id, reply.text)
+    return Turn(call_id, reply, error)
+
+
+async def replayed(
+    engine: Orchestrator, session_id: str, request: ChatRequest, call_id: str, key: str
+) -> Turn | None:
+    """The recorded answer of completion `call_id` (a keyed request's), None when the session lacks it;
+    `KeyReused` when it answered other messages than `request`'s."""
+    try:
+        session = await engine.session(session_id)
+    except NotFound:
+        return None
+    call = next((c for c in reversed(session.llm_calls) if c.call_id == call_id), None)
+    if call is None:
+        return None
+    if call.messages != tuple(m.to_message() for m in request.messages):
+        raise KeyReused(key, "a chat request with other messages")
+    if call.status is not CallStatus.SUCCESS:
+        return Turn(call_id, error=UpstreamError(502, call.error_message or "the backend failed"))
+    reply = ChatReply(
+        text=call.response, tool_calls=call.tool_calls, model=call.model or "", usage=dict(call.usage or {})
     )
+    return Turn(call_id, reply=reply)
 
 
 async def record_llm(
@@ -169,6 +189,8 @@ async def record_llm(
     call_id: str,
     outcome: ChatReply | str,
     latency_ms: float,
+    *,
+    key: str | None = None,
 ) -> StepResult:
     """Record the model call: its answer, or (a string) why it failed; the session's first request opens
     it (`create_session`)."""
@@ -189,7 +211,7 @@ async def record_llm(
         messages=tuple(m.to_message() for m in request.messages), purpose="chat", reply=reply, call_id=call_id
     )
     try:
-        return await engine.execute_step(session_id, StepKind.LLM, payload)
+        return await engine.execute_step(session_id, StepKind.LLM, payload, key=key)
     except NotFound:  # the session's first request: open it, then record
         await create_session(engine, session_id, request)
-        return await engine.execute_step(session_id, StepKind.LLM, payload)
+        return await engine.execute_step(session_id, StepKind.LLM, payload, key=key)

@@ -1,15 +1,18 @@
 """The OpenAI chat-completions wire, as much of it as an agent loop uses: requests (messages, tools,
 `tool_choice`, `stream`), answers, stream chunks and errors.
 
-Requests are read leniently (an OpenAI client sends fields this gateway has no use for, such as
-`temperature`; they are kept and passed on to an upstream), answers are written as plain JSON objects.
+Requests are checked as OpenAI checks them (the types and ranges of its fields, and the order of the
+messages: `request_problem`), so a request OpenAI would refuse is refused here before anything is
+recorded; fields this gateway does not know are kept and passed on to an upstream. Answers are written
+as plain JSON objects.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,15 +65,57 @@ class ChatMessage(_Lenient):
         return Message(role=role, content=self.text, tool_calls=calls, tool_call_id=self.tool_call_id)
 
 
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+"""A JSON number, as OpenAI takes one: `"0.5"` or `true` is refused, not converted."""
+Count = Annotated[int, Field(strict=True)]
+
+
+class FunctionSpec(_Lenient):
+    """The function a tool offers: its name (OpenAI's pattern) and the JSON schema of its parameters."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(default=None, strict=True)
+
+
+class ChatTool(_Lenient):
+    """One tool a request offers (OpenAI's function tools)."""
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class StreamOptions(_Lenient):
+    """`stream_options`: whether a streamed answer ends with a chunk carrying the usage."""
+
+    include_usage: bool | None = Field(default=None, strict=True)
+
+
 class ChatRequest(_Lenient):
-    """A chat-completions request."""
+    """A chat-completions request. The sampling fields OpenAI defines are checked with its types and
+    ranges (a request OpenAI would refuse is refused before anything is recorded); fields this gateway
+    does not know are kept and passed on to an upstream (vLLM's own, such as `top_k`)."""
 
     model: str = Field(default="", max_length=200)
     messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    stream: bool = Field(default=False, strict=True)
+    stream_options: StreamOptions | None = None
+    temperature: Number | None = Field(default=None, ge=0, le=2)
+    top_p: Number | None = Field(default=None, ge=0, le=1)
+    n: Count | None = Field(default=None, ge=1, le=1, description="The gateway records one choice.")
+    max_tokens: Count | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = Field(default=None, ge=1)
+    presence_penalty: Number | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: Number | None = Field(default=None, ge=-2, le=2)
+    stop: str | list[str] | None = Field(default=None)
+    seed: Count | None = None
+    logprobs: bool | None = Field(default=None, strict=True)
+    top_logprobs: Count | None = Field(default=None, ge=0, le=20)
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
+    user: str | None = Field(default=None, max_length=256)
     metadata: dict[str, str] | None = Field(
         default=None,
         max_length=16,
@@ -80,8 +125,16 @@ class ChatRequest(_Lenient):
 
     def tool_names(self) -> frozenset[str]:
         """The names of the function tools the request offers."""
-        names = (t.get("function", {}).get("name") for t in self.tools or () if isinstance(t, dict))
-        return frozenset(n for n in names if isinstance(n, str))
+        return frozenset(t.function.name for t in self.tools or ())
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        """The offered tools as the JSON the agent sent."""
+        return [t.model_dump(mode="json", exclude_none=True) for t in self.tools or ()]
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed answer should end with the usage."""
+        return bool(self.stream_options is not None and self.stream_options.include_usage)
 
     def allows_tools(self) -> bool:
         """Whether the model may answer with tool calls (tools offered, and `tool_choice` is not none)."""
@@ -159,3 +212,79 @@ def models_page(names: list[str]) -> dict[str, Any]:
     """A `GET /models` answer listing `names`."""
     data = [{"id": n, "object": "model", "created": 0, "owned_by": "sessionrl"} for n in names]
     return {"object": "list", "data": data}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why OpenAI would refuse a request that validates field by field, and the field at fault."""
+
+    message: str
+    param: str
+
+
+def request_problem(request: ChatRequest) -> Refusal | None:
+    """What OpenAI refuses in a request whose fields are each well formed: `tool_choice` or
+    `stream_options` without what they need, or messages in an order it does not take
+    (`message_order_problem`).
+
+    >>> request_problem(ChatRequest(messages=[{"role": "user", "content": "hi"}], tool_choice="auto")).param
+    'tool_choice'
+    """
+    if request.tool_choice is not None and not request.tools:
+        return Refusal("'tool_choice' is only allowed when 'tools' are specified", "tool_choice")
+    if isinstance(request.tool_choice, dict):
+        named = (request.tool_choice.get("function") or {}).get("name")
+        if named not in request.tool_names():
+            return Refusal(f"'tool_choice' names a function the tools do not offer: {named!r}", "tool_choice")
+    if request.stream_options is not None and not request.stream:
+        return Refusal("'stream_options' is only allowed when 'stream' is enabled", "stream_options")
+    return message_order_problem(request.messages)
+
+
+def message_order_problem(messages: Sequence[ChatMessage]) -> Refusal | None:
+    """Why OpenAI would refuse the order of `messages`: a `tool` message must answer a tool call of the
+    assistant message just before it (only other `tool` messages between them), every tool call of an
+    assistant message must be answered before the next message that is not a `tool` one, and an
+    assistant message has content or tool calls.
+
+    >>> call = {"id": "c1", "function": {"name": "f"}}
+    >>> ok = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
+    ...       {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    >>> message_order_problem([ChatMessage.model_validate(m) for m in ok]) is None
+    True
+    >>> stray = [ok[0], {"role": "tool", "tool_call_id": "c9", "content": "r"}]
+    >>> message_order_problem([ChatMessage.model_validate(m) for m in stray]).param
+    'messages.[1].tool_call_id'
+    """
+    waiting: dict[str, None] = {}  # tool call ids of the last assistant message not yet answered
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if message.tool_call_id not in waiting:
+                return Refusal(
+                    f"messages.[{i}]: a message with role 'tool' must answer a tool call of the assistant "
+                    f"message before it; none of them has the id {message.tool_call_id!r}",
+                    f"messages.[{i}].tool_call_id",
+                )
+            del waiting[message.tool_call_id]
+            continue
+        if waiting:
+            return _unanswered(waiting, i)
+        if message.role != "assistant":
+            continue
+        ids = [c.id for c in message.tool_calls or ()]
+        if len(set(ids)) < len(ids):
+            return Refusal(f"messages.[{i}]: tool call ids repeat: {ids}", f"messages.[{i}].tool_calls")
+        if not ids and message.content is None:
+            return Refusal(
+                f"messages.[{i}]: an assistant message needs 'content' or 'tool_calls'", f"messages.[{i}]"
+            )
+        waiting = dict.fromkeys(ids)
+    return _unanswered(waiting, len(messages)) if waiting else None
+
+
+def _unanswered(waiting: dict[str, None], at: int) -> Refusal:
+    return Refusal(
+        "an assistant message with 'tool_calls' must be followed by tool messages answering each "
+        f"'tool_call_id'; these had none: {', '.join(waiting)}",
+        f"messages.[{at}]" if at else "messages",
+    )

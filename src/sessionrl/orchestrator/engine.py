@@ -30,6 +30,9 @@ from sessionrl.orchestrator.recording import (
     ContractCheck,
     recorded_llm_call,
     recorded_tool_call,
+    same_create,
+    same_feedback,
+    same_output,
     same_request,
 )
 from sessionrl.orchestrator.results import (
@@ -157,7 +160,7 @@ class Orchestrator:
             create = SessionCreate(user_query=create)
         ids = self._ids.ids(key)
         if create.session_id is not None and await self.writer.exists(create.session_id):
-            if key is not None and await self.writer.replayed(create.session_id, ids) is not None:
+            if key is not None and await self._created_by(create.session_id, create, key, ids):
                 return create.session_id
             state = (await self.session(create.session_id)).state
             raise InvalidTransition(create.session_id, state, "session_created")
@@ -166,8 +169,20 @@ class Orchestrator:
         if isinstance(result, InvalidEvent) and result.field == "event_id" and key is not None:
             raise KeyReused(key, "a create naming another session") from result
         session = raise_first([result])
+        if key is not None and session.session_id != event.session_id:  # the store held the key's create
+            await self._created_by(session.session_id, create, key, ids)
         self.writer.remember(session)
         return session.session_id
+
+    async def _created_by(self, session_id: str, create: SessionCreate, key: str, ids: StepIds) -> bool:
+        """Whether the keyed request of `ids` created `session_id`; `KeyReused` when it did, from another
+        body than `create`."""
+        first = await self.writer.logged(session_id, ids)
+        if first is None:
+            return False
+        if not same_create(first[1], create):
+            raise KeyReused(key, "a create with another body")
+        return True
 
     async def session(self, session_id: str) -> Session:
         """The session's current read view, as stored (another process may have written it since this
@@ -205,6 +220,12 @@ class Orchestrator:
         event = FeedbackAdded(feedback=feedback, event_id=ids.event())
 
         async def run() -> FeedbackResult:
+            if key is not None:  # a retry is answered from the log; another body under the key is refused
+                first = await self.writer.logged(session_id, ids)
+                if first is not None:
+                    if not same_feedback(first[1], feedback):
+                        raise KeyReused(key, "feedback with another body")
+                    return feedback_result(first[0], feedback.feedback_id)
             session = await self.writer.commit(session_id, lambda _: [event], ids)
             return feedback_result(session, feedback.feedback_id)
 
@@ -217,38 +238,52 @@ class Orchestrator:
         *,
         key: str | None = None,
         expected_version: int | None = None,
+        reason: str | None = None,
     ) -> FinishResult:
         """Give the final output and close the session, running the finishing guards.
 
         Every sub-goal that no tool call executed earns a `hallucination_penalty` anchored to it; claims
-        citing calls the session does not have earn one `provenance_flag` naming them.
+        citing calls the session does not have earn one `provenance_flag` naming them. `reason` says what
+        ended the session (such as the gateway's `idle`); it is recorded as the state change's reason and
+        as the session's `finished_by` metadata.
         """
         if isinstance(output, str):
             output = FinalOutput(text=output)
         ids = self._ids.ids(key)
         final = output
 
+        def unit(s: Session) -> list[Event]:
+            return finish_unit(s, final, ids, penalty=self.config.hallucination_penalty, reason=reason)
+
         async def run() -> FinishResult:
             session = await self.writer.checked(session_id, expected_version)
             if key is not None and session.state in TERMINAL:
-                replayed = await self.writer.replayed(session_id, ids)
+                replayed = await self._finished_by(session_id, final, key, ids)
                 if replayed is not None:
-                    return finish_result(replayed)
+                    return replayed
             check_version(session, expected_version)
             try:
-                committed = await self.writer.commit(
-                    session_id,
-                    lambda s: finish_unit(s, final, ids, penalty=self.config.hallucination_penalty),
-                    ids,
-                )
+                committed = await self.writer.commit(session_id, unit, ids)
             except InvalidTransition:  # the view was behind: another process may have run this request
-                replayed = None if key is None else await self.writer.replayed(session_id, ids)
+                replayed = None if key is None else await self._finished_by(session_id, final, key, ids)
                 if replayed is None:
                     raise
-                return finish_result(replayed)
+                return replayed
             return finish_result(committed)
 
         return await self.writer.once(key, run)
+
+    async def _finished_by(
+        self, session_id: str, output: FinalOutput, key: str, ids: StepIds
+    ) -> FinishResult | None:
+        """The first answer of the keyed finish of `ids`, None if it never ran; `KeyReused` when it gave
+        another output than `output`."""
+        first = await self.writer.logged(session_id, ids)
+        if first is None:
+            return None
+        if not same_output(first[1], output):
+            raise KeyReused(key, "a finish with another output")
+        return finish_result(first[0])
 
     async def patch(self, session_id: str, patch: SessionPatch, *, key: str | None = None) -> Session:
         """Change a session's scenario, tags or metadata (accepted in every state); return the session."""

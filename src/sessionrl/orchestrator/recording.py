@@ -4,22 +4,36 @@ Nothing runs here. A recorded tool call is checked against its skill's contract 
 name exists (what breaks it becomes the call's warnings: the call did happen, and a record that drops it
 would lie); a tool no contract describes is accepted only where free-form tools are allowed, and marked.
 `same_request` tells a retry of a request from a different request that reuses its idempotency key.
+`tool_message_result` is the one rule that reads a `tool` message's content as a success or a failure,
+for the gateway and the importers alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from sessionrl.errors import InvalidEvent
-from sessionrl.session.model import CallStatus, LLMCall, Message, Session, ToolCall, utcnow
+from sessionrl.session.events import Event, EventBase, FeedbackAdded, OutputSet, SessionCreated
+from sessionrl.session.model import (
+    CallStatus,
+    Feedback,
+    FinalOutput,
+    LLMCall,
+    Message,
+    Session,
+    SessionCreate,
+    ToolCall,
+    utcnow,
+)
 from sessionrl.skills.contract import SkillContract
 from sessionrl.skills.schema import SchemaValidator, validation_errors, validator_for
 from sessionrl.wire import LLMPayload, PlanPayload, RecordedResult, StepKind, StepPayload, ToolPayload
 
+E = TypeVar("E", bound=EventBase)
 FREE_FORM_KEY = "free_form_tools"
 """The session metadata key that allows free-form tools in one session."""
 
@@ -65,16 +79,11 @@ def clipped(text: str, limit: int) -> str:
 
 
 def tool_message_result(text: str, latency_ms: float = 0.0) -> RecordedResult:
-    """What a `tool` message (the gateway's, or an imported transcript's) says the call answered; the one
-    rule both use. Content that is a JSON object whose `error` is a
-    non-empty string or an object reports a failure: `{"error": "why"}`, or `{"error": {"code": ...,
-    "message": ...}}` (OpenAI's error shape; either field may be missing). Any other content (`{"error":
-    null}` included) is the call's output: the JSON value it spells, or the text.
+    """What a `tool` message says the call answered: its content read as JSON when it is JSON, else kept
+    as text, then judged by `tool_output_result`.
 
     >>> tool_message_result('{"error": "no product SKU-1"}', 3.0).error_message
     'no product SKU-1'
-    >>> tool_message_result('{"error": {"code": "SKU_NOT_FOUND"}}', 3.0).error_code
-    'SKU_NOT_FOUND'
     >>> [tool_message_result(t, 3.0).status.value for t in ('{"on_hand": 4}', '{"error": null}', "fine")]
     ['success', 'success', 'success']
     """
@@ -82,15 +91,32 @@ def tool_message_result(text: str, latency_ms: float = 0.0) -> RecordedResult:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return RecordedResult(output=text, latency_ms=latency_ms)
+    return tool_output_result(value, latency_ms, text=text)
+
+
+def tool_output_result(value: Any, latency_ms: float = 0.0, *, text: str | None = None) -> RecordedResult:
+    """The one rule for a tool result's status, shared by the gateway and every importer: a JSON object
+    whose `error` is a non-empty string or an object reports a failure (`{"error": "why"}`, or OpenAI's
+    `{"error": {"code": ..., "message": ...}}`, either field may be missing); any other value (`{"error":
+    null}` included) is the call's output. `text` is the value as it was written, the message of a
+    failure that names none.
+
+    >>> tool_output_result({"error": {"code": "SKU_NOT_FOUND"}}).error_code
+    'SKU_NOT_FOUND'
+    >>> tool_output_result({"error": {}}).error_message
+    '{"error":{}}'
+    """
     error = value.get("error") if isinstance(value, dict) else None
     if not (isinstance(error, dict) or (isinstance(error, str) and error)):
         return RecordedResult(output=value, latency_ms=latency_ms)
     fields = error if isinstance(error, dict) else {"message": error}
     code, message = fields.get("code"), fields.get("message")
+    if not isinstance(message, str):
+        message = text if text is not None else orjson.dumps(value).decode()
     return RecordedResult(
         status=CallStatus.ERROR,
         error_code=code if isinstance(code, str) and 0 < len(code) <= MAX_CODE else TOOL_ERROR,
-        error_message=clipped(message if isinstance(message, str) else text, MAX_MESSAGE),
+        error_message=clipped(message, MAX_MESSAGE),
         latency_ms=latency_ms,
     )
 
@@ -119,7 +145,8 @@ def recorded_tool_call(
         raise InvalidEvent(
             "payload.tool",
             f"no skill is named {tool!r}; to record the agent's own tools, open the session with metadata "
-            f'{{"{FREE_FORM_KEY}": true}} or start the service with free-form tools allowed',
+            f'{{"{FREE_FORM_KEY}": true}}, or allow them in every session with'
+            " `orchestrator: {free_form_tools: true}` in the file `sessionrl serve --config` reads",
         )
     output = result.output if result.status is CallStatus.SUCCESS else _NO_OUTPUT
     warnings = () if contract is None else check.warnings(contract, payload.params, output)
@@ -204,3 +231,33 @@ def same_request(kind: StepKind, payload: StepPayload, session: Session, call_id
 
 def _llm(session: Session, call_id: str) -> LLMCall | None:
     return next((c for c in reversed(session.llm_calls) if c.call_id == call_id), None)
+
+
+def first_of(events: Sequence[Event], kind: type[E]) -> E | None:
+    """The first event of `kind` among a request's logged events."""
+    return next((e for e in events if isinstance(e, kind)), None)
+
+
+def same_create(events: Sequence[Event], create: SessionCreate) -> bool:
+    """Whether the create a key first wrote (its logged events) is `create` again."""
+    first = first_of(events, SessionCreated)
+    return first is not None and first.create == create
+
+
+def same_feedback(events: Sequence[Event], feedback: Feedback) -> bool:
+    """Whether the feedback a key first wrote is `feedback` again: the same content, with the same
+    `occurred_at` when the caller gave one (one it left out is its arrival time, which a retry moves)."""
+    first = first_of(events, FeedbackAdded)
+    if first is None:
+        return False
+    arrival = {"feedback_id", "received_at", "occurred_at"}
+    given = feedback.occurred_at != feedback.received_at
+    return first.feedback.model_dump(exclude=arrival) == feedback.model_dump(exclude=arrival) and (
+        not given or first.feedback.occurred_at == feedback.occurred_at
+    )
+
+
+def same_output(events: Sequence[Event], output: FinalOutput) -> bool:
+    """Whether the finish a key first wrote gave `output` again."""
+    first = first_of(events, OutputSet)
+    return first is not None and first.output == output

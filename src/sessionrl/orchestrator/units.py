@@ -20,7 +20,14 @@ from sessionrl.orchestrator.guards import (
 )
 from sessionrl.orchestrator.policy import PolicyReply
 from sessionrl.orchestrator.results import StepIds
-from sessionrl.session.events import Event, FeedbackAdded, OutputSet, PlanSet, StateChanged
+from sessionrl.session.events import (
+    Event,
+    FeedbackAdded,
+    OutputSet,
+    PlanSet,
+    SessionPatched,
+    StateChanged,
+)
 from sessionrl.session.model import (
     Anchor,
     CallStatus,
@@ -31,10 +38,14 @@ from sessionrl.session.model import (
     Message,
     Plan,
     Session,
+    SessionPatch,
     SessionState,
     ToolCall,
 )
 from sessionrl.skills.skill import SkillResult
+
+FINISHED_BY = "finished_by"
+"""The session metadata key naming what ended it (`Orchestrator.finish`'s `reason`)."""
 
 
 def enter(session: Session, state: SessionState, ids: StepIds) -> list[Event]:
@@ -78,9 +89,15 @@ def plan_unit(
     ]
 
 
-def finish_unit(session: Session, output: FinalOutput, ids: StepIds, *, penalty: float) -> list[Event]:
-    """The output, a penalty per unverified sub-goal, a flag for missing citations, then `finished`."""
+def finish_unit(
+    session: Session, output: FinalOutput, ids: StepIds, *, penalty: float, reason: str | None = None
+) -> list[Event]:
+    """The output, a penalty per unverified sub-goal, a flag for missing citations, then `finished`; with
+    a `reason` (what ended the session), the session's metadata names it as `finished_by` too."""
     events: list[Event] = [OutputSet(output=output, event_id=ids.event("out"))]
+    if reason is not None:
+        named = SessionPatch(metadata={**session.metadata, FINISHED_BY: reason})
+        events.append(SessionPatched(patch=named, event_id=ids.event("by")))
     for i, subgoal_id in enumerate(unverified_subgoals(session)):
         hallucination = Feedback(
             feedback_id=ids.feedback(f"h{i}"),
@@ -101,7 +118,7 @@ def finish_unit(session: Session, output: FinalOutput, ids: StepIds, *, penalty:
             data={"missing_call_ids": list(missing)},
         )
         events.append(FeedbackAdded(feedback=flag, event_id=ids.event("flag")))
-    return [*events, StateChanged(state=SessionState.FINISHED, event_id=ids.event("state"))]
+    return [*events, StateChanged(state=SessionState.FINISHED, reason=reason, event_id=ids.event("state"))]
 
 
 def ran_call(

@@ -165,9 +165,19 @@ class SessionWriter:
 
     async def replayed(self, session_id: str, ids: StepIds) -> Session | None:
         """The session right after the request of `ids` was first committed, or None if it never was."""
+        first = await self.logged(session_id, ids)
+        return None if first is None else first[0]
+
+    async def logged(self, session_id: str, ids: StepIds) -> tuple[Session, list[Event]] | None:
+        """The session right after the request of `ids` was first committed, and the events that request
+        wrote (those whose ids `ids` made); None if it never was."""
         events = await asyncio.to_thread(self.store.events, session_id)
         last = next((i for i, e in enumerate(events) if e.event_id == ids.event()), None)
-        return None if last is None else fold(e.event for e in events[: last + 1])
+        if last is None:
+            return None
+        mark = ids.event()
+        written = [e.event for e in events[: last + 1] if e.event_id.partition(".")[0] == mark]
+        return fold(e.event for e in events[: last + 1]), written
 
     async def once(self, key: str | None, run: Callable[[], Awaitable[T]]) -> T:
         """Run `run`, unless a request with the same key is in flight: then share its answer."""

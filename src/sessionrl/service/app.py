@@ -9,6 +9,7 @@ process's collector) and times the collector's pauses for `/metrics`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp
 from sessionrl import __version__
 from sessionrl.access import TokenTable
 from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
+from sessionrl.gateway.ending import sweep_idle
 from sessionrl.ops.serving import Operations
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend
@@ -71,11 +73,13 @@ def create_app(
         engine = Orchestrator(store, executor, backends, config.orchestrator, chooser=operations)
         app.state.engine = engine
         app.state.store = store  # the dashboard's pages read it
+        sweeper = asyncio.create_task(sweep_idle(lambda: app.state.engine, config.gateway))
         try:
             async with scheduled_collector(config.full_gc_every_s):
                 with app.state.metrics.gc_pauses():
                     yield
         finally:
+            sweeper.cancel()
             app.state.engine = None
             if isinstance(app.state.chat, UpstreamChat):
                 await app.state.chat.aclose()

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrl.access import Scope
 from sessionrl.capture.otlp_config import TracesConfig
+from sessionrl.gateway.ending import GatewayConfig
 from sessionrl.ops.config import OpsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S
@@ -119,6 +120,9 @@ class ServiceConfig(BaseModel):
     )
     upstream_api_key: str | None = Field(
         default=None, repr=False, description="The key the gateway sends to the upstream server."
+    )
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="How the gateway ends the sessions it captures."
     )
     traces: TracesConfig = Field(
         default_factory=TracesConfig.from_env,

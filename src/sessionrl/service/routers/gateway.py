@@ -15,7 +15,6 @@ framework.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Annotated, Any
@@ -27,12 +26,29 @@ from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from sessionrl.access import Principal
 from sessionrl.errors import SessionRLError
-from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
-from sessionrl.gateway.capture import ID, record_llm, record_sent_tools
-from sessionrl.gateway.chat import ChatRequest, completion, error_body, models_page, stream_events
+from sessionrl.gateway.backends import ChatBackend, UpstreamError
+from sessionrl.gateway.capture import ID, take_turn
+from sessionrl.gateway.chat import (
+    ChatRequest,
+    completion,
+    error_body,
+    models_page,
+    request_problem,
+    stream_events,
+)
+from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.orchestrator.results import StepIds
 from sessionrl.service import problems
-from sessionrl.service.deps import JSONAnswer, Reader, Writer, engine_of
+from sessionrl.service.deps import (
+    IdempotencyKey,
+    JSONAnswer,
+    Reader,
+    Writer,
+    engine_of,
+    scoped_key,
+)
 from sessionrl.service.problems import ProblemError, malformed_json
 
 SESSION_HEADER = "X-Session-Id"
@@ -131,12 +147,16 @@ CHAT_ANSWERS = answers(404, 409, 500, 502, 503)
     responses=CHAT_ANSWERS,
 )
 async def chat_in_session(
-    session_id: SessionId, body: ChatRequest, request: Request, principal: Writer
+    session_id: SessionId,
+    body: ChatRequest,
+    request: Request,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """An OpenAI chat completion, recorded in the session the base URL names. Each `tool` message
     answering an earlier tool call becomes a tool step: a failed one when its content is a JSON object whose
     `error` is a string or `{"code", "message"}`, else a successful one with the content as its output."""
-    return await chat(request, session_id, body)
+    return await chat(request, session_id, body, principal, idempotency_key)
 
 
 @router.post(
@@ -146,12 +166,16 @@ async def chat_in_session(
     responses=CHAT_ANSWERS,
 )
 async def chat_by_header(
-    body: ChatRequest, request: Request, principal: Writer, session_id: SessionHeader
+    body: ChatRequest,
+    request: Request,
+    principal: Writer,
+    session_id: SessionHeader,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """An OpenAI chat completion, recorded in the session of the `X-Session-Id` header (or name the
     session in the base URL: `/gateway/sessions/{session_id}/v1`); its `tool` messages are recorded as
     there."""
-    return await chat(request, session_id, body)
+    return await chat(request, session_id, body, principal, idempotency_key)
 
 
 MODELS_ANSWERS: dict[int | str, dict[str, Any]] = {
@@ -188,36 +212,64 @@ async def served_models(request: Request) -> Response:
     return JSONAnswer(orjson.dumps(models_page(names)))
 
 
-async def chat(request: Request, session_id: str, body: ChatRequest) -> Response:
-    """Record the request's tool results, ask the backend, record the model call, answer the agent."""
+async def chat(
+    request: Request, session_id: str, body: ChatRequest, principal: Principal, key: str | None
+) -> Response:
+    """Check the request as OpenAI would, then take the turn (`capture.take_turn`: record the request's
+    tool results, ask the backend, record the model call) and answer the agent. With an
+    `Idempotency-Key`, a retry is answered as first recorded, and the same key with other messages is a
+    422 `idempotency_key_reused`; nothing is written for either."""
     if not ID.match(session_id):
         return openai_error(400, f"not a session id: {session_id[:40]!r}", "invalid_request_error", "bad_id")
+    refusal = request_problem(body)
+    if refusal is not None:
+        return openai_error(
+            400, refusal.message, "invalid_request_error", "invalid_request", param=refusal.param
+        )
     backend: ChatBackend | None = request.app.state.chat
     if backend is None:
         return openai_error(503, "this service has no chat backend", "server_error", "no_backend")
     engine = engine_of(request)
-    call_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    scoped = scoped_key(principal, request, key)
+    scoped = None if scoped is None else f"{scoped} {session_id}"  # /v1 names the session in a header
+    call_id = f"chatcmpl-{uuid.uuid4().hex[:24] if scoped is None else StepIds.of(scoped).base}"
+    settings: GatewayConfig = request.app.state.config.gateway
     try:
-        await record_sent_tools(engine, session_id, body)
-        started = time.perf_counter()
-        outcome: ChatReply | UpstreamError
-        try:
-            outcome = await backend.complete(body, session_id)
-        except UpstreamError as exc:
-            outcome = exc
-        latency_ms = (time.perf_counter() - started) * 1000
-        recorded = outcome.message if isinstance(outcome, UpstreamError) else outcome
-        await record_llm(engine, session_id, body, call_id, recorded, latency_ms)
+        turn = await engine.writer.once(
+            None if scoped is None else f"turn {scoped}",  # the step it records runs under `scoped`
+            lambda: take_turn(
+                engine,
+                backend,
+                session_id,
+                body,
+                call_id,
+                key=scoped,
+                finish_on_answer=settings.finish_on_answer,
+            ),
+        )
     except SessionRLError as exc:
         return named_error(exc)
-    if isinstance(outcome, UpstreamError):
-        status = outcome.status if 400 <= outcome.status < 600 else 502
-        return openai_error(status, outcome.message, "upstream_error", "upstream_failed")
-    answer = completion(call_id, outcome.model or body.model, outcome.text, outcome.tool_calls, outcome.usage)
+    if turn.reply is None:
+        error = turn.error or UpstreamError(502, "the backend gave no answer")
+        return openai_error(agent_status(error.status), error.message, "upstream_error", "upstream_failed")
+    reply = turn.reply
+    answer = completion(call_id, reply.model or body.model, reply.text, reply.tool_calls, reply.usage)
     if body.stream:
-        usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(stream_events(answer, include_usage=usage), media_type="text/event-stream")
+        events = stream_events(answer, include_usage=body.include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
     return JSONAnswer(orjson.dumps(answer))
+
+
+def agent_status(status: int) -> int:
+    """The status the agent is given for a backend's failure: the backend's own 4xx (a request it
+    refused) and 502 to 504 as they are; any other server error is the upstream's fault, a 502.
+
+    >>> [agent_status(s) for s in (400, 429, 500, 503, 504, 200)]
+    [400, 429, 502, 503, 504, 502]
+    """
+    if 400 <= status < 500 or 502 <= status <= 504:
+        return status
+    return 502
 
 
 def openai_error(

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from sessionrl.gateway.ending import FINISH_CALL
 from sessionrl.orchestrator.results import FinishResult
 from sessionrl.service import problems
 from sessionrl.service.deps import (
@@ -124,7 +125,10 @@ async def finish_session(
     idempotency_key: IdempotencyKey = None,
     if_match: IfMatch = None,
 ) -> Response:
-    """Give the final output and close the session; the finishing guards add their feedback."""
+    """Give the final output and close the session; the finishing guards add their feedback. The
+    session's `finished_by` metadata says `finish_call` (a gateway session may also end on the model's
+    answer without a tool call, or idle). A retry with the same `Idempotency-Key` gets the first answer;
+    the key with another output is a 422 `idempotency_key_reused`."""
     expected = expected_version(if_match)
     with Precondition(expected):
         result = await engine_of(request).finish(
@@ -132,5 +136,6 @@ async def finish_session(
             body,
             key=scoped_key(principal, request, idempotency_key),
             expected_version=expected,
+            reason=FINISH_CALL,
         )
     return json_response(result)

@@ -1,0 +1,103 @@
+"""How a session captured through the gateway ends, and what the session records of it.
+
+An agent loop has no "goodbye" on the OpenAI wire, so the gateway ends a session in one of three ways,
+whichever comes first, and names it in the session's `finished_by` metadata (and the reason of its
+state change):
+
+- `finish_call`: the agent (or whoever runs it) calls `POST /v1/sessions/{session_id}/finish` with the
+  final output;
+- `final_answer`: the model answers without a tool call (`GatewayConfig.finish_on_answer`): that
+  answer's text is the final output;
+- `idle`: no request reached the session for `GatewayConfig.idle_finish_s`; the last thing the model
+  said is the final output.
+
+A finished session is scored by `sessionrl rewards score` and read by training like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sessionrl.errors import InvalidTransition, NotFound, SessionRLError
+from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.session.model import SessionState, utcnow
+from sessionrl.store import SessionQuery
+
+FINISH_CALL, FINAL_ANSWER, IDLE = "finish_call", "final_answer", "idle"
+"""What ended a session: the finish route, the model's answer without a tool call, or idle time."""
+GATEWAY_TAG = "gateway"
+"""The tag of every session the gateway opened."""
+SWEEP_LIMIT = 1000
+"""The most idle sessions one sweep finishes (the next sweep takes the rest)."""
+
+log = logging.getLogger(__name__)
+
+
+class GatewayConfig(BaseModel):
+    """How the gateway ends the sessions it captures (see the module doc)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    finish_on_answer: bool = Field(
+        default=True,
+        description="Finish a session when the model answers without a tool call (its text is the output); "
+        "an agent that goes on talking after a text answer turns this off and calls finish itself.",
+    )
+    idle_finish_s: float | None = Field(
+        default=900.0, gt=0, description="Finish a session no request has reached for this long; none: never."
+    )
+    sweep_every_s: float = Field(default=30.0, gt=0, description="How often idle sessions are looked for.")
+
+
+async def finish_answered(engine: Orchestrator, session_id: str, text: str) -> None:
+    """Finish `session_id` with the model's answer `text`, which carried no tool call."""
+    with contextlib.suppress(InvalidTransition):  # a concurrent request or the sweep ended it first
+        await engine.finish(session_id, text, key=f"gateway-final {session_id}", reason=FINAL_ANSWER)
+
+
+async def finish_idle(engine: Orchestrator, idle_s: float, now: datetime | None = None) -> list[str]:
+    """Finish every gateway session still active that no request reached for `idle_s`; return their ids.
+    The output is the last thing the model said in the session (empty when it said nothing)."""
+    cutoff = (now or utcnow()) - timedelta(seconds=idle_s)
+    finished: list[str] = []
+    for state in (SessionState.CREATED, SessionState.EXECUTING):
+        query = SessionQuery(state=state, tags=(GATEWAY_TAG,), order_by="updated_at", limit=SWEEP_LIMIT)
+        rows = await asyncio.to_thread(engine.store.query, query)
+        for row in rows:
+            if row.updated_at > cutoff:
+                break  # ordered by last change: the rest are more recent still
+            try:
+                session = await engine.session(row.session_id)
+                if session.updated_at > cutoff:
+                    continue  # a request reached it since the query
+                last = session.llm_calls[-1].response if session.llm_calls else ""
+                await engine.finish(row.session_id, last, key=f"gateway-idle {row.session_id}", reason=IDLE)
+            except (InvalidTransition, NotFound):
+                continue  # ended (or gone) since the query
+            finished.append(row.session_id)
+    return finished
+
+
+async def sweep_idle(engine_of: Callable[[], Orchestrator | None], config: GatewayConfig) -> None:
+    """Finish idle gateway sessions every `config.sweep_every_s` until cancelled (the app's lifespan runs
+    it); a failed sweep is logged and the next one tries again."""
+    if config.idle_finish_s is None:
+        return
+    while True:
+        await asyncio.sleep(config.sweep_every_s)
+        engine = engine_of()
+        if engine is None:
+            continue
+        try:
+            ended = await finish_idle(engine, config.idle_finish_s)
+        except SessionRLError:
+            log.exception("the gateway's idle sweep failed; the next one tries again")
+            continue
+        if ended:
+            log.info("finished %d idle gateway session(s)", len(ended))

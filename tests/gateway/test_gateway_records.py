@@ -1,0 +1,174 @@
+"""What the gateway writes: nothing for a request OpenAI would refuse, one record per idempotency key,
+and the end of each session it captures (the model's answer without a tool call, the finish call, or
+idle time), after which the session is scored and read for training."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gateway_support import WRITER, gateway_app, serving_on_loopback
+from typer.testing import CliRunner
+
+from sessionrl.cli import app as cli
+from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
+from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.session.model import ToolRequest
+from sessionrl.store import SessionStore
+from sessionrl.train.llm.captured import stored_sessions
+
+AUTH = {"Authorization": f"Bearer {WRITER}"}
+TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
+CALL = ToolRequest(id="call_1", name="search", arguments='{"q": "boots"}')
+ASKED = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "boots"}'}}
+USER = {"role": "user", "content": "boots?"}
+
+
+class Counting:
+    """A scripted backend (a tool call on the first turn, then text) that counts the requests it answers."""
+
+    def __init__(self) -> None:
+        self.asked: list[ChatRequest] = []
+        self.script = ScriptedChat.turns([ChatReply(tool_calls=(CALL,)), ChatReply(text="Two pairs.")])
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        self.asked.append(request)
+        return await self.script.complete(request, session_id)
+
+    async def models(self) -> list[str]:
+        return ["scripted"]
+
+
+def post(root: str, sid: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    url = f"{root}/gateway/sessions/{sid}/v1/chat/completions"
+    return httpx.post(url, json=body, headers={**AUTH, **headers}, timeout=30)
+
+
+def stored(root: str, sid: str) -> httpx.Response:
+    return httpx.get(f"{root}/v1/sessions/{sid}", headers=AUTH)
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "says"),
+    [
+        ({"temperature": "hot"}, "temperature", "valid number"),
+        ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+        ({"stream": "yes"}, "stream", "valid boolean"),
+        ({"n": 2}, "n", "less than or equal to 1"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name", ""),
+        ({"tool_choice": "auto"}, "tool_choice", "only allowed when 'tools'"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when 'stream'"),
+        (
+            {"messages": [USER, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+            "messages.[1].tool_call_id",
+            "'call_9'",
+        ),
+        (
+            {"messages": [USER, {"role": "assistant", "tool_calls": [ASKED]}, USER]},
+            "messages.[2]",
+            "these had none: call_1",
+        ),
+        ({"messages": [USER, {"role": "assistant", "content": None}]}, "messages.[1]", "'content' or"),
+    ],
+)
+def test_a_request_openai_would_refuse_is_a_400_naming_the_field_and_nothing_is_recorded(
+    tmp_path: Path, change: dict[str, Any], param: str, says: str
+) -> None:
+    backend = Counting()
+    with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend)) as root:
+        offered = {} if "tool_choice" in change else {"tools": [TOOL]}
+        answer = post(root, "bad-1", {"model": "m", "messages": [USER], **offered, **change})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param)
+        assert says in error["message"]
+        assert stored(root, "bad-1").status_code == 404
+    assert backend.asked == []
+
+
+def test_the_same_key_replays_the_first_answer_and_another_body_under_it_is_a_422(tmp_path: Path) -> None:
+    backend = Counting()
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    with serving_on_loopback(gateway_app(db, chat=backend)) as root:
+        body = {"model": "m", "messages": [USER], "tools": [TOOL]}
+        first = post(root, "idem-1", body, **{"Idempotency-Key": "turn-1"})
+        again = post(root, "idem-1", body, **{"Idempotency-Key": "turn-1"})
+        assert (first.status_code, again.status_code) == (200, 200)
+        assert again.json()["id"] == first.json()["id"]
+        assert again.json()["choices"] == first.json()["choices"]
+        assert len(backend.asked) == 1  # the retry was answered from the record
+        before = stored(root, "idem-1").json()
+        other = {**body, "messages": [{"role": "user", "content": "socks?"}]}
+        reused = post(root, "idem-1", other, **{"Idempotency-Key": "turn-1"})
+        assert reused.status_code == 422
+        assert reused.json()["error"]["code"] == "idempotency_key_reused"
+        assert stored(root, "idem-1").json()["state_version"] == before["state_version"]
+        # the header route keys the same way
+        headed = {**AUTH, "X-Session-Id": "idem-2", "Idempotency-Key": "turn-1"}
+        by_header = [httpx.post(f"{root}/v1/chat/completions", json=body, headers=headed) for _ in range(2)]
+        assert [r.status_code for r in by_header] == [200, 200]
+        assert by_header[0].json()["id"] == by_header[1].json()["id"] != first.json()["id"]
+    with SessionStore.open(db) as store:
+        assert len(store.get("idem-1").llm_calls) == 1
+        assert len(store.get("idem-2").llm_calls) == 1
+    assert len(backend.asked) == 2
+
+
+def agent_turns(root: str, sid: str) -> None:
+    """A tool call, its result, and the model's answer in text."""
+    first = post(root, sid, {"model": "m", "messages": [USER], "tools": [TOOL]})
+    assert first.status_code == 200, first.text
+    messages = [
+        USER,
+        first.json()["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"pairs": 2}'},
+    ]
+    second = post(root, sid, {"model": "m", "messages": messages, "tools": [TOOL]})
+    assert second.json()["choices"][0]["message"]["content"] == "Two pairs."
+
+
+def test_the_model_s_answer_without_a_tool_call_finishes_the_session_which_is_then_scored(
+    tmp_path: Path,
+) -> None:
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    with serving_on_loopback(gateway_app(db, chat=Counting())) as root:
+        agent_turns(root, "end-1")
+        session = stored(root, "end-1").json()
+        assert session["state"] == "finished"
+        assert session["metadata"]["finished_by"] == "final_answer"
+        assert session["final_output"]["text"] == "Two pairs."
+        more = post(root, "end-1", {"model": "m", "messages": [USER]})
+        assert more.status_code == 409  # a finished session takes no more steps
+    with SessionStore.open(db) as store:
+        (changed,) = [e.event for e in store.events("end-1") if getattr(e.event, "state", None) == "finished"]
+        assert getattr(changed, "reason", None) == "final_answer"
+    scored = CliRunner().invoke(cli, ["rewards", "score", "--db", db], terminal_width=200)
+    assert scored.exit_code == 0, scored.output
+    assert "unfinished" not in scored.output
+    with SessionStore.open(db) as store:
+        assert len(store.rewards("end-1")) == 1
+    trainable = stored_sessions(db, {"state": "finished", "tags": ["gateway"]})
+    assert [s.session_id for s in trainable] == ["end-1"]
+
+
+def test_a_session_ends_on_the_finish_call_or_when_idle(tmp_path: Path) -> None:
+    config = GatewayConfig(finish_on_answer=False, idle_finish_s=0.2, sweep_every_s=0.05)
+    db = f"sqlite:///{tmp_path / 'g.db'}"
+    app = gateway_app(db, chat=Counting(), gateway=config)
+    with serving_on_loopback(app) as root:
+        agent_turns(root, "call-1")
+        assert stored(root, "call-1").json()["state"] == "executing"  # the answer did not end it
+        finished = httpx.post(f"{root}/v1/sessions/call-1/finish", json={"text": "bye"}, headers=AUTH)
+        assert finished.status_code == 200, finished.text
+        assert stored(root, "call-1").json()["metadata"]["finished_by"] == "finish_call"
+        agent_turns(root, "idle-1")
+        deadline = time.monotonic() + 20
+        while stored(root, "idle-1").json()["state"] != "finished":
+            assert time.monotonic() < deadline, "the idle session was never finished"
+            time.sleep(0.05)
+        session = stored(root, "idle-1").json()
+    assert session["metadata"]["finished_by"] == "idle"
+    assert session["final_output"]["text"] == "Two pairs."  # the last thing the model said
