@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
 from collections.abc import AsyncIterator
 
@@ -28,6 +29,7 @@ from sessionrl.capture.otlp_receiver import Ingested, TraceReceiver
 from sessionrl.service.deps import Writer
 from sessionrl.service.problems import ProblemError
 
+log = logging.getLogger("sessionrl.service.traces")
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 SWEEP_EVERY_S = 5.0
@@ -53,9 +55,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def _sweep(receiver: TraceReceiver, every_s: float) -> None:
+    """Finish idle sessions every `every_s`; a failed sweep is logged and the next one tries again."""
     while True:
         await asyncio.sleep(every_s)
-        await run_in_threadpool(receiver.sweep)
+        try:
+            await run_in_threadpool(receiver.sweep)
+        except Exception:
+            log.exception("finishing idle trace sessions failed; retrying in %.1f s", every_s)
 
 
 router = APIRouter(tags=["traces"], lifespan=lifespan)
