@@ -25,15 +25,14 @@ SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seed-examples" /
 runner = CliRunner()
 
 
-def rated(
-    annotator: str, score: float, occurred: float, comment: str | None = None, **kw: object
-) -> Feedback:
-    item = feedback(FT.HUMAN_RATING, score, comment, occurred=occurred, feedback_id=f"f-{annotator}", **kw)  # type: ignore[arg-type]
+def rated(annotator: str, score: float, occurred: float, anchor: Anchor | None = None) -> Feedback:
+    """A human rating by `annotator`, `occurred` seconds after T0."""
+    item = feedback(FT.HUMAN_RATING, score, occurred=occurred, anchor=anchor, feedback_id=f"f-{annotator}")
     return item.model_copy(update={"annotator": annotator})
 
 
 def two_raters(*extra: Feedback) -> Session:
-    """doc_007 rates 4 with the chronic-disease comment; doc_012 rates 2, 2.5 hours later."""
+    """doc_007 rates the session 4; doc_012 rates it 2, 2.5 hours later."""
     return build([tool("t1")], [rated("doc_007", 4, 100), rated("doc_012", 2, 100 + 2.5 * HOUR), *extra])
 
 
