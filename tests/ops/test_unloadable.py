@@ -10,7 +10,7 @@ from ops_support import make_app, serving
 from test_degrade import OPS, open_planned, policy_step
 
 from sessionrl.ops.registry import PolicyRegistry, Stage
-from sessionrl.ops.serving import load_hf_policy
+from sessionrl.ops.serving import load_hf_policy, route_gateway
 from sessionrl.store import SessionStore
 
 
@@ -37,10 +37,18 @@ async def test_a_version_whose_artifact_vanished_fails_its_steps_without_retry(
         registry.register("support", str(folder))
         registry.promote("support", 1, Stage.PRODUCTION, reason="first")
     shutil.rmtree(folder)  # gone after promotion: only serving can find out now
-    async with serving(make_app(url, OPS)) as client:
+    app = make_app(url, OPS)
+    route_gateway(app)
+    async with serving(app) as client:
         await open_planned(client, "s1")
         answer = await policy_step(client, "s1")
+        chat = await client.post(
+            "/gateway/sessions/g1/v1/chat/completions",
+            json={"model": "support", "messages": [{"role": "user", "content": "refund #1"}]},
+        )
     assert answer["ok"] is False
     assert answer["error_code"] == "POLICY_ERROR"
     assert "support@v1 does not load" in answer["error_message"]
     assert answer["retryable"] is False
+    assert chat.status_code == 503, chat.text  # said plainly, not a 500
+    assert "support@v1 does not load" in chat.text

@@ -174,7 +174,11 @@ class RoutedChat:
                 raise UpstreamError(503, f"policy {decision.policy!r} has no version serving")
             return await PolicyChat(engine.backends, model=self.model).complete(request, session_id)
         version = await asyncio.to_thread(self.ops.registry.get, decision.policy, decision.version)
-        return await self._chat(version).complete(request, session_id)
+        try:
+            chat = self._chat(version)
+        except PolicyError as exc:  # its artifact does not load: say so, not a 500
+            raise UpstreamError(503, str(exc)) from exc
+        return await chat.complete(request, session_id)
 
     def _chat(self, version: PolicyVersion) -> ChatBackend:
         key = (version.policy, version.version)
