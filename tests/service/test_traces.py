@@ -15,12 +15,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from service_support import READER, make_app, serving
 
 from otlp_support import ANSWER, TRACE, genai_trace, openinference_trace
+from sessionrl.capture.export_otlp import session_spans
 from sessionrl.capture.otlp import decode, encode
 from sessionrl.capture.otlp_config import TracesConfig
 from sessionrl.capture.otlp_receiver import TraceReceiver
 from sessionrl.capture.otlp_spans import Span
 from sessionrl.session.model import Session, SessionState
 from sessionrl.store import SessionStore
+from sessionrl.store.synthetic import ingest
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
@@ -250,3 +252,18 @@ async def test_an_evaluation_after_the_finish_is_still_feedback(traces: httpx.As
     assert rejected(await post(traces, [late])) == (0, "")  # its call is a duplicate, its evaluation new
     s = await session(traces)
     assert sorted(f["annotator"] for f in s["feedback"]) == ["helpfulness", "late"]
+
+
+async def test_sessions_exported_as_otlp_come_back_whole_through_the_receiver(
+    traces: httpx.AsyncClient,
+) -> None:
+    with SessionStore.open("sqlite://") as source:
+        ingest(source, 6, seed=3)
+        originals = list(source.iter_sessions())
+    for original in originals:
+        answer = await post(traces, session_spans(original))
+        assert rejected(answer) == (0, "")
+    renumbered = {"versions", "state_version", "updated_at"}
+    for original in originals:
+        back = Session.model_validate(await session(traces, original.session_id))
+        assert back.model_dump(exclude=renumbered) == original.model_dump(exclude=renumbered)
