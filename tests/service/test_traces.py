@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -267,3 +268,18 @@ async def test_sessions_exported_as_otlp_come_back_whole_through_the_receiver(
     for original in originals:
         back = Session.model_validate(await session(traces, original.session_id))
         assert back.model_dump(exclude=renumbered) == original.model_dump(exclude=renumbered)
+
+
+def test_after_a_restart_open_sessions_are_taken_up_and_finish_when_idle(tmp_path: Path) -> None:
+    clock = [0.0]
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    with SessionStore.open(url) as store:
+        receiver(store, clock, idle_finish_s=60).ingest(
+            decode(encode(genai_trace()[1:], json=False), json=False)
+        )
+    with SessionStore.open(url) as store:  # the service again, with a receiver that remembers nothing
+        again = receiver(store, clock, idle_finish_s=60)
+        assert again.adopt() == 1
+        clock[0] = 61.0
+        assert again.sweep() == [SID]
+        assert stored(store).state is SessionState.FINISHED

@@ -114,6 +114,7 @@ def opening(session_id: str, spans: Sequence[Span], key: str) -> SessionCreated:
             "imported_from": str(first[0].attr("sessionrl.source") or "otlp"),
             "conventions": conventions(first),
             "token_ids": "none in the trace: training re-tokenises each call's messages and answer",
+            "otlp_group": key,
         }
     create = SessionCreate(
         user_query=query or "", session_id=session_id, trace_id=first[0].trace_id, metadata=metadata, **fields

@@ -14,8 +14,8 @@ metadata as `otlp_warnings`).
 A span that comes again after its session was finished is a duplicate like any other (stored once,
 answered as accepted); a new call span is refused (the answer's partial success counts it and says
 why), since a finished session takes no new calls, while late evaluation results are still stored as
-feedback. After a restart, sessions the receiver had
-not finished stay open until a span of theirs comes again (known gap: no sweep of stored sessions).
+feedback. After a restart, `adopt` takes up the sessions of foreign traces left open, which then finish
+when idle like the others.
 """
 
 from __future__ import annotations
@@ -127,6 +127,20 @@ class TraceReceiver:
 
     @property
     def open_sessions(self) -> int:
+        return len(self._groups)
+
+    def adopt(self) -> int:
+        """Take up the sessions an earlier run left open (those from foreign traces, whose metadata names
+        their group), so that they too finish when idle; return how many."""
+        rows = self.store.sql(
+            "SELECT session_id FROM session_head WHERE state IN ('created', 'planning', 'executing')"
+            " AND session_id LIKE 'otel-%'"
+        )
+        with self._lock:
+            for row in rows:
+                key = self.store.get(row["session_id"]).metadata.get("otlp_group")
+                if isinstance(key, str) and key not in self._groups:
+                    self._groups[key] = _Group(key, row["session_id"], last_seen=self._clock(), opened=True)
         return len(self._groups)
 
     def ingest(self, decoded: Decoded) -> Ingested:

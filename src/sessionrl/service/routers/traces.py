@@ -40,6 +40,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Open the receiver over the app's store, and finish idle sessions while the app runs."""
     config: TracesConfig = app.state.config.traces
     receiver = TraceReceiver(app.state.store, config)
+    await run_in_threadpool(receiver.adopt)  # sessions an earlier run left open finish when idle too
     app.state.traces = receiver
     waits = [SWEEP_EVERY_S, config.idle_finish_s / 4] + (
         [config.root_grace_s / 2] if config.root_grace_s else []
