@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sessionrl.capture.importers import ImportProblem
+from sessionrl.capture.importers import ImportProblem, ReadRecords
 from sessionrl.capture.otlp_assembly import sessions_from_spans
 from sessionrl.capture.otlp_spans import STATUS_ERROR, STATUS_UNSET, Span, SpanEvent, to_ns
+from sessionrl.capture.timing import DANGLING
 from sessionrl.capture.trace_records import (
-    TraceRecords,
     camel,
     json_items,
     json_text,
@@ -42,10 +42,10 @@ class LangfuseUnavailable(SessionRLError):
         super().__init__("reading Langfuse files needs the langfuse SDK: pip install 'sessionrl[traces]'")
 
 
-def read_langfuse(data: bytes) -> TraceRecords:
+def read_langfuse(data: bytes) -> ReadRecords:
     """Every session a Langfuse dump holds; problems name the line and the field in Langfuse's terms."""
     ObservationV2, Score, parse = _models()
-    read = TraceRecords()
+    read = ReadRecords()
     observations: list[tuple[int, Any]] = []
     scores: list[tuple[int, Any]] = []
     for line, prefix, item in json_items(data, ("data", "observations", "scores"), read.problems):
@@ -87,14 +87,12 @@ def _spans(
     for _, o in observations:
         if o.parent_observation_id is None and o.trace_id is not None:
             roots.setdefault(o.trace_id, o.id)
+    known = {o.id for _, o in observations}
     for line, s in scores:
         target = s.observation_id or roots.get(s.trace_id or "")
-        if target is None:
-            warnings.append(
-                ImportProblem(
-                    line, "observationId", f"score {s.id}: no observation of its trace is in the file"
-                )
-            )
+        if target is None or target not in known:
+            said = f"score {s.id}: its observation is not in the file, nor a root observation of its trace"
+            warnings.append(ImportProblem(line, "observationId", said, DANGLING))
             continue
         events.setdefault(target, []).append(_score(s))
     spans = [_span(o, tuple(events.get(o.id, ()))) for _, o in observations]

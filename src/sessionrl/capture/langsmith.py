@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sessionrl.capture.importers import ImportProblem
+from sessionrl.capture.importers import ImportProblem, ReadRecords
 from sessionrl.capture.otlp_assembly import sessions_from_spans
 from sessionrl.capture.otlp_spans import STATUS_ERROR, STATUS_UNSET, Span, SpanEvent, to_ns
+from sessionrl.capture.timing import DANGLING
 from sessionrl.capture.trace_records import (
-    TraceRecords,
     json_items,
     json_text,
     records,
@@ -43,10 +43,10 @@ class LangSmithUnavailable(SessionRLError):
         super().__init__("reading LangSmith files needs the langsmith SDK: pip install 'sessionrl[traces]'")
 
 
-def read_langsmith(data: bytes) -> TraceRecords:
+def read_langsmith(data: bytes) -> ReadRecords:
     """Every session a LangSmith dump holds; problems name the line and the field in LangSmith's terms."""
     Run, Feedback = _models()
-    read = TraceRecords()
+    read = ReadRecords()
     runs: list[tuple[int, Any]] = []
     feedback: list[tuple[int, Any]] = []
     for line, prefix, item in json_items(data, ("runs", "feedback"), read.problems):
@@ -79,7 +79,9 @@ def _spans(
     known = {str(run.id) for _, run in runs}
     for line, f in feedback:
         if f.run_id is None or str(f.run_id) not in known:
-            warnings.append(ImportProblem(line, "run_id", f"feedback {f.id}: its run is not in the file"))
+            warnings.append(
+                ImportProblem(line, "run_id", f"feedback {f.id}: its run is not in the file", DANGLING)
+            )
             continue
         events.setdefault(str(f.run_id), []).append(_feedback(f))
     spans = [_span(run, tuple(events.get(str(run.id), ()))) for _, run in runs]

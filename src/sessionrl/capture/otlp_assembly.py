@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sessionrl.capture import otlp_map as m
+from sessionrl.capture.documents import STATE_PATH
 from sessionrl.capture.otlp_spans import Span, from_ns
+from sessionrl.capture.timing import DANGLING
 from sessionrl.errors import InvalidEvent, InvalidTransition
 from sessionrl.session.events import (
     CallT,
@@ -37,15 +39,8 @@ from sessionrl.session.lifecycle import ACTIVE
 from sessionrl.session.model import FinalOutput, Session, SessionCreate, SessionPatch, SessionState
 
 S = SessionState
-STATE_PATH: dict[SessionState, tuple[SessionState, ...]] = {
-    S.CREATED: (),
-    S.PLANNING: (S.PLANNING,),
-    S.EXECUTING: (S.EXECUTING,),
-    S.FINISHED: (S.FINISHED,),
-    S.REJECTED: (S.REJECTED,),
-    S.ARCHIVED: (S.FINISHED, S.ARCHIVED),
-}
-"""State changes that take a new session from `created` to the state its trace reports."""
+REFUSED_EVENT = "refused_event"
+"""A warning's kind: an event the session would not take (left out)."""
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,120}$")
 
 
@@ -236,12 +231,12 @@ def warnings_patch(session: Session, warnings: Sequence[str], key: str) -> list[
 
 @dataclass
 class Assembled:
-    """Sessions built from a set of spans, and warnings: (span, what was wrong) for what was left out."""
+    """Sessions built from a set of spans, and warnings: (span, what was wrong, its kind)."""
 
     sessions: list[Session] = field(default_factory=list)
     members: list[list[str]] = field(default_factory=list)
     """The span ids of each session."""
-    warnings: list[tuple[Span | None, str]] = field(default_factory=list)
+    warnings: list[tuple[Span | None, str, str]] = field(default_factory=list)
 
 
 def sessions_from_spans(spans: Sequence[Span], group_by: str | None = None) -> Assembled:
@@ -257,7 +252,7 @@ def sessions_from_spans(spans: Sequence[Span], group_by: str | None = None) -> A
     return out
 
 
-def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, str]]) -> Session:
+def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, str, str]]) -> Session:
     ids = {s.span_id for s in spans}
     notes: list[str] = []
     for span in spans:
@@ -265,7 +260,7 @@ def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, s
             notes.append(
                 f"span {span.span_id} ({span.name}): parent {span.parent_span_id} is not in the file"
             )
-            warnings.append((span, notes[-1]))
+            warnings.append((span, notes[-1], DANGLING))
     session = apply(None, opening(session_id_of(key), spans, key))
     calls: list[Event] = []
     feedback: list[Event] = []
@@ -286,11 +281,11 @@ def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, s
 
 
 def _apply_or_warn(
-    session: Session, event: Event, warnings: list[tuple[Span | None, str]], notes: list[str]
+    session: Session, event: Event, warnings: list[tuple[Span | None, str, str]], notes: list[str]
 ) -> Session:
     try:
         return apply(session, event)
     except (InvalidEvent, InvalidTransition) as exc:
         notes.append(f"event {event.event_id} left out: {exc}")
-        warnings.append((None, notes[-1]))
+        warnings.append((None, notes[-1], REFUSED_EVENT))
         return session

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import orjson
 
-from sessionrl.capture.importers import ImportProblem
+from sessionrl.capture.importers import ImportProblem, ReadRecords
 from sessionrl.capture.otlp import BadPayload, decode
 from sessionrl.capture.otlp_assembly import sessions_from_spans
 from sessionrl.capture.otlp_spans import Span
-from sessionrl.capture.trace_records import TraceRecords, records
+from sessionrl.capture.trace_records import UNUSABLE, records
 
 
-def read_otlp(data: bytes, group_by: str | None = None) -> TraceRecords:
+def read_otlp(data: bytes, group_by: str | None = None) -> ReadRecords:
     """Every session an OTLP file holds, one document each, with the line its first span is on."""
-    read = TraceRecords()
+    read = ReadRecords()
     spans: list[Span] = []
     lines: dict[str, int] = {}
     for number, body, json in _requests(data):
@@ -30,7 +30,8 @@ def read_otlp(data: bytes, group_by: str | None = None) -> TraceRecords:
             read.problems += [ImportProblem(number, where, rule) for where, rule in exc.problems]
             continue
         read.warnings += [
-            ImportProblem(number, where, f"span left out: {rule}") for where, rule in decoded.problems
+            ImportProblem(number, where, f"span left out: {rule}", UNUSABLE)
+            for where, rule in decoded.problems
         ]
         for span in decoded.spans:
             lines.setdefault(span.span_id, number)

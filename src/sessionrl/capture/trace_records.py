@@ -1,5 +1,5 @@
-"""What the trace importers share: their result (`TraceRecords`), ids made from foreign ones, and
-scores as evaluation events.
+"""What the trace importers share: ids made from foreign ones, scores as evaluation events, records and
+warnings from assembled sessions, and a reader of dump files.
 
 Langfuse observations and LangSmith runs are turned into spans (`sessionrl.capture.otlp_spans`) and go
 through the same mapping as OTLP spans, so every way in gives sessions the same shape.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,13 +24,8 @@ from sessionrl.session.model import FeedbackType
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
-
-
-@dataclass
-class TraceRecords(ReadRecords):
-    """Session documents read from traces, the problems that stop the import, and warnings that do not."""
-
-    warnings: list[ImportProblem] = field(default_factory=list)
+UNUSABLE = "unusable_span"
+"""A warning's kind: a span (or score, feedback) that could be read but not used (left out)."""
 
 
 def trace_id_of(text: str) -> str:
@@ -98,12 +92,12 @@ def score_event(
     )
 
 
-def records(assembled: Assembled, lines: dict[str, int], read: TraceRecords) -> TraceRecords:
+def records(assembled: Assembled, lines: dict[str, int], read: ReadRecords) -> ReadRecords:
     """Assembled sessions as import records (and their warnings), each at the line of its first span."""
-    for span, rule in assembled.warnings:
+    for span, rule, kind in assembled.warnings:
         line = lines.get(span.span_id, 1) if span is not None else 1
         where = (span.where or span.span_id) if span is not None else "spans"
-        read.warnings.append(ImportProblem(line, where, rule))
+        read.warnings.append(ImportProblem(line, where, rule, kind))
     for session, members in zip(assembled.sessions, assembled.members, strict=True):
         line = min((lines[m] for m in members if m in lines), default=1)
         read.records.append((line, codec.dumps(session)))
