@@ -195,3 +195,15 @@ def test_the_cli_imports_a_langfuse_dump_with_its_scores(tmp_path: Path) -> None
         stored = store.get(sid)
     assert (len(stored.llm_calls), len(stored.tool_calls), len(stored.feedback)) == (2, 1, 2)
     assert {f.annotator for f in stored.feedback} == {"langfuse:annotation:helpfulness", "langfuse:eval:tone"}
+
+
+def test_a_score_for_an_observation_not_in_the_file_is_a_warning() -> None:
+    lines = dump().splitlines()
+    stray = orjson.loads(lines[4])
+    stray["observationId"] = "e5e5e5e5e5e5e5e5"
+    read = read_langfuse(b"\n".join([*lines[:4], orjson.dumps(stray), lines[5]]))
+    assert read.problems == []
+    (warning,) = read.warnings
+    assert (warning.line, warning.field, warning.kind) == (5, "observationId", "dangling_reference")
+    (record,) = read.records
+    assert [f["annotator"] for f in orjson.loads(record[1])["feedback"]] == ["langfuse:eval:tone"]
