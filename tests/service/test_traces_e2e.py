@@ -158,8 +158,7 @@ def test_an_instrumented_agent_is_captured_through_otlp(
     assert (packed.status, packed.output) == (CallStatus.SUCCESS, {"order_id": 7, "status": "packed"})
     assert shipped.output == {"order_id": 12, "status": "shipped"}
     assert (missing.status, missing.error_message) == (CallStatus.ERROR, "no order -3")
-    if kind == "genai":
-        trains_on(f"sqlite:///{db}", tmp_path / "run", len(QUESTIONS))
+    trains_on(f"sqlite:///{db}", tmp_path / "run", len(QUESTIONS))
 
 
 def trains_on(url: str, run_dir: Path, sessions: int) -> None:
