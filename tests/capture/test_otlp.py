@@ -189,3 +189,14 @@ def test_an_evaluation_span_is_feedback_on_its_parents_call() -> None:
     feedback = {f.annotator: f for f in one_session([*genai_trace(), judged]).feedback}
     assert feedback["relevance"].anchor.call_id == "a000000000000004"
     assert (feedback["relevance"].score, feedback["relevance"].data) == (1.0, {"label": "relevant"})
+
+
+def test_import_leaves_out_a_span_with_unusable_values_and_warns() -> None:
+    spans = genai_trace()
+    odd = dataclasses.replace(spans[2], attributes={**spans[2].attributes, "sessionrl.status": "maybe"})
+    built = sessions_from_spans([spans[0], spans[1], odd, spans[3]])
+    ((_, rule, kind),) = built.warnings
+    assert kind == "unusable_span"
+    assert rule.startswith("span a000000000000003 (execute_tool order_status) left out")
+    (session,) = built.sessions
+    assert (len(session.llm_calls), len(session.tool_calls)) == (2, 0)

@@ -283,3 +283,23 @@ def test_after_a_restart_open_sessions_are_taken_up_and_finish_when_idle(tmp_pat
         clock[0] = 61.0
         assert again.sweep() == [SID]
         assert stored(store).state is SessionState.FINISHED
+
+
+async def test_a_span_with_unusable_values_is_refused_and_the_rest_stored(traces: httpx.AsyncClient) -> None:
+    spans = genai_trace()
+    odd = dataclasses.replace(spans[2], attributes={**spans[2].attributes, "sessionrl.status": "maybe"})
+    count, message = rejected(await post(traces, [spans[0], spans[1], odd, spans[3]]))
+    assert count == 1
+    assert "span a000000000000003 (execute_tool order_status)" in message
+    s = await session(traces)
+    assert (len(s["llm_calls"]), len(s["tool_calls"]), s["state"]) == (2, 0, "finished")
+
+
+async def test_a_session_that_cannot_be_opened_refuses_its_spans(traces: httpx.AsyncClient) -> None:
+    spans = [
+        dataclasses.replace(s, resource={"sessionrl.session.created_at": "yesterday"}) for s in genai_trace()
+    ]
+    count, message = rejected(await post(traces, spans))
+    assert count == 4
+    assert "cannot be opened" in message
+    assert (await traces.get(f"/v1/sessions/{SID}")).status_code == 404

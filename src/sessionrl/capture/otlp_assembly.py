@@ -41,6 +41,12 @@ from sessionrl.session.model import FinalOutput, Session, SessionCreate, Session
 S = SessionState
 REFUSED_EVENT = "refused_event"
 """A warning's kind: an event the session would not take (left out)."""
+UNUSABLE = "unusable_span"
+"""A warning's kind: a span (or score, feedback) that could be read but not used (left out)."""
+MAX_QUERY = 100_000
+"""Longest `user_query` a session takes; a longer request is cut (its LLM call keeps it whole)."""
+MAPPING_ERRORS = (ValueError, TypeError)
+"""What mapping a span with unexpected values raises (pydantic's ValidationError is a ValueError)."""
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,120}$")
 
 
@@ -77,7 +83,7 @@ def session_id_of(key: str) -> str:
     ('otel-0af7651916cd43dd8448eb211c80319c', 'otel-f67cef2ac9a284c7f6a5')
     """
     kind, _, value = key.partition(":")
-    if kind == "sessionrl":
+    if kind == "sessionrl" and SAFE_ID.match(value):
         return value
     return f"otel-{value}" if SAFE_ID.match(value) else f"otel-{digest(value)}"
 
@@ -112,7 +118,11 @@ def opening(session_id: str, spans: Sequence[Span], key: str) -> SessionCreated:
             "otlp_group": key,
         }
     create = SessionCreate(
-        user_query=query or "", session_id=session_id, trace_id=first[0].trace_id, metadata=metadata, **fields
+        user_query=(query or "")[:MAX_QUERY],
+        session_id=session_id,
+        trace_id=first[0].trace_id,
+        metadata=metadata,
+        **fields,
     )
     created_at = _created_at(first)
     return SessionCreated(
@@ -247,7 +257,11 @@ def sessions_from_spans(spans: Sequence[Span], group_by: str | None = None) -> A
     for span, key in zip(spans, group_keys(spans, group_by, {}), strict=True):
         groups[key].setdefault(span.span_id, span)  # a span listed twice counts once
     for key, members in groups.items():
-        out.sessions.append(_fold_group(key, list(members.values()), out.warnings))
+        try:
+            out.sessions.append(_fold_group(key, list(members.values()), out.warnings))
+        except MAPPING_ERRORS as exc:
+            out.warnings.append((None, f"session {session_id_of(key)} left out: {exc}", UNUSABLE))
+            continue
         out.members.append(list(members))
     return out
 
@@ -266,7 +280,12 @@ def _fold_group(key: str, spans: list[Span], warnings: list[tuple[Span | None, s
     feedback: list[Event] = []
     known = {s.span_id: s for s in spans}
     for span in ordered(spans):
-        c, f = span_events(span, key, known)
+        try:
+            c, f = span_events(span, key, known)
+        except MAPPING_ERRORS as exc:
+            notes.append(f"span {span.span_id} ({span.name}) left out: {exc}")
+            warnings.append((span, notes[-1], UNUSABLE))
+            continue
         calls += c
         feedback += f
     for event in calls:

@@ -13,9 +13,9 @@ import orjson
 
 from sessionrl.capture.importers import ImportProblem, ReadRecords
 from sessionrl.capture.otlp import BadPayload, decode
-from sessionrl.capture.otlp_assembly import sessions_from_spans
+from sessionrl.capture.otlp_assembly import UNUSABLE, sessions_from_spans
 from sessionrl.capture.otlp_spans import Span
-from sessionrl.capture.trace_records import UNUSABLE, records
+from sessionrl.capture.trace_records import records
 
 
 def read_otlp(data: bytes, group_by: str | None = None) -> ReadRecords:

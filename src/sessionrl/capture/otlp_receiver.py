@@ -20,6 +20,7 @@ when idle like the others.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from sessionrl.capture.otlp import Decoded
 from sessionrl.capture.otlp_assembly import (
+    MAPPING_ERRORS,
     closing,
     group_keys,
     opening,
@@ -47,6 +49,17 @@ from sessionrl.store import SessionStore
 from sessionrl.store.writes import Write
 
 ROOT_ENDED = "root span ended"
+log = logging.getLogger("sessionrl.capture.otlp")
+
+
+def _tells_request(span: Span) -> bool:
+    """Whether a span says what the session answers (a root span counts: it is all there will be)."""
+    if span.parent_span_id is None:
+        return True
+    try:
+        return user_query(span) is not None
+    except MAPPING_ERRORS:
+        return False
 
 
 @dataclass
@@ -191,11 +204,19 @@ class TraceReceiver:
         done.accepted += len(spans)
         if not group.opened:
             group.waiting += spans
-            if not any(s.parent_span_id is None or user_query(s) is not None for s in group.waiting):
+            if not any(_tells_request(s) for s in group.waiting):
                 return  # the session opens with its request, which a later span will tell
             spans, group.waiting = group.waiting, []
-            self._open(group, spans, batch)
-        self._add(group, spans, batch)
+            try:
+                self._open(group, spans, batch)
+            except MAPPING_ERRORS as exc:
+                done.accepted -= len(spans)
+                done.refuse(len(spans), f"session {group.session_id!r} cannot be opened: {exc}")
+                group.closed = True  # forgotten after this request; its spans may come again
+                return
+        for span, why in self._add(group, spans, batch):
+            done.accepted -= 1
+            done.refuse(1, f"span {span.span_id} ({span.name}): {why}")
 
     def _start(self, key: str) -> _Group:
         group = _Group(key, session_id_of(key), last_seen=self._clock())
@@ -211,17 +232,24 @@ class TraceReceiver:
         batch.add(group, opening(group.session_id, spans, group.key), spans=0)
         group.opened = True
 
-    def _add(self, group: _Group, spans: list[Span], batch: _Batch) -> None:
-        """A group's spans as events: calls in session order, then the feedback on them."""
+    def _add(self, group: _Group, spans: list[Span], batch: _Batch) -> list[tuple[Span, str]]:
+        """A group's spans as events: calls in session order, then the feedback on them. Returns the
+        spans that could not be mapped (unexpected values), with why."""
         feedback: list[Event] = []
         known = {s.span_id: s for s in spans}
+        failed: list[tuple[Span, str]] = []
         for span in ordered(spans):
-            calls, notes = span_events(span, group.key, known)
+            try:
+                calls, notes = span_events(span, group.key, known)
+            except MAPPING_ERRORS as exc:
+                failed.append((span, str(exc)))
+                continue
             for event in calls:
                 batch.add(group, event, spans=int(not isinstance(event, PlanSet)))
             feedback += notes
         for event in feedback:
             batch.add(group, event, spans=0)
+        return failed
 
     def _write(self, batch: _Batch, done: Ingested) -> None:
         """Append in one transaction; feedback whose anchor has not come yet waits for the finish."""
@@ -243,10 +271,9 @@ class TraceReceiver:
             return
         waiting = _Batch()
         for group, _ in ending:
-            if not group.opened:
-                group.notes.append("no span told the request the session answers: its user_query is empty")
-                self._open(group, group.waiting, waiting)
-                self._add(group, group.waiting, waiting)
+            if not group.opened and not self._open_late(group, waiting):
+                group.closed = True  # nothing to finish: it is forgotten with the others
+        ending = [(group, reason) for group, reason in ending if not group.closed]
         if waiting.writes:
             self._write(waiting, done)
         batch = _Batch()
@@ -256,7 +283,12 @@ class TraceReceiver:
                 group.notes.append("no root span came: finished when spans stopped coming")
             group.notes += group.missing()
             latest[group.session_id] = session = self.store.get(group.session_id)
-            for event in closing(session, group.root, group.key, reason) + group.deferred:
+            try:
+                events = closing(session, group.root, group.key, reason)
+            except MAPPING_ERRORS as exc:  # the root's own fields are unusable: finish without them
+                group.notes.append(f"root span {group.root and group.root.span_id}: {exc}")
+                events = closing(session, None, group.key, reason)
+            for event in events + group.deferred:
                 batch.add(group, event, spans=0)
         results = self.store.append_batch(batch.writes)
         for (group, event, _), result in zip(batch.owners, results, strict=True):
@@ -275,6 +307,18 @@ class TraceReceiver:
         for group, _ in ending:
             group.closed = True
             done.finished.append(group.session_id)
+
+    def _open_late(self, group: _Group, batch: _Batch) -> bool:
+        """Open a session at its finish, with what its spans held (no span told its request)."""
+        group.notes.append("no span told the request the session answers: its user_query is empty")
+        try:
+            self._open(group, group.waiting, batch)
+        except MAPPING_ERRORS as exc:
+            log.warning("trace session %s dropped: it cannot be opened: %s", group.session_id, exc)
+            return False
+        failed = self._add(group, group.waiting, batch)
+        group.notes += [f"span {span.span_id} ({span.name}) left out: {why}" for span, why in failed]
+        return True
 
     def _forget(self, key: str) -> None:
         group = self._groups.pop(key)

@@ -24,8 +24,6 @@ from sessionrl.session.model import FeedbackType
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
-UNUSABLE = "unusable_span"
-"""A warning's kind: a span (or score, feedback) that could be read but not used (left out)."""
 
 
 def trace_id_of(text: str) -> str:
