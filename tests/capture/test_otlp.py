@@ -6,6 +6,8 @@ import dataclasses
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otlp_support import ANSWER, ARGS, QUESTION, RESULT, TRACE, genai_trace, openinference_trace, span
 from sessionrl.capture.otlp import BadPayload, decode, encode
@@ -200,3 +202,19 @@ def test_import_leaves_out_a_span_with_unusable_values_and_warns() -> None:
     assert rule.startswith("span a000000000000003 (execute_tool order_status) left out")
     (session,) = built.sessions
     assert (len(session.llm_calls), len(session.tool_calls)) == (2, 0)
+
+
+BODY = encode(genai_trace(), json=False)
+
+
+@given(flips=st.lists(st.tuples(st.integers(0, len(BODY) - 1), st.integers(0, 255)), min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_a_corrupt_body_is_a_bad_payload_or_spans_that_assemble(flips: list[tuple[int, int]]) -> None:
+    body = bytearray(BODY)
+    for where, value in flips:
+        body[where] = value
+    try:
+        decoded = decode(bytes(body), json=False)
+    except BadPayload:
+        return
+    sessions_from_spans(decoded.spans)  # whatever was read maps, or is warned about: nothing raises
