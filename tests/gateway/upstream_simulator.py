@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 MODEL = "sim-1"
@@ -31,6 +33,13 @@ class Simulator:
     fail: set[int] = field(default_factory=set)
     """Numbers (from 0) of the completion requests answered with a 503."""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    chunk_delay_s: float = 0.0
+    """Between the chunks of a streamed answer."""
+    parallel: bool = False
+    """Call every offered tool at once (parallel tool calls), not only the first."""
+    send_usage: bool = True
+    streams_done: list[float] = field(default_factory=list)
+    """When (`time.monotonic()`) each streamed answer sent its last chunk."""
 
     def app(self) -> Starlette:
         counter = itertools.count()
@@ -44,7 +53,12 @@ class Simulator:
             await asyncio.sleep(self.latency_s)
             if n in self.fail:
                 return error(503, "The server is overloaded; try again later", "overloaded")
-            return JSONResponse(answer(body, n))
+            whole = answer(body, n, parallel=self.parallel)
+            if not self.send_usage:
+                whole.pop("usage")
+            if body.get("stream"):
+                return StreamingResponse(self.stream(whole, body), media_type="text/event-stream")
+            return JSONResponse(whole)
 
         async def models(request: Request) -> JSONResponse:
             return JSONResponse(
@@ -58,25 +72,73 @@ class Simulator:
             ]
         )
 
+    async def stream(self, whole: dict[str, Any], body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """`whole` as OpenAI streams it: the role, the text word by word, each tool call's name then its
+        arguments in two pieces, the finish reason, and the usage when asked for; `chunk_delay_s` apart."""
+        for chunk in chunks_of(
+            whole, include_usage=bool((body.get("stream_options") or {}).get("include_usage"))
+        ):
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await asyncio.sleep(self.chunk_delay_s)
+        self.streams_done.append(time.monotonic())
+        yield b"data: [DONE]\n\n"
+
+
+def chunks_of(whole: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    head = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"], "model": MODEL}
+    choice = whole["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    words = (message.get("content") or "").split(" ")
+    out += [
+        chunk({"content": w if i == 0 else " " + w}) for i, w in enumerate(words) if message.get("content")
+    ]
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        named = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
+        out.append(chunk({"tool_calls": [named]}))
+        out += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]})
+            for part in (arguments[:half], arguments[half:])
+        ]
+    out.append(chunk({}, choice["finish_reason"]))
+    if include_usage and "usage" in whole:
+        out.append({**head, "choices": [], "usage": whole["usage"]})
+    return out
+
 
 def error(status: int, message: str, code: str) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
 
 
-def answer(body: dict[str, Any], n: int) -> dict[str, Any]:
-    """A tool call to the first tool while no tool has answered, then a text answer."""
+def answer(body: dict[str, Any], n: int, *, parallel: bool = False) -> dict[str, Any]:
+    """A tool call to the first tool (to every tool, `parallel`) while no tool has answered, then a text
+    answer."""
     messages = body["messages"]
     tool_results = [m for m in messages if m["role"] == "tool"]
     tools = body.get("tools") or []
     if tools and not tool_results:
         user = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-        call = {
-            "id": f"call_sim_{n}",
-            "type": "function",
-            "function": {"name": tools[0]["function"]["name"], "arguments": json.dumps({"q": user})},
-        }
-        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        calls = [
+            {
+                "id": f"call_sim_{n}" + (f"_{i}" if parallel else ""),
+                "type": "function",
+                "function": {"name": tool["function"]["name"], "arguments": json.dumps({"q": user})},
+            }
+            for i, tool in enumerate(tools if parallel else tools[:1])
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
         finish = "tool_calls"
     else:
         said = tool_results[-1]["content"] if tool_results else "nothing"

@@ -15,7 +15,7 @@ or raises `UpstreamError` carrying the status and message the agent should see.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -244,21 +244,39 @@ class UpstreamChat:
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
         body = request.model_dump(mode="json", exclude_none=True) | {"stream": False}
         body.pop("stream_options", None)
+        response = await self._send(body, stream=False)
         try:
-            response = await self._http.post("/chat/completions", json=body)
+            return parse_completion(response.json())
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(502, f"the upstream server's answer is not a chat completion: {exc}") from exc
+
+    async def open_stream(self, request: ChatRequest) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's streamed answer, its `chat.completion.chunk`s as they arrive (the upstream is
+        always asked for the usage, which the record keeps); `UpstreamError` when it refuses to start.
+        Closing the iterator closes the connection."""
+        body = request.model_dump(mode="json", exclude_none=True)
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        response = await self._send(body, stream=True)
+        return _chunks(response)
+
+    async def _send(self, body: dict[str, Any], *, stream: bool) -> httpx.Response:
+        """POST a chat request; its answer once the status says it is one (else `UpstreamError`)."""
+        try:
+            sent = self._http.build_request("POST", "/chat/completions", json=body)
+            response = await self._http.send(sent, stream=stream)
         except httpx.TimeoutException as exc:
             raise UpstreamError(504, f"the upstream server did not answer in time: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(502, f"the upstream server did not answer: {exc!r}") from exc
         if response.status_code >= 400:
+            if stream:
+                await response.aread()
+                await response.aclose()
             status = upstream_status(response.status_code)
             raise UpstreamError(
                 status, f"the upstream server answered {response.status_code}: {_message(response)}"
             )
-        try:
-            return parse_completion(response.json())
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(502, f"the upstream server's answer is not a chat completion: {exc}") from exc
+        return response
 
     async def models(self) -> list[str]:
         try:
@@ -267,6 +285,30 @@ class UpstreamChat:
             return [str(m["id"]) for m in response.json()["data"]]
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return []
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON of each server-sent event of a streamed answer until `[DONE]`; `UpstreamError` when the
+    stream breaks or carries what is not JSON. The response is closed at the end, or when the caller
+    stops reading."""
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            value = orjson.loads(data)
+            if isinstance(value, dict):
+                yield value
+    except httpx.TimeoutException as exc:
+        raise UpstreamError(504, f"the upstream server stopped streaming: {exc!r}") from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamError(502, f"the upstream server's stream broke: {exc!r}") from exc
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(502, f"the upstream server streamed what is not JSON: {exc}") from exc
+    finally:
+        await response.aclose()
 
 
 def upstream_status(status: int) -> int:

@@ -191,8 +191,10 @@ async def record_llm(
     latency_ms: float,
     *,
     key: str | None = None,
+    error: str | None = None,
 ) -> StepResult:
-    """Record the model call: its answer, or (a string) why it failed; the session's first request opens
+    """Record the model call: its answer, or (a string) why it failed; an answer with an `error` is what
+    had arrived of a call that failed on the way (a stream cut off). The session's first request opens
     it (`create_session`)."""
     if isinstance(outcome, str):
         reply = RecordedReply(model=request.model or None, latency_ms=latency_ms, error=outcome)
@@ -206,6 +208,7 @@ async def record_llm(
             prompt_token_ids=outcome.prompt_token_ids,
             token_ids=outcome.token_ids,
             logprobs=outcome.logprobs,
+            error=error,
         )
     payload = LLMPayload(
         messages=tuple(m.to_message() for m in request.messages), purpose="chat", reply=reply, call_id=call_id

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrl.session.model import Message, ToolRequest
 
@@ -67,7 +67,6 @@ class ChatMessage(_Lenient):
 
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 """A JSON number, as OpenAI takes one: `"0.5"` or `true` is refused, not converted."""
-Count = Annotated[int, Field(strict=True)]
 
 
 class FunctionSpec(_Lenient):
@@ -105,15 +104,15 @@ class ChatRequest(_Lenient):
     stream_options: StreamOptions | None = None
     temperature: Number | None = Field(default=None, ge=0, le=2)
     top_p: Number | None = Field(default=None, ge=0, le=1)
-    n: Count | None = Field(default=None, ge=1, le=1, description="The gateway records one choice.")
-    max_tokens: Count | None = Field(default=None, ge=1)
-    max_completion_tokens: Count | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=1, description="The gateway records one choice.")
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     presence_penalty: Number | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: Number | None = Field(default=None, ge=-2, le=2)
     stop: str | list[str] | None = Field(default=None)
-    seed: Count | None = None
+    seed: int | None = None
     logprobs: bool | None = Field(default=None, strict=True)
-    top_logprobs: Count | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
     user: str | None = Field(default=None, max_length=256)
     metadata: dict[str, str] | None = Field(
@@ -122,6 +121,14 @@ class ChatRequest(_Lenient):
         description="OpenAI's request metadata; the request that opens a session gives it to the session "
         "(such as {env, task_id}, which let training replay the session's task).",
     )
+
+    @field_validator("n", "max_tokens", "max_completion_tokens", "seed", "top_logprobs", mode="before")
+    @classmethod
+    def _a_count(cls, value: Any) -> Any:
+        """A count is a number (`10.0` is one), never text or a boolean, as OpenAI reads it."""
+        if isinstance(value, str | bool):
+            raise ValueError("Input should be a valid integer, not text or a boolean")
+        return value
 
     def tool_names(self) -> frozenset[str]:
         """The names of the function tools the request offers."""
@@ -164,7 +171,7 @@ def completion(
         "choices": [
             {"index": 0, "message": message, "finish_reason": finish_reason(calls), "logprobs": None}
         ],
-        "usage": full_usage(usage),
+        "usage": full_usage(usage) if usage else None,  # an upstream that sent none: null, never zeros
     }
 
 
@@ -197,7 +204,7 @@ def stream_events(answer: dict[str, Any], *, include_usage: bool) -> Iterator[by
     for i, call in enumerate(message.get("tool_calls", ())):
         yield chunk({"tool_calls": [{"index": i, **call}]})
     yield chunk({}, choice["finish_reason"])
-    if include_usage:
+    if include_usage and answer["usage"] is not None:
         yield b"data: " + orjson.dumps({**head, "choices": [], "usage": answer["usage"]}) + b"\n\n"
     yield b"data: [DONE]\n\n"
 

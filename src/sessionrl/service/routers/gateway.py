@@ -15,6 +15,7 @@ framework.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Annotated, Any
@@ -28,8 +29,8 @@ from starlette.exceptions import HTTPException
 
 from sessionrl.access import Principal
 from sessionrl.errors import SessionRLError
-from sessionrl.gateway.backends import ChatBackend, UpstreamError
-from sessionrl.gateway.capture import ID, take_turn
+from sessionrl.gateway.backends import ChatBackend, UpstreamChat, UpstreamError
+from sessionrl.gateway.capture import ID, Turn, record_llm, record_sent_tools, replayed, take_turn
 from sessionrl.gateway.chat import (
     ChatRequest,
     completion,
@@ -39,6 +40,8 @@ from sessionrl.gateway.chat import (
     stream_events,
 )
 from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.gateway.streaming import relay
+from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.results import StepIds
 from sessionrl.service import problems
 from sessionrl.service.deps import (
@@ -234,6 +237,8 @@ async def chat(
     scoped = None if scoped is None else f"{scoped} {session_id}"  # /v1 names the session in a header
     call_id = f"chatcmpl-{uuid.uuid4().hex[:24] if scoped is None else StepIds.of(scoped).base}"
     settings: GatewayConfig = request.app.state.config.gateway
+    if body.stream and isinstance(backend, UpstreamChat):
+        return await stream_chat(engine, backend, session_id, body, call_id, scoped, settings)
     try:
         turn = await engine.writer.once(
             None if scoped is None else f"turn {scoped}",  # the step it records runs under `scoped`
@@ -249,15 +254,61 @@ async def chat(
         )
     except SessionRLError as exc:
         return named_error(exc)
+    return answer_turn(turn, body)
+
+
+def answer_turn(turn: Turn, body: ChatRequest) -> Response:
+    """A turn as the agent reads it: the completion (JSON, or replayed as server-sent events), or the
+    backend's failure as an OpenAI error."""
     if turn.reply is None:
         error = turn.error or UpstreamError(502, "the backend gave no answer")
         return openai_error(agent_status(error.status), error.message, "upstream_error", "upstream_failed")
     reply = turn.reply
-    answer = completion(call_id, reply.model or body.model, reply.text, reply.tool_calls, reply.usage)
+    answer = completion(turn.call_id, reply.model or body.model, reply.text, reply.tool_calls, reply.usage)
     if body.stream:
         events = stream_events(answer, include_usage=body.include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
     return JSONAnswer(orjson.dumps(answer))
+
+
+async def stream_chat(
+    engine: Orchestrator,
+    backend: UpstreamChat,
+    session_id: str,
+    body: ChatRequest,
+    call_id: str,
+    key: str | None,
+    settings: GatewayConfig,
+) -> Response:
+    """A streamed request to an upstream: its events pass on as they arrive (`streaming.relay`), and the
+    call is recorded when the stream ends. A keyed retry is answered from the record; an upstream that
+    refuses to start is an OpenAI error, recorded as a failed call."""
+    try:
+        if key is not None:
+            replay = await replayed(engine, session_id, body, call_id, key)
+            if replay is not None:
+                return answer_turn(replay, body)
+        await record_sent_tools(engine, session_id, body)
+        started = time.perf_counter()
+        try:
+            chunks = await backend.open_stream(body)
+        except UpstreamError as exc:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            await record_llm(engine, session_id, body, call_id, exc.message, elapsed_ms, key=key)
+            return answer_turn(Turn(call_id, error=exc), body)
+    except SessionRLError as exc:
+        return named_error(exc)
+    events = relay(
+        engine,
+        session_id,
+        body,
+        call_id,
+        chunks,
+        key=key,
+        finish_on_answer=settings.finish_on_answer,
+        started=started,
+    )
+    return StreamingResponse(events, media_type="text/event-stream")
 
 
 def agent_status(status: int) -> int:
