@@ -139,7 +139,10 @@ def _print_llm(console: Console, result: TrainResult, title: str) -> None:
     if result.curve:
         console.print(curve_table(result.curve))
     console.print(metrics_table({label: e.metrics for label, e in result.report.items()}, title=title))
-    console.print(f"stage: {result.stage}")
+    paused = (
+        " (RL stopped early: the policy collapsed; see pause_report.json)" if result.stage == "paused" else ""
+    )
+    console.print(f"stage: {result.stage}{paused}")
 
 
 def _print_stages(console: Console, result: StagesResult, title: str) -> None:
