@@ -50,14 +50,17 @@ def batch(vocab: int) -> list[TokenSequence]:
     return out
 
 
-def update(sft: SFTTrainer, grpo: GRPOTrainer, sequences: list[TokenSequence]) -> None:
-    """One SFT step, then a GRPO step of two epochs, then one on a single sequence (the other ranks' shards
-    are empty), on every rank."""
-    lead(sft)
+def lead_steps(config: RunConfig) -> dict[str, torch.Tensor]:
+    """On rank 0: one SFT step, then a GRPO step of two epochs, then one on a single sequence (the other
+    ranks' shards are empty), every rank taking them; the weights after them."""
+    policy = HFPolicy.load(config.run_dir / "base")
+    sequences = batch(len(policy.tokenizer))
+    sft = lead(SFTTrainer(policy.model, SFT, 0))
     step_everywhere(sft, sequences)
-    lead(grpo)
+    grpo = lead(GRPOTrainer(policy.model, GRPO, 0))
     step_everywhere(grpo, sequences)
     step_everywhere(grpo, sequences[:1])
+    return dict(policy.model.state_dict())
 
 
 def step_config(folder: Path) -> RunConfig:
@@ -95,11 +98,8 @@ def main(mode: str, folder: Path) -> None:
         assert followed.trainer is not None
         weights, steps = followed.trainer.model.state_dict(), followed.steps
     elif mode == "step":
-        policy = HFPolicy.load(config.run_dir / "base")
-        sft = SFTTrainer(policy.model, SFT, 0)
-        update(sft, GRPOTrainer(policy.model, GRPO, 0), batch(len(policy.tokenizer)))
+        weights, steps = lead_steps(config), 3
         release()
-        weights, steps = policy.model.state_dict(), 3
     else:
         train(config)
         weights, steps = HFPolicy.load(config.run_dir / "rl_policy").model.state_dict(), -1

@@ -7,18 +7,20 @@ Every rank runs the same command with the same config and calls `join` first. Ra
 (one machine, or a shared file system), and build their own trainer from the config and that folder:
 the model rank 0 started from (`base/` or the configured checkpoint for imitation, `sft_policy/` for
 GRPO, with the configured LoRA adapters), the frozen reference, the optimiser, and the optimiser state
-of the checkpoint a resumed run loaded. Rank 0's weights are then broadcast tensor by tensor, so every
-rank starts each stage with the same parameters.
+of the checkpoint a resumed run loaded. Then every rank wraps its trainer's scorer in torch's
+`DistributedDataParallel` (`sessionrl.train.llm.update.data_parallel`), which gives every rank rank 0's
+weights, so each stage starts from the same parameters everywhere.
 
 Nothing is pickled. Rank 0 sends a header of integers (`Header`) for each event: a trainer to build, a
 batch to step on, the end. A batch travels as token tensors (`encode`/`decode`). Each rank trains on its
-deterministic shard of it (`sessionrl.train.llm.data.shard`), and the gradients are summed across ranks
-by all-reduce before clipping (`sessionrl.train.llm.update`), so every rank takes the step one process
-would take on the whole batch.
+deterministic shard of it (`sessionrl.train.llm.data.shard`) and DDP averages the gradients
+(`sessionrl.train.llm.update.accumulate`), so every rank takes the step one process would take on the
+whole batch.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
@@ -30,13 +32,14 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 from torch import distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import TokenSequence
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
 from sessionrl.train.llm.sft import SFTTrainer
-from sessionrl.train.llm.update import UpdateStats, world_size
+from sessionrl.train.llm.update import UpdateStats, data_parallel, world_size
 
 PATIENCE = timedelta(hours=6)
 """How long a rank waits on the others (the process group's timeout): following ranks wait through rank
@@ -45,6 +48,8 @@ PATIENCE = timedelta(hours=6)
 
 class Trainer(Protocol):
     """A trainer every rank holds: it steps on a batch of sequences (`SFTTrainer`, `GRPOTrainer`)."""
+
+    scorer: torch.nn.Module
 
     @property
     def model(self) -> Any: ...
@@ -115,7 +120,8 @@ def _receive() -> Header:
 
 def lead(trainer: T, *, resumed: bool = False) -> T:
     """On rank 0, after building `trainer` (and loading a checkpoint into it when `resumed`): the other
-    ranks build theirs and take its weights. Returns `trainer`; in one process, untouched."""
+    ranks build theirs, and every rank's scorer goes data-parallel with rank 0's weights. Returns
+    `trainer`; in one process, untouched."""
     if world_size() == 1:
         return trainer
     if isinstance(trainer, SFTTrainer):
@@ -124,7 +130,7 @@ def lead(trainer: T, *, resumed: bool = False) -> T:
         _send(Header(Event.BUILD_GRPO, trainer.updates, int(resumed)))
     else:
         raise TypeError(f"the other ranks cannot build a {type(trainer).__name__}")
-    broadcast_weights(trainer.model)
+    trainer.scorer = data_parallel(trainer.scorer)
     return trainer
 
 
@@ -139,10 +145,11 @@ def step_everywhere(trainer: Trainer, sequences: Sequence[TokenSequence]) -> Upd
 
 
 def release() -> None:
-    """On rank 0: tell the other ranks there is nothing more to train, and leave the process group."""
+    """On rank 0, once the trainers it led are dropped: tell the other ranks there is nothing more to
+    train, and leave the process group."""
     if world_size() > 1:
         _send(Header(Event.STOP))
-        dist.destroy_process_group()
+        _leave()
 
 
 # the other ranks
@@ -158,7 +165,8 @@ class Followed:
 
 def follow(config: RunConfig) -> Followed:
     """On ranks other than 0: build each trainer rank 0 leads with and step with it on every batch it
-    sends, until it releases them; then leave the process group."""
+    sends, until it releases them; then leave the process group (the last trainer, returned, no longer
+    data-parallel)."""
     trainer: Trainer | None = None
     steps = 0
     while (header := _receive()).event is not Event.STOP:
@@ -169,8 +177,17 @@ def follow(config: RunConfig) -> Followed:
             steps += 1
         else:
             trainer = build_trainer(config, header)
-    dist.destroy_process_group()
+    if trainer is not None and isinstance(trainer.scorer, DistributedDataParallel):
+        trainer.scorer = trainer.scorer.module
+    _leave()
     return Followed(steps, trainer)
+
+
+def _leave() -> None:
+    """Leave the process group after freeing what DDP wrappers are left: one freed after the group is
+    gone can hang its process on exit."""
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def build_trainer(config: RunConfig, header: Header) -> Trainer:
@@ -191,7 +208,7 @@ def build_trainer(config: RunConfig, header: Header) -> Trainer:
         grpo = GRPOTrainer(policy.model, config.rl.trainer, policy.tokenizer.pad_token_id, reference)
         grpo.updates = header.counter
         trainer = grpo
-    broadcast_weights(trainer.model)
+    trainer.scorer = data_parallel(trainer.scorer)  # takes rank 0's weights
     saved = folder / "checkpoint" / "optimizer.pt"
     if header.resumed and saved.is_file():  # as `load_checkpoint` does on rank 0
         trainer.optimizer.load_state_dict(torch.load(saved, weights_only=True))
@@ -214,29 +231,6 @@ def _receive_sequences(header: Header) -> list[TokenSequence]:
 
 
 # weights and batches as tensors
-
-
-def broadcast_weights(model: torch.nn.Module) -> None:
-    """Every tensor of `model`'s state (parameters and buffers, in name order) as rank 0 holds it; the
-    ranks check first that they hold the same names and shapes."""
-    state = model.state_dict()
-    names = sorted(state)
-    shapes = torch.tensor(
-        [len(names), sum(state[n].numel() for n in names), sum(map(len, names))], device=_device()
-    )
-    ours = shapes.clone()
-    dist.broadcast(shapes, src=0)
-    if not torch.equal(shapes, ours):
-        raise RuntimeError(
-            f"rank {dist.get_rank()} built a model unlike rank 0's "
-            f"(tensors, elements, name lengths: {ours.tolist()} against {shapes.tolist()})"
-        )
-    with torch.no_grad():
-        for name in names:
-            tensor = state[name]
-            carried = tensor.to(_device())
-            dist.broadcast(carried, src=0)
-            tensor.copy_(carried)
 
 
 FIELDS = ("input_ids", "loss_mask", "old_logprobs", "advantages", "recorded")
@@ -286,7 +280,6 @@ __all__ = [
     "Followed",
     "Header",
     "backend",
-    "broadcast_weights",
     "build_trainer",
     "decode",
     "encode",

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, packed
 from sessionrl.train.llm.update import (
+    TokenScorer,
     UpdateStats,
     accumulate,
     build_optimizer,
@@ -129,6 +130,8 @@ class GRPOTrainer:
 
     def __init__(self, model: Any, config: GRPOConfig, pad_id: int, reference: Any | None = None) -> None:
         self.model = model
+        self.scorer: torch.nn.Module = TokenScorer(model, config.temperature)
+        """What the loss reads the policy's log-probabilities through (DDP's when data-parallel)."""
         self.config = config
         self.pad_id = pad_id
         self.optimizer: torch.optim.Optimizer = (
@@ -152,7 +155,7 @@ class GRPOTrainer:
         the reference), over the micro-batch's policy tokens. The ratio's anchor is `micro.proximal`, or
         without it the current log-probabilities (the first epoch's, taken as constants)."""
         cfg = self.config
-        logp = token_logprobs(self.model, micro, cfg.temperature)
+        logp = self.scorer(micro)
         proximal = logp.detach() if micro.proximal is None else micro.proximal
         iw = truncated_importance_weights(
             proximal, micro.old_logprobs, micro.loss_mask, cfg.is_cap, micro.recorded
@@ -199,7 +202,7 @@ class GRPOTrainer:
         return dataclasses.replace(batch, micro=micro)
 
     def _update(self, batch: PackedBatch) -> UpdateStats:
-        stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+        stats = accumulate(self.scorer, self.optimizer, batch, self.loss, self.config.max_grad_norm)
         self.updates += 1
         return stats
 

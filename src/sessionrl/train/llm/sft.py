@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
+from torch.nn import Module
 
 from sessionrl.train.llm.data import MicroBatch, TokenSequence, packed
 from sessionrl.train.llm.update import (
+    TokenScorer,
     UpdateStats,
     accumulate,
     build_optimizer,
     local_sequences,
-    token_logprobs,
 )
 from sessionrl.train.losses import masked_mean
 
@@ -64,6 +65,8 @@ class SFTTrainer:
 
     def __init__(self, model: Any, config: SFTConfig, pad_id: int) -> None:
         self.model = model
+        self.scorer: Module = TokenScorer(model)
+        """What the loss reads the policy's log-probabilities through (DDP's when data-parallel)."""
         self.config = config
         self.pad_id = pad_id
         self.optimizer = build_optimizer(model, config.lr, config.weight_decay)
@@ -72,7 +75,7 @@ class SFTTrainer:
 
     def loss(self, micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
         """Mean negative log-likelihood of the micro-batch's policy tokens."""
-        nll = -masked_mean(token_logprobs(self.model, micro), micro.loss_mask)
+        nll = -masked_mean(self.scorer(micro), micro.loss_mask)
         return nll, {}
 
     def step(self, sequences: Sequence[TokenSequence]) -> UpdateStats:
@@ -80,7 +83,7 @@ class SFTTrainer:
         batch = packed(local_sequences(sequences), self.config.token_budget)
         for group in self.optimizer.param_groups:
             group["lr"] = self.config.lr_at(self.steps)
-        stats = accumulate(self.model, self.optimizer, batch, self.loss, self.config.max_grad_norm)
+        stats = accumulate(self.scorer, self.optimizer, batch, self.loss, self.config.max_grad_norm)
         self.steps += 1
         return stats
 

@@ -4,15 +4,19 @@ A batch is split into micro-batches (`sessionrl.train.llm.data.packed`). Each mi
 over its own policy tokens; scaled by its share of the batch's policy tokens, the summed gradients equal
 those of one token-level mean over the whole batch, whatever the packing.
 
-Data-parallel (a `torch.distributed` process group is up, gloo on CPU or NCCL on GPUs), every rank is
-handed the whole batch of sequences and trains on its `shard` (`local_sequences`). Shares are taken of the
-policy tokens of all ranks together and the gradients are summed across ranks before clipping, so every
-rank takes the same step as one process would on the whole batch.
+The loss reads log-probabilities through the trainer's `TokenScorer`, a module whose forward pass is
+`token_logprobs`. Data-parallel (a `torch.distributed` process group is up, gloo on CPU or NCCL on GPUs),
+the scorer is wrapped in torch's `DistributedDataParallel` (`data_parallel`), every rank is handed the
+whole batch of sequences and trains on its `shard` (`local_sequences`). Shares are taken of the policy
+tokens of all ranks together; each rank accumulates its micro-batches' gradients locally (`no_sync`) and
+DDP all-reduces them in the backward pass of its last one, so every rank takes the same step as one
+process would on the whole batch. A rank whose shard is empty still joins that all-reduce, with zeros.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +24,7 @@ import torch
 from torch import Tensor
 from torch import distributed as dist
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, concatenate, shard
 from sessionrl.train.llm.packing import packed_kwargs, use_packed_attention
@@ -100,47 +105,78 @@ class UpdateStats:
     padding: float
 
 
+class TokenScorer(torch.nn.Module):
+    """`token_logprobs` of a model as a module's forward pass, the unit DDP wraps."""
+
+    def __init__(self, model: Any, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+
+    def forward(self, batch: MicroBatch) -> Tensor:
+        """``[B, T]`` log-probabilities of the batch's policy tokens (see `token_logprobs`)."""
+        return token_logprobs(self.model, batch, self.temperature)
+
+
+def data_parallel(scorer: torch.nn.Module) -> torch.nn.Module:
+    """`scorer` wrapped in `DistributedDataParallel` when ranks train together (as it is otherwise).
+
+    Every rank must call it at the same point: DDP starts by giving every rank rank 0's weights. Buffers
+    are not broadcast (rotary tables and the like are computed alike everywhere), so a rank's forward
+    passes need no other rank.
+    """
+    if world_size() == 1 or isinstance(scorer, DistributedDataParallel):
+        return scorer
+    cuda = next(scorer.parameters()).device.type == "cuda"
+    devices = [torch.cuda.current_device()] if cuda else None
+    return DistributedDataParallel(scorer, device_ids=devices, forward_sync_buffers=False)
+
+
 def accumulate(
-    model: Any, optimizer: torch.optim.Optimizer, batch: PackedBatch, loss_fn: LossFn, max_grad_norm: float
+    scorer: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: PackedBatch,
+    loss_fn: LossFn,
+    max_grad_norm: float,
 ) -> UpdateStats:
-    """One optimiser step over every micro-batch of `batch` (gradients accumulated token-weighted); this
-    rank's part of one step over all ranks' batches when data-parallel (see the module doc)."""
-    model.train()
+    """One optimiser step over every micro-batch of `batch` (gradients accumulated token-weighted), the
+    loss reading `scorer` (the model itself in one process); this rank's part of one step over all ranks'
+    batches when data-parallel, where `scorer` is DDP's (see the module doc)."""
+    world = world_size()
+    ddp = scorer if isinstance(scorer, DistributedDataParallel) else None
+    if world > 1 and ddp is None:
+        raise ValueError("data-parallel training needs the scorer wrapped by `data_parallel`")
+    scorer.train()
     optimizer.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
+    device = next(scorer.parameters()).device
     policy_tokens, tokens = (int(n) for n in _across_ranks([batch.policy_tokens, batch.tokens], device))
     total = max(policy_tokens, 1)
+    work = [(micro, micro.policy_tokens / total) for micro in batch if micro.policy_tokens > 0]
+    if not work and ddp is not None:
+        work = [(_placeholder(), 0.0)]  # joins the gradient all-reduce with zeros; names the diagnostics
     loss_sum = 0.0
     parts: dict[str, float] = {}
-    for micro in batch:
-        share = micro.policy_tokens / total
-        if share == 0:
-            continue
-        loss, extra = loss_fn(micro.to(device))
-        torch.autograd.backward(loss * share)
+    for i, (micro, share) in enumerate(work):
+        local = ddp is not None and i < len(work) - 1
+        with ddp.no_sync() if ddp is not None and local else nullcontext():
+            loss, extra = loss_fn(micro.to(device))
+            torch.autograd.backward(loss * (share * world))  # DDP averages over the ranks: × world sums
         loss_sum += loss.item() * share
         for name, value in extra.items():
             parts[name] = parts.get(name, 0.0) + value * share
-    if not parts and world_size() > 1:
-        parts = _diagnostic_names(loss_fn, device)
-    _sum_gradients(_params(optimizer))
     names = sorted(parts)
     loss_sum, *summed = _across_ranks([loss_sum, *(parts[n] for n in names)], device)
     norm = torch.nn.utils.clip_grad_norm_(_params(optimizer), max_grad_norm)
     optimizer.step()
-    padding = batch.padding if world_size() == 1 else float("nan")
+    padding = batch.padding if world == 1 else float("nan")
     return UpdateStats(
         loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens, padding
     )
 
 
-def _diagnostic_names(loss_fn: LossFn, device: torch.device) -> dict[str, float]:
-    """The diagnostics `loss_fn` reports, each 0: what a rank whose shard holds no policy token adds to
-    the sum over ranks (the ranks sum the same names). Taken from a two-token placeholder, no gradient."""
-    placeholder = TokenSequence((0, 0), (False, True), (0.0, 0.0), (0.0, 0.0))
-    with torch.no_grad():
-        _, extra = loss_fn(concatenate([placeholder]).to(device))
-    return dict.fromkeys(extra, 0.0)
+def _placeholder() -> MicroBatch:
+    """A two-token micro-batch with one policy token, for a rank with nothing of its own to train on."""
+    return concatenate([TokenSequence((0, 0), (False, True), (0.0, 0.0), (0.0, 0.0))])
 
 
 def world_size() -> int:
@@ -165,41 +201,17 @@ def _across_ranks(values: Sequence[float], device: torch.device) -> list[float]:
     return [float(v) for v in summed.tolist()]
 
 
-def _sum_gradients(params: Iterable[Tensor]) -> None:
-    """Sum every parameter's gradient over the ranks, in one flat all-reduce.
-
-    A parameter some rank has a gradient for gets one on every rank (zeros where its shard never touched
-    it); one no rank touched keeps no gradient, so the optimiser skips it as it would in one process.
-    """
-    if world_size() == 1:
-        return
-    params = list(params)
-    if not params:
-        return
-    device = params[0].device
-    touched = torch.tensor([float(p.grad is not None) for p in params], device=device)
-    dist.all_reduce(touched)
-    synced = [p for p, t in zip(params, touched.tolist(), strict=True) if t > 0]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in synced]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    offset = 0
-    for p in synced:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-
-
 def _params(optimizer: torch.optim.Optimizer) -> Iterable[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 __all__ = [
     "LossFn",
+    "TokenScorer",
     "UpdateStats",
     "accumulate",
     "build_optimizer",
+    "data_parallel",
     "local_sequences",
     "token_logprobs",
     "trainable",
