@@ -56,6 +56,8 @@ class Simulator:
             whole = answer(body, n, parallel=self.parallel)
             if not self.send_usage:
                 whole.pop("usage")
+            if body.get("return_token_ids"):  # as vLLM's OpenAI server answers when asked
+                with_tokens(whole)
             if body.get("stream"):
                 return StreamingResponse(self.stream(whole, body), media_type="text/event-stream")
             return JSONResponse(whole)
@@ -84,6 +86,24 @@ class Simulator:
         yield b"data: [DONE]\n\n"
 
 
+PROMPT_IDS = [1, 2, 3]
+
+
+def with_tokens(whole: dict[str, Any]) -> None:
+    """Give an answer vLLM's token fields: the prompt's ids, one sampled id per word of its text (or per
+    tool call), and their log-probabilities (ids spelled `token_id:N`, as `return_tokens_as_token_ids`
+    asks)."""
+    choice = whole["choices"][0]
+    message = choice["message"]
+    text = message.get("content") or ""
+    count = len(text.split(" ")) if text else len(message["tool_calls"])
+    ids = [100 + i for i in range(count)]
+    whole["prompt_token_ids"] = PROMPT_IDS
+    choice["token_ids"] = ids
+    content = [{"token": f"token_id:{t}", "logprob": -0.25 * (i + 1)} for i, t in enumerate(ids)]
+    choice["logprobs"] = {"content": content}
+
+
 def chunks_of(whole: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
     head = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"], "model": MODEL}
     choice = whole["choices"][0]
@@ -93,10 +113,15 @@ def chunks_of(whole: dict[str, Any], *, include_usage: bool) -> list[dict[str, A
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
     out = [chunk({"role": "assistant", "content": ""})]
+    if "prompt_token_ids" in whole:
+        out[0]["prompt_token_ids"] = whole["prompt_token_ids"]
     words = (message.get("content") or "").split(" ")
-    out += [
-        chunk({"content": w if i == 0 else " " + w}) for i, w in enumerate(words) if message.get("content")
-    ]
+    for i, w in enumerate(words if message.get("content") else ()):
+        piece = chunk({"content": w if i == 0 else " " + w})
+        if "token_ids" in choice:  # each word its own token, as the whole answer counted them
+            piece["choices"][0]["token_ids"] = choice["token_ids"][i : i + 1]
+            piece["choices"][0]["logprobs"] = {"content": choice["logprobs"]["content"][i : i + 1]}
+        out.append(piece)
     for i, call in enumerate(message.get("tool_calls") or ()):
         arguments = call["function"]["arguments"]
         half = len(arguments) // 2

@@ -85,7 +85,7 @@ def numbered(calls: list[Any], given: Sequence[bool]) -> list[Any]:
     (`given[i]`), keeps its own.
 
     >>> calls = [{"subgoal_id": "a", "tool": "t", "finished_at": f"2024-01-01T00:00:0{s}Z"} for s in (2, 1)]
-    >>> [(c["finished_at"][-3], c["attempt"]) for c in numbered(calls, [False, False])]
+    >>> [(c["finished_at"][-2], c["attempt"]) for c in numbered(calls, [False, False])]
     [('1', 1), ('2', 2)]
     """
     seen: Counter[tuple[str, str]] = Counter()

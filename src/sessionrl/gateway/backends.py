@@ -35,6 +35,11 @@ from sessionrl.policy.toolcalls import (
 )
 from sessionrl.session.model import Message, ToolRequest
 
+SAMPLED, UPSTREAM, RETOKENISED = "sampled", "upstream", "retokenised"
+"""Where a session's token ids come from (its `token_source` metadata): the service's own policy as it
+sampled them, an upstream asked for them (vLLM's OpenAI server), or nowhere (training re-tokenises the
+text; an upstream that was asked but gave none for a call leaves that call so too)."""
+
 
 class UpstreamError(Exception):
     """The backend could not answer; `status` and `message` are what the agent is told."""
@@ -76,6 +81,8 @@ class ScriptedChat:
     """Answers with `script(request)`. `ScriptedChat.turns(replies)` answers a conversation's k-th
     assistant turn with `replies[k]`, so a retried request gets the same answer."""
 
+    token_source = RETOKENISED
+
     def __init__(self, script: Callable[[ChatRequest], ChatReply], *, model: str = "scripted") -> None:
         self._script = script
         self.model = model
@@ -102,6 +109,8 @@ class ScriptedChat:
 
 class PolicyChat:
     """The service's own policy behind the gateway; each session always meets the same backend."""
+
+    token_source = SAMPLED
 
     def __init__(self, backends: Sequence[PolicyBackend], *, model: str = "sessionrl-policy") -> None:
         if not backends:
@@ -222,7 +231,11 @@ def _resolved(call: ToolRequest, context: Context) -> ToolRequest:
 
 
 class UpstreamChat:
-    """Proxies to an OpenAI-compatible server at `base_url` (such as `https://host/v1`)."""
+    """Proxies to an OpenAI-compatible server at `base_url` (such as `https://host/v1`). With
+    `token_ids`, each request also asks for the sampled token ids and their log-probabilities, as vLLM's
+    OpenAI server gives them (`return_token_ids`, `logprobs`; `return_tokens_as_token_ids` for a server
+    that spells the ids in its log-probabilities only), and the answer's are recorded, so training uses
+    them as they were sampled."""
 
     def __init__(
         self,
@@ -231,18 +244,29 @@ class UpstreamChat:
         api_key: str | None = None,
         timeout_s: float = 120.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        token_ids: bool = False,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
         )
+        self.token_ids = token_ids
+        self.token_source = UPSTREAM if token_ids else RETOKENISED
+
+    def _body(self, request: ChatRequest) -> dict[str, Any]:
+        """The request as the upstream gets it (asking for token ids when configured to)."""
+        body = request.model_dump(mode="json", exclude_none=True)
+        if self.token_ids:
+            body |= {"return_token_ids": True, "return_tokens_as_token_ids": True}
+            body.setdefault("logprobs", True)
+        return body
 
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self._http.aclose()
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
-        body = request.model_dump(mode="json", exclude_none=True) | {"stream": False}
+        body = self._body(request) | {"stream": False}
         body.pop("stream_options", None)
         response = await self._send(body, stream=False)
         try:
@@ -254,8 +278,7 @@ class UpstreamChat:
         """The upstream's streamed answer, its `chat.completion.chunk`s as they arrive (the upstream is
         always asked for the usage, which the record keeps); `UpstreamError` when it refuses to start.
         Closing the iterator closes the connection."""
-        body = request.model_dump(mode="json", exclude_none=True)
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        body = self._body(request) | {"stream": True, "stream_options": {"include_usage": True}}
         response = await self._send(body, stream=True)
         return _chunks(response)
 
@@ -333,14 +356,47 @@ def _message(response: httpx.Response) -> str:
         return f"{response.status_code} {response.text[:200]}"
 
 
+def sampled_tokens(
+    choice: dict[str, Any], prompt: Any
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[float, ...] | None]:
+    """The prompt's token ids, the sampled ones and their log-probabilities, as far as a choice of an
+    answer (or of a streamed chunk) gives them: vLLM's `token_ids` (and the answer's
+    `prompt_token_ids`), or ids spelled `token_id:N` in its log-probabilities; log-probabilities only
+    with as many ids.
+
+    >>> choice = {"logprobs": {"content": [{"token": "token_id:7", "logprob": -0.5}]}}
+    >>> sampled_tokens(choice, [1, 2])
+    ((1, 2), (7,), (-0.5,))
+    """
+    content = (choice.get("logprobs") or {}).get("content") or []
+    entries = [c for c in content if isinstance(c, dict)]
+    ids = choice.get("token_ids")
+    if ids is None and entries and all(str(c.get("token", "")).startswith("token_id:") for c in entries):
+        ids = [int(str(c["token"]).removeprefix("token_id:")) for c in entries]
+    token_ids = tuple(int(t) for t in ids) if isinstance(ids, list) else None
+    logprobs = tuple(float(c["logprob"]) for c in entries if "logprob" in c)
+    matched = logprobs if token_ids is not None and len(logprobs) == len(token_ids) else None
+    prompt_ids = tuple(int(t) for t in prompt) if isinstance(prompt, list) else None
+    return prompt_ids, token_ids, matched
+
+
 def parse_completion(answer: dict[str, Any]) -> ChatReply:
-    """What a `chat.completion` answer says: its first choice's text and tool calls, model and usage."""
-    message = answer["choices"][0]["message"]
+    """What a `chat.completion` answer says: its first choice's text and tool calls, model and usage,
+    and the tokens it was sampled as when the server gives them (`sampled_tokens`)."""
+    choice = answer["choices"][0]
+    message = choice["message"]
     calls = tuple(
         ToolRequest(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments") or "{}")
         for c in message.get("tool_calls") or ()
     )
     usage = {k: int(v) for k, v in (answer.get("usage") or {}).items() if isinstance(v, int)}
+    prompt_ids, token_ids, logprobs = sampled_tokens(choice, answer.get("prompt_token_ids"))
     return ChatReply(
-        text=message.get("content") or "", tool_calls=calls, model=str(answer.get("model", "")), usage=usage
+        text=message.get("content") or "",
+        tool_calls=calls,
+        model=str(answer.get("model", "")),
+        usage=usage,
+        prompt_token_ids=prompt_ids,
+        token_ids=token_ids,
+        logprobs=logprobs,
     )

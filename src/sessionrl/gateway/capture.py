@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from sessionrl.errors import InvalidTransition, NotFound
-from sessionrl.gateway.backends import ChatBackend, ChatReply, UpstreamError
+from sessionrl.gateway.backends import RETOKENISED, ChatBackend, ChatReply, UpstreamError
 from sessionrl.gateway.chat import ChatMessage, ChatRequest
 from sessionrl.gateway.ending import GATEWAY_TAG, finish_answered
 from sessionrl.orchestrator.engine import Orchestrator
@@ -36,17 +36,23 @@ ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 MAX_QUERY = 100_000
 
 
-async def open_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> Session:
+async def open_session(
+    engine: Orchestrator, session_id: str, request: ChatRequest, token_source: str = RETOKENISED
+) -> Session:
     """The session `session_id`, opened first (`create_session`) when it does not exist yet."""
     with contextlib.suppress(NotFound):
         return await engine.session(session_id)
-    await create_session(engine, session_id, request)
+    await create_session(engine, session_id, request, token_source)
     return await engine.session(session_id)
 
 
-async def create_session(engine: Orchestrator, session_id: str, request: ChatRequest) -> None:
+async def create_session(
+    engine: Orchestrator, session_id: str, request: ChatRequest, token_source: str = RETOKENISED
+) -> None:
     """Open `session_id` with the request's first user message as its query and the request's metadata
-    (OpenAI's string pairs) beside the gateway's own keys; nothing when a concurrent request opened it."""
+    (OpenAI's string pairs) beside the gateway's own keys, `token_source` among them (where its calls'
+    token ids come from: `backends.SAMPLED`, `UPSTREAM` or `RETOKENISED`); nothing when a concurrent
+    request opened it."""
     query = next((m.text for m in request.messages if m.role == "user"), "") or "(no user message)"
     create = SessionCreate(
         session_id=session_id,
@@ -57,18 +63,22 @@ async def create_session(engine: Orchestrator, session_id: str, request: ChatReq
             FREE_FORM_KEY: True,
             "captured_by": "gateway",
             "model": request.model,
+            TOKEN_SOURCE: token_source,
         },
     )
     with contextlib.suppress(InvalidTransition):  # a concurrent first request opened it
         await engine.init_session(create, key=f"gateway-open {session_id}")
 
 
-async def record_sent_tools(engine: Orchestrator, session_id: str, request: ChatRequest) -> int:
+async def record_sent_tools(
+    engine: Orchestrator, session_id: str, request: ChatRequest, token_source: str = RETOKENISED
+) -> int:
     """Record the request's tool results (`record_tool_results`), opening the session when needed; a
     request carrying no `tool` message needs neither, so it reads nothing."""
     if not any(m.role == "tool" for m in request.messages):
         return 0
-    return await record_tool_results(engine, await open_session(engine, session_id, request), request)
+    session = await open_session(engine, session_id, request, token_source)
+    return await record_tool_results(engine, session, request)
 
 
 def answered_calls(messages: Sequence[ChatMessage], session: Session) -> dict[str, ToolRequest]:
@@ -118,6 +128,15 @@ def _params(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
+TOKEN_SOURCE = "token_source"
+"""The session metadata key saying where its calls' token ids come from."""
+
+
+def token_source(backend: ChatBackend) -> str:
+    """Where `backend`'s token ids come from (`RETOKENISED` for one that does not say)."""
+    return str(getattr(backend, "token_source", RETOKENISED))
+
+
 @dataclass(frozen=True)
 class Turn:
     """What one request through the gateway came to: the completion's id, and the model's answer or
@@ -145,7 +164,8 @@ async def take_turn(
         replay = await replayed(engine, session_id, request, call_id, key)
         if replay is not None:
             return replay
-    await record_sent_tools(engine, session_id, request)
+    source = token_source(backend)
+    await record_sent_tools(engine, session_id, request, source)
     started = time.perf_counter()
     try:
         reply: ChatReply | None = await backend.complete(request, session_id)
@@ -154,7 +174,7 @@ async def take_turn(
         reply, error = None, exc
     latency_ms = (time.perf_counter() - started) * 1000
     outcome = reply if reply is not None else error.message if error is not None else ""
-    await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key)
+    await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key, token_source=source)
     if reply is not None and finish_on_answer and not reply.tool_calls:
         await finish_answered(engine, session_id, reply.text)
     return Turn(call_id, reply, error)
@@ -192,6 +212,7 @@ async def record_llm(
     *,
     key: str | None = None,
     error: str | None = None,
+    token_source: str = RETOKENISED,
 ) -> StepResult:
     """Record the model call: its answer, or (a string) why it failed; an answer with an `error` is what
     had arrived of a call that failed on the way (a stream cut off). The session's first request opens
@@ -216,5 +237,5 @@ async def record_llm(
     try:
         return await engine.execute_step(session_id, StepKind.LLM, payload, key=key)
     except NotFound:  # the session's first request: open it, then record
-        await create_session(engine, session_id, request)
+        await create_session(engine, session_id, request, token_source)
         return await engine.execute_step(session_id, StepKind.LLM, payload, key=key)

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class GatewayConfig(BaseModel):
-    """How the gateway ends the sessions it captures (see the module doc)."""
+    """How the gateway ends the sessions it captures (see the module doc), and what it asks an upstream."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,6 +53,12 @@ class GatewayConfig(BaseModel):
         default=900.0, gt=0, description="Finish a session no request has reached for this long; none: never."
     )
     sweep_every_s: float = Field(default=30.0, gt=0, description="How often idle sessions are looked for.")
+    upstream_token_ids: bool = Field(
+        default=False,
+        description="Ask the upstream for the sampled token ids and log-probabilities (vLLM's OpenAI server "
+        "gives them) and record them, so training uses them as sampled; off: the session's tokens are "
+        "re-tokenised from its text.",
+    )
 
 
 async def finish_answered(engine: Orchestrator, session_id: str, text: str) -> None:

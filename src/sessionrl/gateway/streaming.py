@@ -21,7 +21,7 @@ import anyio
 import orjson
 
 from sessionrl.errors import SessionRLError
-from sessionrl.gateway.backends import ChatReply, UpstreamError
+from sessionrl.gateway.backends import RETOKENISED, ChatReply, UpstreamError, sampled_tokens
 from sessionrl.gateway.capture import record_llm
 from sessionrl.gateway.chat import ChatRequest, error_body
 from sessionrl.gateway.ending import finish_answered
@@ -42,6 +42,11 @@ class Assembly:
         self.model = ""
         self.usage: dict[str, int] = {}
         self.chunks = 0
+        self.prompt_ids: tuple[int, ...] | None = None
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.tokens_whole = True
+        """Whether every chunk carrying text gave its token ids (and log-probabilities)."""
 
     def add(self, chunk: dict[str, Any]) -> None:
         """Take one `chat.completion.chunk`: text, pieces of tool calls (by their index), the usage."""
@@ -54,10 +59,23 @@ class Assembly:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            self._add_tokens(choice, chunk.get("prompt_token_ids"), bool(delta.get("content")))
             if isinstance(delta.get("content"), str):
                 self.text.append(delta["content"])
             for piece in delta.get("tool_calls") or ():
                 self._add_call(piece)
+
+    def _add_tokens(self, choice: dict[str, Any], prompt: Any, has_text: bool) -> None:
+        prompt_ids, ids, logprobs = sampled_tokens(choice, prompt)
+        self.prompt_ids = self.prompt_ids or prompt_ids
+        if ids is None:
+            self.tokens_whole = self.tokens_whole and not has_text
+            return
+        self.token_ids += ids
+        if logprobs is None:
+            self.tokens_whole = False
+        else:
+            self.logprobs += logprobs
 
     def _add_call(self, piece: dict[str, Any]) -> None:
         slot = self.calls.setdefault(int(piece.get("index", 0)), {"id": "", "name": "", "arguments": ""})
@@ -73,7 +91,16 @@ class Assembly:
             for i, c in sorted(self.calls.items())
             if c["name"]
         )
-        return ChatReply(text="".join(self.text), tool_calls=calls, model=self.model, usage=self.usage)
+        tokens = self.tokens_whole and bool(self.token_ids) and len(self.logprobs) == len(self.token_ids)
+        return ChatReply(
+            text="".join(self.text),
+            tool_calls=calls,
+            model=self.model,
+            usage=self.usage,
+            prompt_token_ids=self.prompt_ids if tokens else None,
+            token_ids=tuple(self.token_ids) if tokens else None,
+            logprobs=tuple(self.logprobs) if tokens else None,
+        )
 
 
 def event(value: dict[str, Any]) -> bytes:
@@ -91,6 +118,7 @@ async def relay(
     key: str | None = None,
     finish_on_answer: bool = False,
     started: float | None = None,
+    token_source: str = RETOKENISED,
 ) -> AsyncIterator[bytes]:
     """Pass `chunks` on to the agent as events as they arrive, then record the call (see the module
     doc); the request's tool results were recorded before the stream opened, at `started` (a
@@ -118,7 +146,15 @@ async def relay(
             reply = assembly.reply()
             try:
                 await record_llm(
-                    engine, session_id, request, call_id, reply, latency_ms, key=key, error=error
+                    engine,
+                    session_id,
+                    request,
+                    call_id,
+                    reply,
+                    latency_ms,
+                    key=key,
+                    error=error,
+                    token_source=token_source,
                 )
                 if error is None and finish_on_answer and not reply.tool_calls:
                     await finish_answered(engine, session_id, reply.text)

@@ -123,7 +123,11 @@ def create_app(
 def default_chat(config: ServiceConfig, backends: Sequence[PolicyBackend]) -> ChatBackend | None:
     """The gateway's backend: the upstream server of the config, else the service's own policy, if any."""
     if config.upstream_url is not None:
-        return UpstreamChat(config.upstream_url, api_key=config.upstream_api_key)
+        return UpstreamChat(
+            config.upstream_url,
+            api_key=config.upstream_api_key,
+            token_ids=config.gateway.upstream_token_ids,
+        )
     return PolicyChat(backends) if backends else None
 
 

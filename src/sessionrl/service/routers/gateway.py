@@ -288,13 +288,16 @@ async def stream_chat(
             replay = await replayed(engine, session_id, body, call_id, key)
             if replay is not None:
                 return answer_turn(replay, body)
-        await record_sent_tools(engine, session_id, body)
+        source = backend.token_source
+        await record_sent_tools(engine, session_id, body, source)
         started = time.perf_counter()
         try:
             chunks = await backend.open_stream(body)
         except UpstreamError as exc:
             elapsed_ms = (time.perf_counter() - started) * 1000
-            await record_llm(engine, session_id, body, call_id, exc.message, elapsed_ms, key=key)
+            await record_llm(
+                engine, session_id, body, call_id, exc.message, elapsed_ms, key=key, token_source=source
+            )
             return answer_turn(Turn(call_id, error=exc), body)
     except SessionRLError as exc:
         return named_error(exc)
@@ -307,6 +310,7 @@ async def stream_chat(
         key=key,
         finish_on_answer=settings.finish_on_answer,
         started=started,
+        token_source=source,
     )
     return StreamingResponse(events, media_type="text/event-stream")
 
