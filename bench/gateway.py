@@ -52,8 +52,16 @@ def build_app(kind: str, db: str) -> Any:
         lambda request: ChatReply(text="ok", usage={"prompt_tokens": 8, "completion_tokens": 1})
     )
     if kind == "gateway":
+        # a chat that goes on after each text answer, so its sessions must not end on one (a baseline
+        # tree from before the gateway's settings has no such field)
+        multi_turn = (
+            {"gateway": {"finish_on_answer": False}} if "gateway" in ServiceConfig.model_fields else {}
+        )
         config = ServiceConfig(
-            db_url=f"sqlite:///{db}", tokens=parse_tokens(f"{TOKEN}:read,write"), rate_per_s=1e9
+            db_url=f"sqlite:///{db}",
+            tokens=parse_tokens(f"{TOKEN}:read,write"),
+            rate_per_s=1e9,
+            **multi_turn,
         )
         return create_app(config, skills=[], chat=backend)
     app = FastAPI()
