@@ -1,16 +1,18 @@
 """A session document as the events whose fold gives it, in the order things happened.
 
 `document_events` is how `sessionrl sessions import` stores a session document (its own, or one an
-importer made from another shape): the session's creation and plan first, then every call and every
-piece of feedback by its own time (a call by when it ended, feedback by when it was received), the
-output and the state changes at the session's end, and the feedback that arrived after it. Calls that
-claim to end after the session did still come before its end (a finished session takes no call), in
-their own order.
+importer made from another shape): the session's creation and plan first, then its calls and its
+feedback merged by their own times (a call by when it ended, feedback by when it was received), the
+output and the state changes at the session's end, and the feedback that arrived after it. Each list
+of the document (tool calls, LLM calls, feedback) keeps its own order, which is the order its session
+recorded them (the importers put their calls in time order); the merge interleaves the lists. Calls
+that claim to end after the session did still come before its end (a finished session takes no call).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from datetime import datetime
 
 from sessionrl.session.events import (
@@ -52,18 +54,20 @@ def document_events(s: Session) -> list[Event]:
     ]
     if s.plan is not None:
         head.append(PlanSet(plan=s.plan, at=s.created_at))
-    timed: list[tuple[datetime, Event]] = [
+    tools: list[tuple[datetime, Event]] = [
         (c.finished_at, ToolCallRecorded(call=c, at=c.finished_at)) for c in s.tool_calls
     ]
-    timed += [(c.finished_at, LLMCallRecorded(call=c, at=c.finished_at)) for c in s.llm_calls]
+    llms: list[tuple[datetime, Event]] = [
+        (c.finished_at, LLMCallRecorded(call=c, at=c.finished_at)) for c in s.llm_calls
+    ]
     ended = s.state in (S.FINISHED, S.REJECTED, S.ARCHIVED)
+    early: list[tuple[datetime, Event]] = []
     after: list[tuple[datetime, Event]] = []
     for f in s.feedback:
-        (after if ended and f.received_at > s.updated_at else timed).append(
+        (after if ended and f.received_at > s.updated_at else early).append(
             (f.received_at, FeedbackAdded(feedback=f, at=f.received_at))
         )
-    during = sorted(timed, key=lambda pair: pair[0])  # stable: what shares a time keeps its order
-    after.sort(key=lambda pair: pair[0])
+    during = heapq.merge(tools, llms, early, key=lambda pair: pair[0])
     end: list[Event] = []
     if s.final_output is not None:
         end.append(OutputSet(output=s.final_output, at=s.updated_at))

@@ -211,9 +211,9 @@ def from_seed(doc: Doc, notes: list[Note]) -> Doc:
         [_seed_tool_call(c, f"tool_calls.{i}", start, notes) for i, c in enumerate(tools)],
         [isinstance(c, dict) and "attempt" in c for c in tools],
     )
-    llm_calls = time_order(
-        [_seed_llm_call(c, f"llm_calls.{i}", start, notes) for i, c in enumerate(_list(doc.get("llm_calls")))]
-    )
+    llm_calls = [
+        _seed_llm_call(c, f"llm_calls.{i}", start, notes) for i, c in enumerate(_list(doc.get("llm_calls")))
+    ]
     ended = _seed_end(doc, [*tool_calls, *llm_calls], start, notes)
     _seed_references(doc, notes)
     native: Doc = {
@@ -236,7 +236,13 @@ def from_seed(doc: Doc, notes: list[Note]) -> Doc:
         "created_at": start,
         "updated_at": ended,
     }
-    _validate(native, lambda where: _seed_field(where, feedback_key))
+    _validate(native, lambda where: _seed_field(where, feedback_key))  # its problems name the file's order
+    for records, at in (
+        ("tool_calls", "finished_at"),
+        ("llm_calls", "finished_at"),
+        ("feedback", "received_at"),
+    ):
+        native[records] = time_order(native[records], at)
     return native
 
 

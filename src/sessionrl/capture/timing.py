@@ -69,31 +69,32 @@ def timing(record: Doc, where: str, default_at: str, notes: list[Note]) -> Doc:
     return out if latency is None else {**out, "latency_ms": latency}
 
 
-def _order_key(call: Any) -> tuple[bool, datetime]:
-    at = instant(call.get("finished_at")) if isinstance(call, dict) else None
+def _order_key(record: Any, field: str = "finished_at") -> tuple[bool, datetime]:
+    at = instant(record.get(field)) if isinstance(record, dict) else None
     return at is None, at or datetime.min.replace(tzinfo=UTC)
 
 
-def time_order(calls: list[Any]) -> list[Any]:
-    """Calls by when they ended (stable; calls without a readable time go last, in their order)."""
-    return sorted(calls, key=_order_key)
+def time_order(records: list[Any], field: str = "finished_at") -> list[Any]:
+    """Records by their time `field` (calls by when they ended); stable, and records without a readable
+    time go last, in their order."""
+    return sorted(records, key=lambda record: _order_key(record, field))
 
 
 def numbered(calls: list[Any], given: Sequence[bool]) -> list[Any]:
-    """Calls in time order, each call of one tool for one sub-goal numbered after those before it (its
-    `attempt`: a retry is attempt 2); a call naming no sub-goal, or whose file gives its attempt
-    (`given[i]`), keeps its own.
+    """The calls, each call of one tool for one sub-goal numbered by time after those before it (its
+    `attempt`: a retry is attempt 2), in the order given; a call naming no sub-goal, or whose file gives
+    its attempt (`given[i]`), keeps its own.
 
     >>> calls = [{"subgoal_id": "a", "tool": "t", "finished_at": f"2024-01-01T00:00:0{s}Z"} for s in (2, 1)]
     >>> [(c["finished_at"][-2], c["attempt"]) for c in numbered(calls, [False, False])]
-    [('1', 1), ('2', 2)]
+    [('2', 2), ('1', 1)]
     """
     seen: Counter[tuple[str, str]] = Counter()
-    out = []
-    for call, has_attempt in sorted(zip(calls, given, strict=True), key=lambda pair: _order_key(pair[0])):
-        if isinstance(call, dict) and isinstance(call.get("subgoal_id"), str) and not has_attempt:
+    out = list(calls)
+    for i in sorted(range(len(calls)), key=lambda i: _order_key(calls[i])):
+        call = calls[i]
+        if isinstance(call, dict) and isinstance(call.get("subgoal_id"), str) and not given[i]:
             mark = (call["subgoal_id"], str(call.get("tool")))
             seen[mark] += 1
-            call = {**call, "attempt": seen[mark]}
-        out.append(call)
+            out[i] = {**call, "attempt": seen[mark]}
     return out
