@@ -119,6 +119,7 @@ def main() -> None:
                 print(orjson.dumps(found[-1]).decode(), flush=True)
             if step < max(args.checks):
                 stats = trainer.step(rng.sample(sequences, min(args.batch, len(sequences))))
+                policy.version += 1  # new weights: the engine drops what it kept from the old ones
                 print(f"  step {step}: loss {stats.loss:.3f}", flush=True)
     minutes = round((time.monotonic() - started) / 60, 2)
     print(
