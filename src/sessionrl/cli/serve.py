@@ -154,9 +154,9 @@ def serve(
     if not config.tokens:
         token = secrets.token_urlsafe(24)
         config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
+        print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr)
         print(
-            f"no tokens given; use this one (read, write): {token} (it is this process's own: for several"
-            f" processes, give them one --tokens-file or ${TOKENS_ENV})",
+            f"(this process's own: several processes share tokens through --tokens-file or ${TOKENS_ENV})",
             file=sys.stderr,
             flush=True,
         )
