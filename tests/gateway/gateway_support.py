@@ -47,7 +47,7 @@ def serving_on_loopback(app: Any) -> Iterator[str]:
 
 def gateway_app(db_url: str, **kwargs: Any) -> Any:
     """A service (no skills of its own) whose gateway answers with `kwargs['chat']` or the config's."""
-    names = ("upstream_url", "upstream_api_key", "rate_per_s", "rate_burst", "gateway")
+    names = ("upstream_url", "upstream_api_key", "rate_per_s", "rate_burst", "gateway", "max_body_bytes")
     fields = {k: kwargs.pop(k) for k in names if k in kwargs}
     config = ServiceConfig(db_url=db_url, tokens=TOKENS, **fields)
     return create_app(config, skills=[], **kwargs)

@@ -172,3 +172,19 @@ def test_a_session_ends_on_the_finish_call_or_when_idle(tmp_path: Path) -> None:
         session = stored(root, "idle-1").json()
     assert session["metadata"]["finished_by"] == "idle"
     assert session["final_output"]["text"] == "Two pairs."  # the last thing the model said
+
+
+def test_every_error_under_the_gateway_s_paths_is_in_openai_s_shape(tmp_path: Path) -> None:
+    app = gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=Counting(), max_body_bytes=2000)
+    with serving_on_loopback(app) as root:
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}
+        answers = {
+            413: post(root, "big-1", big),  # the body limit answers before any route
+            404: httpx.get(f"{root}/gateway/sessions/big-1/v1/nothing", headers=AUTH),
+            405: httpx.put(f"{root}/gateway/sessions/big-1/v1/chat/completions", json={}, headers=AUTH),
+        }
+        for status, answer in answers.items():
+            assert answer.status_code == status
+            assert answer.headers["content-type"] == "application/json"
+            assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+        assert stored(root, "big-1").status_code == 404

@@ -89,12 +89,13 @@ async def test_well_formed_writes_are_served_without_the_framework() -> None:
         finish = json.dumps({"text": "done"}).encode()
         assert await call(app, shortcut, "/v1/sessions/s1/finish", finish, json_headers(finish)) == 200
         assert inner.bodies == []
-        # created, executing, the tool call, the output, finished
+        # created, executing, the tool call, the output, what finished it (finished_by), finished
         assert [e.type for e in store.events("s1")] == [
             "session_created",
             "state_changed",
             "tool_call",
             "output_set",
+            "session_patched",
             "state_changed",
         ]
 

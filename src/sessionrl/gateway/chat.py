@@ -209,6 +209,21 @@ def stream_events(answer: dict[str, Any], *, include_usage: bool) -> Iterator[by
     yield b"data: [DONE]\n\n"
 
 
+OPENAI_PATHS = ("/gateway/", "/v1/chat/", "/v1/models")
+"""Where the gateway answers: every error under these paths is in OpenAI's shape, whoever answers it
+(a route, the body limit, the framework's 404 or 405)."""
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error type of a status.
+
+    >>> error_type(401), error_type(413), error_type(502)
+    ('authentication_error', 'invalid_request_error', 'server_error')
+    """
+    kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+    return kinds.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
 def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error document: `{"error": {"message", "type", "param", "code"}}`; `param` names
     the field or header at fault, when one is."""

@@ -25,6 +25,7 @@ from sessionrl.errors import (
     SessionRLError,
     StaleState,
 )
+from sessionrl.gateway.chat import OPENAI_PATHS, error_body, error_type
 from sessionrl.orchestrator.lanes import Overloaded
 from sessionrl.orchestrator.results import KeyReused
 from sessionrl.wire import FieldProblem, Problem
@@ -84,7 +85,11 @@ def problem_response(
     errors: tuple[FieldProblem, ...] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    """A problem document as a response."""
+    """A problem document as a response; under the gateway's paths, an OpenAI error (its callers are
+    OpenAI clients)."""
+    if instance is not None and instance.startswith(OPENAI_PATHS):
+        error = error_body(detail or TITLES.get(status, "Error"), error_type(status), code)
+        return JSONResponse(error, status_code=status, headers=headers)
     body = Problem(
         title=TITLES.get(status, "Error"),
         status=status,

@@ -35,6 +35,7 @@ from sessionrl.gateway.chat import (
     ChatRequest,
     completion,
     error_body,
+    error_type,
     models_page,
     request_problem,
     stream_events,
@@ -125,14 +126,12 @@ OPENAI_ERROR = {
 
 
 def answers(*openai_statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries of a gateway route: the answer (JSON, or server-sent events), OpenAI-style errors
-    (an upstream's own error status is passed on), and the problems the framework answers with."""
-    documented = problems.responses(413)  # the body limit answers before any route
-    for status in (400, 401, 403, 422, 429, *openai_statuses):
-        entry = documented.setdefault(
-            status, {"description": problems.TITLES.get(status, "Error"), "content": {}}
-        )
-        entry["content"]["application/json"] = {"schema": OPENAI_ERROR}
+    """OpenAPI entries of a gateway route: the answer (JSON, or server-sent events) and OpenAI-style
+    errors, those the body limit answers before any route (413) among them."""
+    documented: dict[int | str, dict[str, Any]] = {}
+    for status in (400, 401, 403, 413, 422, 429, *openai_statuses):
+        content = {"application/json": {"schema": OPENAI_ERROR}}
+        documented[status] = {"description": problems.TITLES.get(status, "Error"), "content": content}
     ok = {
         "application/json": {"schema": {"type": "object"}},
         "text/event-stream": {"schema": {}},
@@ -140,7 +139,7 @@ def answers(*openai_statuses: int) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": "The completion", "content": ok}, **documented}
 
 
-CHAT_ANSWERS = answers(404, 409, 500, 502, 503)
+CHAT_ANSWERS = answers(404, 409, 500, 502, 503, 504)
 
 
 @router.post(
@@ -338,12 +337,6 @@ def openai_error(
 ) -> Response:
     """An OpenAI-style error answer."""
     return JSONAnswer(orjson.dumps(error_body(message, kind, code, param)), status, headers=headers)
-
-
-def error_type(status: int) -> str:
-    """The OpenAI error type of a status."""
-    kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-    return kinds.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
 def named_error(exc: SessionRLError) -> Response:
