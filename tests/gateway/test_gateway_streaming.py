@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 from gateway_support import WRITER, gateway_app, serving_on_loopback
 from openai import OpenAI
 from upstream_simulator import Simulator
@@ -81,6 +83,8 @@ def test_a_streaming_agent_with_parallel_tool_calls_is_recorded_exactly(tmp_path
         assert all(c.usage is None for c in second)  # not asked for: not sent on
         text = "".join(c.choices[0].delta.content or "" for c in second if c.choices)
         recorded = session(root, "st-1")
+        with pytest.raises(openai.ConflictError):  # the answer ended the session: refused before a stream
+            client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)
     assert text == 'done: {"error": "no price list"}'
     asked, answered = recorded["llm_calls"]
     assert asked["call_id"] == chunks[0].id

@@ -15,6 +15,7 @@ framework.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
@@ -28,7 +29,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from sessionrl.access import Principal
-from sessionrl.errors import SessionRLError
+from sessionrl.errors import InvalidTransition, NotFound, SessionRLError
 from sessionrl.gateway.backends import ChatBackend, UpstreamChat, UpstreamError
 from sessionrl.gateway.capture import ID, Turn, record_llm, record_sent_tools, replayed, take_turn
 from sessionrl.gateway.chat import (
@@ -54,6 +55,7 @@ from sessionrl.service.deps import (
     scoped_key,
 )
 from sessionrl.service.problems import ProblemError, malformed_json
+from sessionrl.session.lifecycle import ACTIVE
 
 SESSION_HEADER = "X-Session-Id"
 NO_SESSION = (
@@ -289,6 +291,7 @@ async def stream_chat(
                 return answer_turn(replay, body)
         source = backend.token_source
         await record_sent_tools(engine, session_id, body, source)
+        await check_open(engine, session_id)  # before the answer starts: a stream cannot end in a 409
         started = time.perf_counter()
         try:
             chunks = await backend.open_stream(body)
@@ -312,6 +315,14 @@ async def stream_chat(
         token_source=source,
     )
     return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def check_open(engine: Orchestrator, session_id: str) -> None:
+    """`InvalidTransition` when the session has ended (one not opened yet is opened by its first step)."""
+    with contextlib.suppress(NotFound):
+        session = await engine.session(session_id)
+        if session.state not in ACTIVE:
+            raise InvalidTransition(session_id, session.state, "llm step")
 
 
 def agent_status(status: int) -> int:
