@@ -114,7 +114,8 @@ def test_a_new_policy_version_drops_what_older_weights_computed(model: torch.nn.
     engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32))
     greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
     before = engine.sample(prompts(), greedy, torch.Generator())
-    assert engine.store.entries and {c.policy_version for c in before} == {0}
+    assert engine.store.entries
+    assert {c.policy_version for c in before} == {0}
     changed = build_tiny_model(CONFIG, train_tokenizer(["a b c d e f g"] * 4, CONFIG))
     with torch.no_grad():
         for p, q in zip(changed.parameters(), model.parameters(), strict=True):
@@ -130,4 +131,5 @@ def test_short_or_single_prompts_run_whole(model: torch.nn.Module) -> None:
     store = KVStore(min_shared=32, turns=False)
     run(model, [prompts()[0]], store)
     run(model, [[5, 6, 7], [5, 6, 8]], store)
-    assert store.builds == 0 and not store.entries
+    assert store.builds == 0
+    assert not store.entries
