@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sessionrl.cli import app as cli
 from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
-from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.gateway.config import GatewayConfig
 from sessionrl.session.model import ToolRequest
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.captured import stored_sessions

@@ -12,7 +12,7 @@ from gateway_support import WRITER, gateway_app, serving_on_loopback
 from openai import OpenAI
 from upstream_simulator import PROMPT_IDS, Simulator
 
-from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.gateway.config import GatewayConfig
 
 AUTH = {"Authorization": f"Bearer {WRITER}"}
 USER = [{"role": "user", "content": "hi"}]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrl.access import Scope
 from sessionrl.capture.otlp_config import TracesConfig
-from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.gateway.config import GatewayConfig
 from sessionrl.ops.config import OpsConfig
 from sessionrl.orchestrator.config import OrchestratorConfig
 from sessionrl.service.collector import FULL_GC_EVERY_S

@@ -41,7 +41,7 @@ from sessionrl.gateway.chat import (
     request_problem,
     stream_events,
 )
-from sessionrl.gateway.ending import GatewayConfig
+from sessionrl.gateway.config import GatewayConfig
 from sessionrl.gateway.streaming import relay
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.results import StepIds
