@@ -4,7 +4,9 @@ idle time), after which the session is scored and read for training."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,14 @@ USER = {"role": "user", "content": "boots?"}
 class Counting:
     """A scripted backend (a tool call on the first turn, then text) that counts the requests it answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         self.asked: list[ChatRequest] = []
+        self.delay_s = delay_s
         self.script = ScriptedChat.turns([ChatReply(tool_calls=(CALL,)), ChatReply(text="Two pairs.")])
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
         self.asked.append(request)
+        await asyncio.sleep(self.delay_s)
         return await self.script.complete(request, session_id)
 
     async def models(self) -> list[str]:
@@ -115,6 +119,26 @@ def test_the_same_key_replays_the_first_answer_and_another_body_under_it_is_a_42
         assert len(store.get("idem-1").llm_calls) == 1
         assert len(store.get("idem-2").llm_calls) == 1
     assert len(backend.asked) == 2
+
+
+def test_concurrent_requests_under_one_key_share_one_turn_or_are_refused(tmp_path: Path) -> None:
+    backend = Counting(delay_s=0.3)  # both requests arrive while the first is with the model
+    with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend)) as root:
+        body = {"model": "m", "messages": [USER], "tools": [TOOL]}
+        other = {**body, "messages": [{"role": "user", "content": "socks?"}]}
+        with ThreadPoolExecutor(2) as pool:
+            same = list(pool.map(lambda b: post(root, "con-1", b, **{"Idempotency-Key": "k"}), [body, body]))
+            mixed = list(
+                pool.map(lambda b: post(root, "con-2", b, **{"Idempotency-Key": "k"}), [body, other])
+            )
+        assert [r.status_code for r in same] == [200, 200]
+        assert same[0].json() == same[1].json()
+        assert sorted(r.status_code for r in mixed) == [200, 422]
+        assert len(stored(root, "con-1").json()["llm_calls"]) == 1
+        assert len(stored(root, "con-2").json()["llm_calls"]) == 1
+    # one turn for con-1's two; con-2's other body is refused when it records (after the model, when it
+    # arrived while the first was with the model) or at once (when it arrived after the first was recorded)
+    assert len(backend.asked) in (2, 3)
 
 
 def agent_turns(root: str, sid: str) -> None:

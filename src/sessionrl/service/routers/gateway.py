@@ -16,6 +16,7 @@ framework.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
@@ -242,7 +243,7 @@ async def chat(
         return await stream_chat(engine, backend, session_id, body, call_id, scoped, settings)
     try:
         turn = await engine.writer.once(
-            None if scoped is None else f"turn {scoped}",  # the step it records runs under `scoped`
+            None if scoped is None else f"turn {scoped} {digest(body)}",  # its step runs under `scoped`
             lambda: take_turn(
                 engine,
                 backend,
@@ -256,6 +257,12 @@ async def chat(
     except SessionRLError as exc:
         return named_error(exc)
     return answer_turn(turn, body)
+
+
+def digest(body: ChatRequest) -> str:
+    """A digest of a request: concurrent retries of one keyed request share one turn, while another
+    request under the same key runs on its own, to be refused (`idempotency_key_reused`) as it records."""
+    return hashlib.blake2b(orjson.dumps(body.model_dump(mode="json")), digest_size=12).hexdigest()
 
 
 def answer_turn(turn: Turn, body: ChatRequest) -> Response:
