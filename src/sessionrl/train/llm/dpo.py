@@ -46,7 +46,10 @@ class DPOConfig:
     """How DPO trains."""
 
     beta: float = field(default=0.1, metadata={"help": "strength of the implicit KL to the reference"})
-    lr: float = field(default=1e-4, metadata={"help": "AdamW learning rate"})
+    lr: float = field(
+        default=1e-5,
+        metadata={"help": "AdamW learning rate (1e-4 unlearned a tiny model's imitation in 100 steps)"},
+    )
     steps: int = field(default=50, metadata={"help": "optimiser steps"})
     batch_size: int = field(default=8, metadata={"help": "preference pairs per step"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient norm clip"})

@@ -1,0 +1,171 @@
+"""Every config in examples/, run small: its RL stage ends no worse than its imitation policy on held-out
+tasks, or it stopped early and said why (the collapse watch, `sessionrl.eval.collapse`).
+
+"Small" keeps each example's recipe (its RL trainer, sampling, rewards, faults, group size, evaluation
+faults) and shrinks what only sets the length: a tiny model, fewer demonstrations, imitation steps, tasks,
+iterations and tokens. Imitation is trained long enough that most replies parse, so a recipe that unlearns
+the format shows it within a few iterations (`examples/orders-grpo.yaml` with its old learning rate of
+1e-3 did: TCSR 0.18 -> 0 by the third iteration).
+
+The orders GRPO examples share one small imitation stage (their sections that shape it are the same once
+made small), trained once and copied; each then resumes with its own RL stage. `cluster.yaml` runs its
+recipe in this process: Ray rollouts and the shared PostgreSQL store are tested in tests/cluster.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sessionrl.eval.collapse import unparseable_share
+from sessionrl.train.config import RunConfig
+from sessionrl.train.dispatch import run_trainer
+from sessionrl.train.llm.checkpoint import Stage
+from sessionrl.train.llm.loop import Evaluation, TrainResult
+from sessionrl.train.llm.reflection import StagesResult
+from sessionrl.train.structured.run import StructuredResult
+from tiny_run_support import merged
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TOLERANCE = 0.1
+"""How far TCSR may fall, and the unparseable share rise, on the few held-out tasks of a small run."""
+
+SMALL_LLM: dict[str, Any] = {
+    "env": {"train": 48, "dev": 4, "test": 8},
+    "model": {
+        "tiny": {
+            "vocab_size": 1024,
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 128,
+        }
+    },
+    "rollout": {"max_steps": 4},
+    "sft": {"demos": 16, "trainer": {"lr": 0.01, "steps": 120, "batch_sessions": 4, "token_budget": 4096}},
+    "rl": {"iterations": 6, "tasks_per_iteration": 4, "sampling": {"max_new_tokens": 32}},
+    "evaluation": {"tasks": 8, "gate_tasks": 4, "gate_min_success": 0.0, "max_new_tokens": 32},
+}
+"""The sizes of a small LLM run (the gate is opened: a tiny model trained for seconds solves nothing)."""
+SMALL_RETAIL: dict[str, Any] = {"sft": {"trainer": {"steps": 60, "batch_sessions": 2}}}
+"""Retail's sessions are five times as long as orders': fewer sessions per imitation step, and fewer steps."""
+SMALL_STAGES: dict[str, Any] = {
+    "reflection": {"tasks": 4, "held_out": 2, "trainer": {"steps": 2, "batch_sessions": 2}}
+}
+SMALL_DPO: dict[str, Any] = {
+    "dpo": {"tasks": 4, "episodes_per_task": 2, "sampling": {"max_new_tokens": 32}, "trainer": {"steps": 10}}
+}
+SMALL_SFT: dict[str, Any] = {"sft": {"trainer": {"steps": 10}}}
+"""Imitation alone has no later stage to compare with: a few steps show it runs."""
+SMALL_STRUCTURED: dict[str, Any] = {"env": {"test": 50}, "evaluation": {"tasks": 50}}
+"""The structured examples train as shipped (half a minute each): only their evaluation is shorter."""
+SHARED_IMITATION = {
+    "orders-grpo": "orders-grpo",
+    "orders-grpo-small": "orders-grpo",
+    "orders-stages": "orders-grpo",
+    "cluster": "orders-grpo",
+    "retail": "retail",
+    "retail-smollm2": "retail",
+}
+"""The GRPO examples whose small runs start from one imitation stage: that of the example named."""
+Imitation = Callable[[str, "Path | None"], Path]
+
+
+def small(path: Path, run_dir: Path, retail_data: Path | None = None) -> dict[str, Any]:
+    """The example at `path` made small (see the module doc), running in `run_dir`."""
+    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data.pop("cluster", None)
+    trainer = data.get("trainer", "grpo")
+    if trainer in ("ppo", "aaac"):
+        data = merged(data, SMALL_STRUCTURED)
+    else:
+        data = merged(data, {k: v for k, v in SMALL_LLM.items() if k != "rl" or trainer == "grpo"})
+        data = merged(data, {"dpo": SMALL_DPO, "sft": SMALL_SFT}.get(trainer, {}))
+        data = merged(data, SMALL_STAGES if data.get("stages") else {})
+        data["model"].pop(
+            "gguf", None
+        )  # a SmolLM2 example's recipe on the tiny model (SmolLM2 takes minutes)
+        data["model"].pop("lora", None)
+        data["sft"]["trainer"].pop("warmup_steps", None)  # so that retail and retail-smollm2 imitate alike
+    if data["env"].get("name") == "retail":
+        data = merged(data, SMALL_RETAIL) | {"env": {"name": "retail", "data": str(retail_data)}}
+    return data | {"run_dir": str(run_dir)}
+
+
+def example_ids() -> list[str]:
+    return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
+
+
+def skip_reason(path: Path) -> str | None:
+    """Why an example cannot run here, or None."""
+    model = yaml.safe_load(path.read_text(encoding="utf-8")).get("model") or {}
+    if model.get("vllm") is not None:
+        return "samples on a vLLM server (a GPU machine, docs/engines.md)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def imitation(tmp_path_factory: pytest.TempPathFactory) -> Imitation:
+    """The small imitation stage and gate (RL not started) of an example, trained when first asked for
+    and kept for the module, to copy."""
+    folders: dict[str, Path] = {}
+
+    def made(name: str, retail_data: Path | None) -> Path:
+        if name not in folders:
+            folder = tmp_path_factory.mktemp("imitation") / name
+            data = merged(small(EXAMPLES / f"{name}.yaml", folder, retail_data), {"rl": {"iterations": 0}})
+            run_trainer(RunConfig.model_validate(data))
+            folders[name] = folder
+        return folders[name]
+
+    return made
+
+
+def problems(before: Evaluation, after: Evaluation) -> list[str]:
+    """How `after` ends below `before` on the same held-out tasks (empty: it does not)."""
+    found = []
+    if after.metrics.success < before.metrics.success:
+        found.append(f"success {before.metrics.success:.2f} -> {after.metrics.success:.2f}")
+    if after.metrics.tcsr < before.metrics.tcsr - TOLERANCE:
+        found.append(f"TCSR {before.metrics.tcsr:.2f} -> {after.metrics.tcsr:.2f}")
+    old, new = unparseable_share(before.sessions), unparseable_share(after.sessions)
+    if new > old + TOLERANCE:
+        found.append(f"unparseable replies {old:.2f} -> {new:.2f}")
+    return found
+
+
+@pytest.mark.parametrize("name", example_ids())
+def test_every_example_holds_or_stops_and_says_why(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if (reason := skip_reason(EXAMPLES / f"{name}.yaml")) is not None:
+        pytest.skip(reason)
+    retail = request.getfixturevalue("retail_data") if "retail" in name else None
+    run_dir = tmp_path / "run"
+    data = small(EXAMPLES / f"{name}.yaml", run_dir, retail)
+    resume = name in SHARED_IMITATION
+    if resume:
+        made: Imitation = request.getfixturevalue("imitation")
+        shutil.copytree(made(SHARED_IMITATION[name], retail), run_dir)
+    result = run_trainer(RunConfig.model_validate(data), resume=resume)
+    trained = result.train if isinstance(result, StagesResult) else result
+    if isinstance(trained, StructuredResult):
+        before, after = trained.report["imitation"], trained.report[str(trained.trainer)]
+        assert after.completion >= before.completion, f"{name}: {before} -> {after}"
+        return
+    assert isinstance(trained, TrainResult)
+    report = trained.report
+    later = "rl" if "rl" in report else "dpo" if "dpo" in report else None
+    if later is None:  # imitation alone: nothing after it to compare
+        assert trained.stage is Stage.SFT
+        return
+    stopped = trained.stage is Stage.PAUSED and (run_dir / "pause_report.json").is_file()
+    found = problems(report["sft"], report[later])
+    assert stopped or not found, f"{name}: {later} below imitation without stopping: {found}"
