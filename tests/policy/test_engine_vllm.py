@@ -120,6 +120,10 @@ def test_an_update_reaches_the_server_as_a_lora_adapter_and_the_next_sample_carr
     assert server.answered[-1].request["model"] == "policy-v1"
     assert set(server.adapters) == {"policy-v1"}  # the older adapter was unloaded
     assert after.logprobs == pytest.approx(teacher_forced(model, PROMPTS[0], after.token_ids, 1.0), abs=1e-4)
+    # the same version refreshed again (a module swapped in): its adapter is replaced, not refused
+    policy.version = 1
+    policy.sample_prompts(PROMPTS[:1])
+    assert [load["lora_name"] for load in server.loads] == ["policy-v0", "policy-v1", "policy-v1"]
 
 
 def test_a_model_without_adapters_cannot_take_a_new_version(

@@ -190,9 +190,12 @@ class VLLMEngine:
             folder = self.settings.adapters / f"v{version}"
             model.save_pretrained(folder)
             name = f"{self.settings.adapter_prefix}-v{version}"
+            previous = self._served
+            if previous == name:  # the same version's weights again (a module swapped in): replace them
+                self.post("/v1/unload_lora_adapter", {"lora_name": name})
             self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve())})
-            previous, self._served = self._served, name
-            if previous != self.settings.model and previous != name:
+            self._served = name
+            if previous not in (self.settings.model, name):
                 self.post("/v1/unload_lora_adapter", {"lora_name": previous})
         elif version != self._version:
             raise PolicyError(
