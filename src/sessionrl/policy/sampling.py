@@ -131,7 +131,7 @@ class KVStore:
     prefilled_tokens: int = 0
     """Prompt tokens prefilled."""
     evicted: int = 0
-    """Entries dropped to stay within `max_tokens`."""
+    """Entries dropped (or never kept) to stay within `max_tokens`."""
 
     @property
     def tokens(self) -> int:
@@ -157,6 +157,7 @@ class KVStore:
         exceed `max_tokens`."""
         key = tuple(ids)
         if len(key) > self.max_tokens:
+            self.evicted += 1
             return None
         self.entries[key] = Kept(np.asarray(key, dtype=np.int64), kv, shared)
         self.entries.move_to_end(key)
