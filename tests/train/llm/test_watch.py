@@ -97,3 +97,10 @@ def test_a_collapsing_run_stops_rolled_back_and_says_so(tmp_path: Path) -> None:
     assert resumed.stage is Stage.PAUSED
     assert resumed.curve == result.curve  # no further RL iteration
     assert GATE_PASSED in again.export_text()
+
+
+def test_a_rollback_refuses_weights_that_lack_some_the_model_trains(tmp_path: Path) -> None:
+    Guard(CollapseConfig(), torch.nn.Linear(2, 1), tmp_path, curve=())  # writes weight and bias
+    other = Guard(CollapseConfig(), torch.nn.Sequential(torch.nn.Linear(2, 1)), tmp_path, curve=())
+    with pytest.raises(ValueError, match="lacks 2 trained weights"):
+        other.roll_back()

@@ -74,10 +74,12 @@ class Guard:
         """Load the last good weights into the model; the iteration whose rollouts judged them (-1: the
         weights RL started from, not judged yet)."""
         saved = load_file(str(self.path))
+        trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        if missing := sorted(trained.keys() - saved.keys()):
+            raise ValueError(f"{self.path} lacks {len(missing)} trained weights ({missing[0]}, ...)")
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if name in saved:
-                    p.copy_(saved[name].to(p.device))
+            for name, p in trained.items():
+                p.copy_(saved[name].to(p.device))
         return int(_iteration_of(self.path))
 
     def _save_good(self, weights: Mapping[str, torch.Tensor], iteration: int) -> None:
