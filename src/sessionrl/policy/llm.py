@@ -269,7 +269,9 @@ def with_lora(model: Any, config: LoRAConfig) -> Any:
 class HFPolicy:
     """A local causal LM serving the orchestrator; the trainer updates its weights in place.
 
-    Not safe to train and sample at the same moment: the training loop alternates the two.
+    Not safe to train and sample at the same moment: the training loop alternates the two. Whoever changes
+    the weights raises `version` before the next sample: that is how the engine learns of them (the torch
+    engine drops the caches the old weights computed, the vLLM engine loads the new adapters).
     """
 
     def __init__(
