@@ -9,9 +9,12 @@ step writes are built in `units`. The engine decides what runs: guards, policy c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
+
+from pydantic import BaseModel
 
 from sessionrl.errors import InvalidEvent, InvalidTransition
 from sessionrl.orchestrator.config import OrchestratorConfig
@@ -34,6 +37,7 @@ from sessionrl.orchestrator.recording import (
     same_feedback,
     same_output,
     same_request,
+    written_as_built,
 )
 from sessionrl.orchestrator.results import (
     PAYLOADS,
@@ -207,7 +211,8 @@ class Orchestrator:
         typed = payload if isinstance(payload, model) else model.model_validate(payload or {})
         ids = self._ids.ids(key)
         return await self.writer.once(
-            key, lambda: self._step(session_id, kind, typed, ids, key, expected_version)
+            in_flight(key, kind.value, typed),
+            lambda: self._step(session_id, kind, typed, ids, key, expected_version),
         )
 
     async def inject_feedback(
@@ -229,7 +234,7 @@ class Orchestrator:
             session = await self.writer.commit(session_id, lambda _: [event], ids)
             return feedback_result(session, feedback.feedback_id)
 
-        return await self.writer.once(key, run)
+        return await self.writer.once(in_flight(key, "feedback", feedback, ARRIVAL), run)
 
     async def finish(
         self,
@@ -271,7 +276,7 @@ class Orchestrator:
                 return replayed
             return finish_result(committed)
 
-        return await self.writer.once(key, run)
+        return await self.writer.once(in_flight(key, "finish", final), run)
 
     async def _finished_by(
         self, session_id: str, output: FinalOutput, key: str, ids: StepIds
@@ -426,6 +431,8 @@ class Orchestrator:
             return [*enter(s, SessionState.EXECUTING, ids), record]
 
         committed = await self.writer.commit(session.session_id, unit, ids)
+        if not written_as_built(committed.tool_call(call_id), call):
+            raise KeyReused(None, "another tool call, recorded first under the same key")
         return tool_result(committed, ids, self._masked(), call_id)
 
     async def _llm(self, session: Session, payload: LLMPayload, ids: StepIds) -> StepResult:
@@ -435,6 +442,9 @@ class Orchestrator:
                 call=recorded_llm_call(session, payload, call_id), event_id=ids.event("llm")
             )
             committed = await self.writer.commit(session.session_id, lambda _: [recorded], ids)
+            stored = next((c for c in reversed(committed.llm_calls) if c.call_id == call_id), None)
+            if not written_as_built(stored, recorded.call):
+                raise KeyReused(None, "another model call, recorded first under the same key")
             return llm_result(committed, ids, self._masked(), call_id)
         messages = payload.messages or (Message(role="user", content=session.user_query),)
         reply = await self._ask(session, messages, StepKind.LLM, payload.purpose)
@@ -499,6 +509,22 @@ class Orchestrator:
         """Contracts the policy is shown: every skill but the masked ones."""
         masked = self.executor.masked()
         return {name: c for name, c in self.executor.contracts.items() if name not in masked}
+
+
+ARRIVAL = frozenset({"feedback_id", "received_at", "occurred_at"})
+"""Fields of feedback that a retry of the same request may change (see `recording.same_feedback`)."""
+
+
+def in_flight(
+    key: str | None, kind: str, body: BaseModel, exclude: frozenset[str] = frozenset()
+) -> str | None:
+    """The key under which a request waits for a concurrent one (`SessionWriter.once`): its idempotency
+    key and a digest of its body, so only the same request shares an answer; another body under the key
+    runs on its own, and is refused as the first one's replay (`KeyReused`)."""
+    if key is None:
+        return None
+    encoded = body.model_dump_json(exclude=set(exclude)).encode()
+    return f"{key} {kind} {hashlib.blake2b(encoded, digest_size=12).hexdigest()}"
 
 
 def _asks_policy(payload: StepPayload) -> bool:

@@ -261,3 +261,11 @@ def same_output(events: Sequence[Event], output: FinalOutput) -> bool:
     """Whether the finish a key first wrote gave `output` again."""
     first = first_of(events, OutputSet)
     return first is not None and first.output == output
+
+
+def written_as_built(stored: ToolCall | LLMCall | None, built: ToolCall | LLMCall) -> bool:
+    """Whether the call a recording step committed is the one it built (its times aside): the store
+    ignores events whose ids it holds, so two requests under one key racing each other both "commit",
+    and the one that came second finds the first one's call in its place."""
+    times = {"started_at", "finished_at"}
+    return stored is not None and stored.model_dump(exclude=times) == built.model_dump(exclude=times)
