@@ -42,3 +42,19 @@ def test_a_run_the_gate_stops_exits_non_zero_saying_why(tmp_path: Path) -> None:
     assert "sft.demos" in stopped
     assert (tmp_path / "run" / "sft_policy").is_dir()
     assert not (tmp_path / "run" / "rl_policy").exists()
+
+
+def test_threads_sets_torchs_thread_count_and_silences_loading_bars() -> None:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from sessionrl.cli.train import quiet_model_loading
+
+    before = torch.get_num_threads()
+    try:
+        quiet_model_loading(1)
+        assert torch.get_num_threads() == 1
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        torch.set_num_threads(before)
+        hf_logging.enable_progress_bar()

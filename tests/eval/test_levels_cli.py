@@ -37,3 +37,7 @@ def test_eval_levels_reads_the_run_store(tmp_path: Path) -> None:
         None,
     ]
     assert levels["reached"] == "L3"
+    assert "detail" not in levels["L1"]  # the evidence is in the run folder, not on the line
+    evidence = json.loads((run / "levels.json").read_text())["unlabelled"]
+    assert evidence["L1"]["passed"] is True
+    assert "detail" in evidence["L1"]

@@ -33,10 +33,19 @@ def train_command(
         bool,
         typer.Option("--resume", help="Continue from the run's last checkpoint (sft, grpo and staged runs)."),
     ] = False,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="Torch CPU threads (default: torch's). A seed gives the same run for the same thread count.",
+        ),
+    ] = None,
 ) -> None:
     """Train what the config's `trainer:` names (sft, grpo, dpo, ppo, aaac), then evaluate the exported
     policies side by side; everything goes under its run_dir. Exit status 1 when the gate stops a grpo
     run before reinforcement learning."""
+    quiet_model_loading(threads)
     from sessionrl.cli.sessions import reporting
     from sessionrl.train.config import RunConfig
     from sessionrl.train.dispatch import run_trainer
@@ -65,6 +74,17 @@ def train_command(
     console.print(f"trainer: {run_config.trainer}; run folder: {run_config.run_dir}")
     if isinstance(trained, TrainResult) and trained.stage is Stage.STOPPED:
         _stopped_at_the_gate(trained, run_config)
+
+
+def quiet_model_loading(threads: int | None) -> None:
+    """Set torch's thread count when given, and keep transformers' download and loading bars out of the
+    run's log (the run prints its own progress)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @contextmanager
@@ -132,10 +152,6 @@ def _print_llm(console: Console, result: TrainResult, title: str) -> None:
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.llm.view import curve_table
 
-    if result.gate is not None:
-        console.print(
-            f"gate: success {result.gate.metrics.success:.3f} on {result.gate.metrics.n_tasks} tasks"
-        )
     if result.curve:
         console.print(curve_table(result.curve))
     console.print(metrics_table({label: e.metrics for label, e in result.report.items()}, title=title))
@@ -243,4 +259,17 @@ def _stored_levels(console: Console, config: RunConfig) -> None:
     steps = expert_steps(config.env.build())
     reports = {label: assess(sessions, config.levels, steps_of=steps) for label, sessions in groups.items()}
     console.print(levels_table(reports, title=f"{config.env.name} · capability levels"))
-    typer.echo(orjson.dumps({label: r.as_dict() for label, r in reports.items()}).decode())
+    full = config.run_dir / "levels.json"
+    full.write_bytes(
+        orjson.dumps({label: r.as_dict() for label, r in reports.items()}, option=orjson.OPT_INDENT_2)
+    )
+    console.print(f"each level's evidence: {full}")
+    typer.echo(orjson.dumps({label: _brief(r.as_dict()) for label, r in reports.items()}).decode())
+
+
+def _brief(report: dict[str, object]) -> dict[str, object]:
+    """A level report without each level's evidence (`detail`, kilobytes of it), for the one JSON line."""
+    return {
+        key: {k: v for k, v in value.items() if k != "detail"} if isinstance(value, dict) else value
+        for key, value in report.items()
+    }

@@ -48,11 +48,15 @@ def _fmt(value: object) -> str:
 
 def levels_table(columns: Mapping[str, LevelReport], title: str = "Capability levels") -> Table:
     """One row per level: each column's value against the threshold, and pass, FAIL or `-` (unmeasured)."""
-    table = Table(title=title)
-    table.add_column("level")
+    table = Table(
+        title=title,
+        caption="each cell: the measured value, and pass or FAIL against the threshold (- where unmeasured); "
+        "a column per label of the sessions (their stage, or `all` of them together)",
+    )
+    table.add_column("level", no_wrap=True)
     table.add_column("threshold", justify="right")
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", min_width=len(name))  # a cut name reads like another
     for level in Level:
         results = [report[level] for report in columns.values()]
         threshold = results[0].threshold if results else 0.0

@@ -47,7 +47,7 @@ from sessionrl.rewards.engine import RewardConfig, RewardEngine
 from sessionrl.session.lifecycle import TERMINAL
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
-from sessionrl.train.config import RunConfig, Trainer
+from sessionrl.train.config import EXPORTED, RunConfig
 from sessionrl.train.llm.feed import changed_sessions
 
 CURSOR_KEY = "loop_cursor"
@@ -56,8 +56,6 @@ FEED_TYPES = frozenset({"session_created", "state_changed", "feedback", "session
 """Change types after which a session may need scoring or attribution."""
 WRONG_ANSWER = "wrong_answer"
 """The class of a session judged failed although no tool or plan failure explains it."""
-EXPORTED = {Trainer.SFT: "sft", Trainer.GRPO: "rl", Trainer.DPO: "dpo"}
-"""The label (and `<label>_policy/` folder) of the policy each LLM trainer exports last."""
 
 
 class LoopConfig(BaseModel):

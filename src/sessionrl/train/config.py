@@ -312,6 +312,11 @@ class Trainer(StrEnum):
     AAAC = "aaac"
 
 
+EXPORTED = {Trainer.SFT: "sft", Trainer.GRPO: "rl", Trainer.DPO: "dpo"}
+"""The label of the policy each LLM trainer exports last, to `<label>_policy/` in the run folder: after
+imitation, after GRPO, after DPO."""
+
+
 TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
     Trainer.SFT: frozenset({"sft"}),
     Trainer.GRPO: frozenset({"sft", "rl"}),

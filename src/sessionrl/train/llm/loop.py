@@ -38,7 +38,7 @@ from sessionrl.eval.metrics import AgentMetrics, compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.session.model import Session
-from sessionrl.train.config import RunConfig
+from sessionrl.train.config import EXPORTED, RunConfig
 from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.train.llm.checkpoint import (
     Stage,
@@ -134,16 +134,11 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     return Evaluation(label, metrics, sessions)
 
 
-EXPORTED = ("sft", "rl", "dpo")
-"""Labels of the policies a run exports, each to `<label>_policy/` in the run folder: after imitation, after
-GRPO, after DPO."""
-
-
 def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
     """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
     evaluated on the same tasks under labels `<prefix><label>`; keyed by label."""
     cfg, report = run.config, {}
-    for label in EXPORTED:
+    for label in EXPORTED.values():
         folder = run.folder / f"{label}_policy"
         if folder.is_dir():
             policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
