@@ -1,5 +1,8 @@
 """Reward shaping: rules → discount → judge refinement → weighted layers → versioned reward vectors.
 
+Sparse-feedback tools (reward model, annotation queue, curriculum) live in `sessionrl.rewards.sparse`,
+which imports scikit-learn (the `train` extra); `examples/rewards/late_feedback.py` uses them.
+
 >>> from sessionrl.rewards import RewardEngine
 >>> engine = RewardEngine()
 >>> engine.ruleset.name

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from research.sparse import Curriculum, NotEnoughRatings, Phase, RewardModel, uncertainty_queue
+from sessionrl.rewards.sparse import Curriculum, NotEnoughRatings, Phase, RewardModel, uncertainty_queue
 from sessionrl.rewards.layers import Scheme
 from sessionrl.rewards.terms import human_rating
 from sessionrl.rewards.vector import RewardVector
