@@ -135,6 +135,9 @@ class RecordedReply(Input):
     prompt_token_ids: tuple[int, ...] | None = None
     token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    policy_version: int | None = Field(
+        default=None, ge=0, description="The version of the policy that sampled the reply, when known."
+    )
     error: str | None = Field(default=None, max_length=20_000, description="The call failed, and why.")
 
     @model_validator(mode="after")

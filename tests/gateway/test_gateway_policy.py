@@ -33,6 +33,7 @@ TEXTS = [
 def test_the_local_policy_s_sampled_tokens_are_recorded_and_trained_as_sampled(tmp_path: Path) -> None:
     build_tiny_policy(TEXTS * 20, TINY, tmp_path / "tiny")
     policy = HFPolicy.load(tmp_path / "tiny", SamplingConfig(max_new_tokens=6))
+    policy.version = 3  # as after three updates: the recorded call names the weights that sampled it
     messages: list[Any] = [{"role": "user", "content": "where is O-1?"}]
     with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", backends=[policy])) as root:
         client = OpenAI(base_url=f"{root}/gateway/sessions/tiny-1/v1", api_key=WRITER, max_retries=0)
@@ -44,6 +45,7 @@ def test_the_local_policy_s_sampled_tokens_are_recorded_and_trained_as_sampled(t
         policy.encode_prompt([Message(role="user", content="where is O-1?")])
     )
     assert call.token_ids
+    assert call.policy_version == 3
     assert call.logprobs is not None
     assert len(call.logprobs) == len(call.token_ids)
     assert all(lp <= 0.0 for lp in call.logprobs)

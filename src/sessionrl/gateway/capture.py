@@ -229,6 +229,7 @@ async def record_llm(
             prompt_token_ids=outcome.prompt_token_ids,
             token_ids=outcome.token_ids,
             logprobs=outcome.logprobs,
+            policy_version=outcome.policy_version,
             error=error,
         )
     payload = LLMPayload(

@@ -182,6 +182,7 @@ def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LL
         prompt_token_ids=reply.prompt_token_ids,
         token_ids=reply.token_ids,
         logprobs=reply.logprobs,
+        policy_version=reply.policy_version,
         tokens_used=reply.usage.get("total_tokens"),  # None when the server did not say
         started_at=_before(finished, reply.latency_ms),
         finished_at=finished,
