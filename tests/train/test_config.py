@@ -23,7 +23,9 @@ def test_shipped_examples_validate_and_round_trip(path: Path, tmp_path: Path) ->
         assert path.stem == "cluster"
     else:
         assert path.stem.startswith(config.env.name)
-        trained = path.stem.removeprefix(f"{config.env.name}-").removesuffix("-small")  # or its small twin
+        if path.stem.endswith("-vllm"):  # the engine it samples on: a vLLM server
+            assert config.model.vllm is not None
+        trained = path.stem.removeprefix(f"{config.env.name}-").removesuffix("-vllm").removesuffix("-small")
         model = str(config.model.gguf or config.model.path or "").lower()  # or the pretrained model it runs
         staged = trained == "stages" and config.stages is not None  # or the stages it runs
         assert trained in (config.trainer, config.env.name) or trained in model or staged
