@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sessionrl.rewards.sparse import Curriculum, NotEnoughRatings, Phase, RewardModel, uncertainty_queue
 from sessionrl.rewards.layers import Scheme
+from sessionrl.rewards.sparse import Curriculum, NotEnoughRatings, Phase, RewardModel, uncertainty_queue
 from sessionrl.rewards.terms import human_rating
 from sessionrl.rewards.vector import RewardVector
 from sessionrl.session import Session, fold
