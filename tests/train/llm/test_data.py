@@ -162,7 +162,7 @@ def test_collate_right_pads_and_packed_counts_tokens() -> None:
     assert torch.equal(micro.advantages[1], torch.tensor([0.0, -1.0, -1.0, -1.0]))
     batch = packed(sequences, budget=4)
     assert (batch.tokens, batch.policy_tokens, len(batch.micro)) == (7, 4, 2)
-    assert batch.padding == 0.0
+    assert batch.computed == 7  # packed rows: every computed slot is a token
 
 
 def test_packed_rows_lay_sequences_end_to_end_with_restarting_positions() -> None:

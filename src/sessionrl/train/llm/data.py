@@ -456,13 +456,12 @@ def pack_end_to_end(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """One optimiser step's data: its micro-batches, the tokens of its sequences (`tokens`), those its
-    micro-batches compute (`computed`, fewer where prefixes are shared) and how much of them is padding."""
+    """One optimiser step's data: its micro-batches, the tokens of its sequences (`tokens`) and those its
+    micro-batches compute (`computed`, fewer where prefixes are shared). Packed rows hold no padding."""
 
     micro: tuple[MicroBatch, ...]
     policy_tokens: int
     tokens: int
-    padding: float
     computed: int
 
     def __iter__(self) -> Iterator[MicroBatch]:
@@ -486,7 +485,6 @@ def packed(sequences: Sequence[TokenSequence], budget: int, share_prefixes: bool
         micro=micro,
         policy_tokens=sum(int(m.loss_mask.sum()) for m in micro),
         tokens=sum(lengths),
-        padding=0.0,
         computed=sum(m.input_ids.shape[1] for m in micro),
     )
 

@@ -563,7 +563,6 @@ def _update_record(stats: UpdateStats) -> dict[str, Any]:
         "grad_norm": stats.grad_norm,
         "policy_tokens": stats.policy_tokens,
         "tokens": stats.tokens,
-        "padding": stats.padding,
     }
 
 

@@ -102,7 +102,6 @@ class UpdateStats:
     grad_norm: float
     policy_tokens: int
     tokens: int
-    padding: float
 
 
 class TokenScorer(torch.nn.Module):
@@ -168,10 +167,7 @@ def accumulate(
     loss_sum, *summed = _across_ranks([loss_sum, *(parts[n] for n in names)], device)
     norm = torch.nn.utils.clip_grad_norm_(_params(optimizer), max_grad_norm)
     optimizer.step()
-    padding = batch.padding if world == 1 else float("nan")
-    return UpdateStats(
-        loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens, padding
-    )
+    return UpdateStats(loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens)
 
 
 def _placeholder() -> MicroBatch:
