@@ -95,8 +95,7 @@ def postgres(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with reporting(), LocalPostgres(bin_dir, durable=durable) as server:
-        with open_store(server.url(), create=True):
-            pass  # the store's tables, and the text-search extension, exist before anyone connects
+        open_store(server.url(), create=True).close()  # its tables exist before anyone connects
         out.print(server.url(), soft_wrap=True)
         err.print(f"PostgreSQL is up in {server.folder}; pass the URL above as --db. Ctrl-C stops it.")
         with contextlib.suppress(KeyboardInterrupt):

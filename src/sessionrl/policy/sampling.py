@@ -489,19 +489,19 @@ class TorchEngine:
         self.pad_id = pad_id
         self.stop_ids = stop_ids
         self.store = store if store is not None else KVStore()
-        self._version = version
+        self._policy_version = version
         self._lock = threading.Lock()
 
     @property
     def version(self) -> int:
         """The policy version sampled with now."""
-        return self._version
+        return self._policy_version
 
     def refresh(self, model: Any, version: int) -> None:
         """Sample with `model` as policy `version` from now on; nothing kept from before is reused."""
         with self._lock:
             self.model = model
-            self._version = version
+            self._policy_version = version
             self.store.clear()
 
     def sample(
@@ -525,7 +525,7 @@ class TorchEngine:
             finally:
                 self.model.train(was_training)
             return [
-                Completion(tuple(p), s.token_ids, s.logprobs, self._version)
+                Completion(tuple(p), s.token_ids, s.logprobs, self._policy_version)
                 for p, s in zip(prompts, samples, strict=True)
             ]
 

@@ -132,7 +132,7 @@ class VLLMEngine:
             headers=headers,
             transport=transport,
         )
-        self._version = version
+        self._policy_version = version
         self._served = settings.model
         self._pending: tuple[Any, int] | None = None
         self.retried = 0
@@ -143,7 +143,7 @@ class VLLMEngine:
     @property
     def version(self) -> int:
         """The policy version of the weights the next batch samples with."""
-        return self._pending[1] if self._pending is not None else self._version
+        return self._pending[1] if self._pending is not None else self._policy_version
 
     @property
     def served(self) -> str:
@@ -163,7 +163,7 @@ class VLLMEngine:
         bodies = [self.request(p, sampling, seed) for p, seed in zip(prompts, seeds, strict=True)]
         with ThreadPoolExecutor(max_workers=min(self.settings.concurrency, len(prompts))) as pool:
             answers = list(pool.map(lambda body: self.post("/v1/completions", body), bodies))
-        return [completion_of(a, p, self._version) for a, p in zip(answers, prompts, strict=True)]
+        return [completion_of(a, p, self._policy_version) for a, p in zip(answers, prompts, strict=True)]
 
     def request(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int) -> dict[str, Any]:
         """The ``/v1/completions`` body continuing `prompt`."""
@@ -197,12 +197,12 @@ class VLLMEngine:
             self._served = name
             if previous not in (self.settings.model, name):
                 self.post("/v1/unload_lora_adapter", {"lora_name": previous})
-        elif version != self._version:
+        elif version != self._policy_version:
             raise PolicyError(
                 f"cannot serve version {version} of a model without LoRA adapters from vLLM: new full "
                 "weights need the server restarted on the exported checkpoint (or train with model.lora)"
             )
-        self._version, self._pending = version, None
+        self._policy_version, self._pending = version, None
         self.refresh_seconds.append(time.perf_counter() - started)
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
