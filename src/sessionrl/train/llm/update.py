@@ -152,7 +152,7 @@ def accumulate(
     total = max(policy_tokens, 1)
     work = [(micro, micro.policy_tokens / total) for micro in batch if micro.policy_tokens > 0]
     if not work and ddp is not None:
-        work = [(_placeholder(), 0.0)]  # joins the gradient all-reduce with zeros; names the diagnostics
+        work = [(_empty_shard_batch(), 0.0)]  # joins the all-reduce with zeros; names the diagnostics
     loss_sum = 0.0
     parts: dict[str, float] = {}
     for i, (micro, share) in enumerate(work):
@@ -170,7 +170,7 @@ def accumulate(
     return UpdateStats(loss_sum, dict(zip(names, summed, strict=True)), float(norm), policy_tokens, tokens)
 
 
-def _placeholder() -> MicroBatch:
+def _empty_shard_batch() -> MicroBatch:
     """A two-token micro-batch with one policy token, for a rank with nothing of its own to train on."""
     return concatenate([TokenSequence((0, 0), (False, True), (0.0, 0.0), (0.0, 0.0))])
 
