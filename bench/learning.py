@@ -8,11 +8,13 @@ paired trial, so the pooled exact McNemar test counts the discordant pairs of al
 Nothing here is tuned on the test tasks: the demo's recipe is fixed before this runs, and the test tasks
 are only evaluated on.
 
-`--jobs N` runs N seeds at once, each in its own process with one torch thread (on a crowded machine one
-thread per process runs faster than two threads sharing one process). `--rows FILE` appends each seed's
-JSON row to FILE as soon as the seed ends, so a bench that is stopped early keeps the seeds it finished;
-run again with the same FILE, it reads the seeds found there (same iterations and evaluation tasks) instead
-of running them again.
+`--threads N` sets torch's intra-op threads for every seed (default 1). A change of thread count reorders
+float sums as a change of machine does, so the gain should hold at `--threads 1` and `--threads 2` alike.
+`--jobs N` runs N seeds at once, each in its own process with `--threads` threads.
+
+`--rows FILE` appends each seed's JSON row to FILE as soon as the seed ends, so a bench that is stopped
+early keeps the seeds it finished; run again with the same FILE, it reads the seeds found there (same
+iterations, evaluation tasks and threads) instead of running them again.
 
 Last line: one JSON object with `seeds`, `rl_wins` (seeds where RL success >= imitation success),
 `mean_gain`, `pooled_p`, and the per-seed rows.
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import torch
 from rich.console import Console
 
 from sessionrl.eval.significance import mcnemar_p
@@ -49,12 +52,10 @@ def one_seed(seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet
 
 
 def one_seed_alone(
-    seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet: bool
+    seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet: bool, threads: int
 ) -> dict[str, Any]:
-    """`one_seed` in a worker process of its own, on one torch thread."""
-    import torch
-
-    torch.set_num_threads(1)
+    """`one_seed` in a worker process of its own, on `threads` torch threads."""
+    torch.set_num_threads(threads)
     return one_seed(seed, folder, rl_iterations, eval_tasks, quiet)
 
 
@@ -82,6 +83,7 @@ def finished(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
         if r["seed"] in args.seeds
         and r["rl_iterations"] == args.rl_iterations
         and r["n_eval"] == args.eval_tasks
+        and r.get("threads") == args.threads
     }
 
 
@@ -89,11 +91,12 @@ def seed_rows(args: argparse.Namespace, seeds: list[int]) -> Iterator[dict[str, 
     """Each seed's demo summary as it ends: in this process one after another, or `args.jobs` at once."""
     run = (args.out, args.rl_iterations, args.eval_tasks, not args.verbose)
     if args.jobs <= 1:
+        torch.set_num_threads(args.threads)
         for seed in seeds:
             yield one_seed(seed, *run)
         return
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(one_seed_alone, seed, *run) for seed in seeds]
+        futures = [pool.submit(one_seed_alone, seed, *run, args.threads) for seed in seeds]
         for future in as_completed(futures):
             yield future.result()
 
@@ -105,7 +108,8 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks per policy")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-learning"), help="run folders")
     parser.add_argument("--verbose", action="store_true", help="show each demo's own output on stderr")
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process and thread each")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per seed (intra-op)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process each")
     parser.add_argument("--rows", type=Path, help="append each seed's JSON row here as it ends")
     args = parser.parse_args()
 
@@ -114,6 +118,7 @@ def main() -> None:
     rows = list(done.values())
     print(table(rows) if rows else HEADER, flush=True)
     for row in seed_rows(args, [seed for seed in args.seeds if seed not in done]):
+        row["threads"] = args.threads
         rows.append(row)
         print(table(rows).splitlines()[-1], flush=True)
         if args.rows is not None:
@@ -136,6 +141,7 @@ def main() -> None:
         "pooled_p": round(pooled, 6),
         "rl_iterations": args.rl_iterations,
         "eval_tasks": args.eval_tasks,
+        "threads": args.threads,
         "rows": [{k: r[k] for k in keep} for r in rows],
     }
     print(orjson.dumps(summary).decode())
