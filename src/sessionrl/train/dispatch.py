@@ -10,8 +10,9 @@ A config with `stages:` runs the grpo loop stage by stage (`sessionrl.train.llm.
 `[imitation, rl, reflection]` adds reflection as stage 3) and reports each stage; it resumes from the
 loop's last checkpoint, and runs reflection again from the RL policy.
 
-Each writes under `config.run_dir` (config.yaml, metrics.jsonl, the exported policies) and ends with an
-evaluation of what it exported. Only the LLM loop (`sft`, `grpo`) keeps checkpoints, so only it resumes.
+Each writes under `config.run_dir` (config.yaml, metrics.jsonl, the exported policies, and status.json:
+running, finished, paused or failed, see `sessionrl.train.status`) and ends with an evaluation of what it
+exported. Only the LLM loop (`sft`, `grpo`) keeps checkpoints, so only it resumes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sessionrl.train.config import RunConfig, Trainer
 from sessionrl.train.llm.loop import TrainResult, train, train_sft
 from sessionrl.train.llm.preferences import train_dpo
 from sessionrl.train.llm.reflection import StagesResult, train_stages
+from sessionrl.train.status import recording
 from sessionrl.train.structured.run import StructuredResult, train_structured
 
 RESUMABLE = frozenset({Trainer.SFT, Trainer.GRPO})
@@ -37,6 +39,14 @@ def run_trainer(
         raise ValueError(
             f"trainer {config.trainer} keeps no checkpoint to resume; only sft and grpo runs resume"
         )
+    with recording(config.run_dir) as outcome:
+        result = _run(config, resume, console)
+        trained = result.train if isinstance(result, StagesResult) else result
+        outcome["stage"] = str(trained.stage) if isinstance(trained, TrainResult) else None
+    return result
+
+
+def _run(config: RunConfig, resume: bool, console: Console) -> TrainResult | StructuredResult | StagesResult:
     if config.stages is not None:
         return train_stages(config, resume=resume, console=console)
     match config.trainer:
