@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessionrl.envs.base import DecisionEnv, ExpertStep, Split, Task
+from sessionrl.envs.base import DecisionEnv, ExpertStep, Split, Task, error_kinds
 from sessionrl.policy.llm import final_action, tool_action
 from sessionrl.policy.references import Context, abstract
 from sessionrl.reflection import reflect
@@ -113,7 +113,7 @@ def failing_step(
 ) -> FailingStep | None:
     """The failing step of `session` (see the module doc); None when it did not fail."""
     plan = env.expert(task)
-    reflection = reflect(session, plan)
+    reflection = reflect(session, plan, error_kinds(env))
     if reflection is None:
         return None
     calls = list(session.tool_calls)

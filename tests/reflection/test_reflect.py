@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sessionrl.envs.base import ExpertPlan, Split, Task
+from sessionrl.envs.base import ErrorKind, ExpertPlan, Split, Task, error_kinds
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import DomainConfig, IssueType, OrdersEnv, Ticket
 from sessionrl.episodes import EpisodeSpec, ScriptedAgent, run_episodes
@@ -94,7 +94,7 @@ def test_spoiled_plans_are_reflected_with_their_root_cause(
 ) -> None:
     task = task_of(issue)
     failed = run(task, spoil)
-    reflection = reflect(failed, ENV.expert(task))
+    reflection = reflect(failed, ENV.expert(task), error_kinds(ENV))
     assert reflection is not None
     assert reflection.root_cause is cause, reflection
     assert reflection.plan
@@ -116,7 +116,31 @@ def test_a_solved_session_needs_no_reflection_and_the_generic_extractor_still_na
 def test_a_call_that_kept_failing_is_an_ignored_error() -> None:
     task = task_of(IssueType.STOCK_INQUIRY)
     failed = run(task, lambda plan: plan, Faults(tool_error=1.0))
-    reflection = reflect(failed, ENV.expert(task))
+    reflection = reflect(failed, ENV.expert(task), error_kinds(ENV))
     assert reflection is not None
     assert reflection.root_cause is RootCause.IGNORED_ERROR
     assert reflection.call_id == failed.tool_calls[0].call_id  # the first failure never made good
+
+
+def test_what_an_error_code_means_comes_from_the_environment() -> None:
+    """The refund before the stock check fails with PRECONDITION_FAILED: the orders env says that is a
+    call out of order; without the env's word the extractor knows only that an error was left unfixed."""
+    task = task_of(IssueType.DAMAGED_ITEM)
+    failed = run(task, drop("inventory_check"))
+    code = next(c.error_code for c in failed.tool_calls if c.error_code is not None)
+    assert (code, ENV.error_kinds[code]) == ("PRECONDITION_FAILED", ErrorKind.PRECONDITION)
+    with_env = reflect(failed, ENV.expert(task), error_kinds(ENV))
+    without = reflect(failed, ENV.expert(task))
+    assert with_env is not None
+    assert without is not None
+    assert (with_env.root_cause, without.root_cause) == (RootCause.WRONG_ORDER, RootCause.IGNORED_ERROR)
+    # a code the env names a parameter error is one, whatever its name
+    as_parameter = reflect(failed, ENV.expert(task), {"PRECONDITION_FAILED": ErrorKind.PARAMETER})
+    assert as_parameter is not None
+    assert as_parameter.root_cause is RootCause.BAD_PARAMETER
+
+
+def test_every_code_the_orders_env_classifies_is_one_its_contracts_declare() -> None:
+    declared = {code for contract in ENV.contracts() for code in contract.errors}
+    assert set(ENV.error_kinds) <= declared
+    assert error_kinds(object()) == {}

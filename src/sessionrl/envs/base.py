@@ -175,6 +175,31 @@ class DecisionEnv(Protocol):
         ...
 
 
+class ErrorKind(StrEnum):
+    """What a skill's error code says about the call that got it, for programs that reason about failures
+    (the reflection extractor). An environment declares its codes' kinds with `ClassifiesErrors`."""
+
+    PRECONDITION = "precondition"
+    """The call came before what it needs (a refund before the stock check, an unverified address change)."""
+    PARAMETER = "parameter"
+    """A value the call passed was wrong (an amount over what is left to refund, a package too small)."""
+
+
+@runtime_checkable
+class ClassifiesErrors(Protocol):
+    """An environment that says what its skills' error codes mean; a code it does not name has no kind."""
+
+    @property
+    def error_kinds(self) -> Mapping[str, ErrorKind]:
+        """The kind of each error code the domain's skills raise, by code."""
+        ...
+
+
+def error_kinds(env: object) -> Mapping[str, ErrorKind]:
+    """`env`'s error kinds (see `ClassifiesErrors`), or none when it declares none."""
+    return env.error_kinds if isinstance(env, ClassifiesErrors) else {}
+
+
 @runtime_checkable
 class NamesEntities(Protocol):
     """An environment that says which entities a correct solution of a task must use (for ER@5)."""

@@ -2,7 +2,10 @@
 reflection record out. Rules, first match wins:
 
 1. a call failed and no later call of that tool succeeded: `wrong_order` when its error says a
-   precondition was unmet, `bad_parameter` when it says a value was wrong, else `ignored_error`;
+   precondition was unmet, `bad_parameter` when it says a value was wrong, else `ignored_error`. What an
+   error code says comes from the environment (`kinds`: `sessionrl.envs.base.error_kinds(env)`), beside
+   the engine's own codes (`UNMET_DEPENDENCIES`) and the codes of a misread request
+   (`sessionrl.eval.levels.misread`);
 2. with the expert's plan, the first expert step no successful call matched: `bad_parameter` when its
    tool was called with other values, `wrong_order` when it was called before its dependencies, else
    `missing_step`;
@@ -22,31 +25,30 @@ from typing import Any, Final
 
 import orjson
 
-from sessionrl.envs.base import EXTRA_CALLS, RISKY, ExpertPlan, ExpertStep
+from sessionrl.envs.base import EXTRA_CALLS, RISKY, ErrorKind, ExpertPlan, ExpertStep
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.levels import misread
 from sessionrl.reflection.record import Reflection, RootCause
 from sessionrl.session import CallStatus, FeedbackType, Session, ToolCall
+from sessionrl.wire import Refusal
 
-ORDER_CODES: Final = frozenset(
-    {"PRECONDITION_FAILED", "NOT_VERIFIED", "NOTHING_TO_SYNC", "DEPENDENCY_UNMET", "UNMET_DEPENDENCIES"}
-)
-"""Error codes that say a call came before what it needs."""
-PARAMETER_CODES: Final = frozenset(
-    {"AMOUNT_EXCEEDS_ORDER", "PACKAGE_TOO_SMALL", "INVALID_TIMESTAMP", "MISSING_VARIABLE", "SCHEMA_VIOLATION"}
-)
-"""Error codes that say a value was wrong (besides `sessionrl.eval.levels.misread` codes)."""
+ENGINE_KINDS: Final[Mapping[str, ErrorKind]] = {Refusal.UNMET_DEPENDENCIES: ErrorKind.PRECONDITION}
+"""The kinds of the engine's own error codes, whatever the environment."""
 
 
-def reflect(session: Session, expert: ExpertPlan | None = None) -> Reflection | None:
-    """The reflection on a failed `session` (None when it did not fail); see the module doc."""
+def reflect(
+    session: Session, expert: ExpertPlan | None = None, kinds: Mapping[str, ErrorKind] | None = None
+) -> Reflection | None:
+    """The reflection on a failed `session` (None when it did not fail); see the module doc. `kinds` says
+    what the environment's error codes mean (`sessionrl.envs.base.error_kinds(env)`)."""
     if task_success(session) is not False:
         return None
     checks, findings = _verdict(session)
     steps = {step.tool: step for step in expert.steps} if expert is not None else {}
     failed = _unresolved(session.tool_calls)
     if failed is not None:
-        return _failed_call(session, failed, steps.get(failed.tool), expert)
+        kind = {**ENGINE_KINDS, **(kinds or {})}.get(failed.error_code or "")
+        return _failed_call(session, failed, kind, steps.get(failed.tool), expert)
     if expert is not None:
         found = _unmatched_step(session, expert)
         if found is not None:
@@ -93,16 +95,21 @@ def _unresolved(calls: Sequence[ToolCall]) -> ToolCall | None:
 
 
 def _failed_call(
-    session: Session, call: ToolCall, step: ExpertStep | None, expert: ExpertPlan | None
+    session: Session,
+    call: ToolCall,
+    kind: ErrorKind | None,
+    step: ExpertStep | None,
+    expert: ExpertPlan | None,
 ) -> Reflection:
+    """The reflection on `call`, which failed for good; `kind` is what its error code says."""
     code = call.error_code or call.status.value
     sid = session.session_id
-    if code in ORDER_CODES:
+    if kind is ErrorKind.PRECONDITION:
         needs = _before(step, expert)
         hypothesis = f"Calling {', '.join(needs) or 'its prerequisites'} before {call.tool} lets it succeed."
         plan = (*(f"call {tool} first" for tool in needs), _call_text(call.tool, step, call))
         return Reflection(sid, RootCause.WRONG_ORDER, hypothesis, plan, "pattern", call.call_id)
-    if misread(code) or code in PARAMETER_CODES:
+    if kind is ErrorKind.PARAMETER or misread(code):
         hypothesis = f"Calling {call.tool} with the values the request and earlier results give fixes {code}."
         plan = (_call_text(call.tool, step, call),)
         return Reflection(sid, RootCause.BAD_PARAMETER, hypothesis, plan, "pattern", call.call_id)
@@ -179,4 +186,4 @@ def _in_order(expert: ExpertPlan | None) -> tuple[str, ...]:
     return tuple(_call_text(step.tool, step, None) for step in expert.steps)
 
 
-__all__ = ["ORDER_CODES", "PARAMETER_CODES", "reflect"]
+__all__ = ["ENGINE_KINDS", "reflect"]

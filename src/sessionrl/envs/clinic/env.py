@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.envs.base import ExpertPlan, Outcome, Task
+from sessionrl.envs.base import ErrorKind, ExpertPlan, Outcome, Task
 from sessionrl.envs.clinic import structured
 from sessionrl.envs.clinic.case import Case
 from sessionrl.envs.clinic.expert import expert_plan
@@ -41,6 +41,8 @@ class ClinicEnv(SimulatedEnv):
 
     name = "clinic"
     feature_names = structured.FEATURES
+    error_kinds: Mapping[str, ErrorKind] = {"PRECONDITION_FAILED": ErrorKind.PRECONDITION}
+    """A test or the diagnosis before the blood count is parsed (`sessionrl.envs.base.ClassifiesErrors`)."""
 
     def __init__(self, config: DomainConfig | None = None) -> None:
         super().__init__(config, contracts_dir=CONTRACTS_DIR, generate=generate)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.envs.base import ExpertPlan, Outcome, Split, Task
+from sessionrl.envs.base import ErrorKind, ExpertPlan, Outcome, Split, Task
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import structured
 from sessionrl.envs.orders.expert import expert_plan
@@ -20,7 +20,7 @@ from sessionrl.envs.orders.followups import Conversation, conversations
 from sessionrl.envs.orders.judge import judge
 from sessionrl.envs.orders.tasks import generate
 from sessionrl.envs.orders.ticket import LATE_COMPENSATION, Ticket
-from sessionrl.envs.orders.tools import TOOLS, World
+from sessionrl.envs.orders.tools import ERROR_KINDS, TOOLS, World
 from sessionrl.envs.simulated import DomainConfig, SimulatedEnv, SimulatedEpisode
 from sessionrl.skills import Skill, SkillContract
 
@@ -54,6 +54,8 @@ class OrdersEnv(SimulatedEnv):
 
     name = "orders"
     feature_names = structured.FEATURES
+    error_kinds: Mapping[str, ErrorKind] = ERROR_KINDS
+    """What its skills' error codes say about a call (`sessionrl.envs.base.ClassifiesErrors`)."""
 
     def __init__(self, config: DomainConfig | None = None, *, shared_skills: Sequence[Skill] = ()) -> None:
         super().__init__(config, contracts_dir=CONTRACTS_DIR, generate=generate)

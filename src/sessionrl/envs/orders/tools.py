@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import orjson
 
+from sessionrl.envs.base import ErrorKind
 from sessionrl.envs.orders.ticket import (
     SIZES,
     TEMPLATE_VARIABLES,
@@ -270,3 +271,14 @@ TOOLS: Final[dict[str, Callable[..., Json]]] = {
     )
 }
 """Every tool by its contract name."""
+
+ERROR_KINDS: Final[Mapping[str, ErrorKind]] = {
+    "PRECONDITION_FAILED": ErrorKind.PRECONDITION,  # a refund before the item's stock check
+    "NOT_VERIFIED": ErrorKind.PRECONDITION,  # an address change before the verify_code text
+    "NOTHING_TO_SYNC": ErrorKind.PRECONDITION,  # an ERP booking before the document it books
+    "AMOUNT_EXCEEDS_ORDER": ErrorKind.PARAMETER,
+    "PACKAGE_TOO_SMALL": ErrorKind.PARAMETER,
+    "INVALID_TIMESTAMP": ErrorKind.PARAMETER,
+    "MISSING_VARIABLE": ErrorKind.PARAMETER,
+}
+"""What the tools' own error codes say about the call (`OrdersEnv.error_kinds`)."""

@@ -40,7 +40,7 @@ from typing import Any
 from rich.console import Console
 from torch import Tensor
 
-from sessionrl.envs.base import Split, Task, stream_seed
+from sessionrl.envs.base import Split, Task, error_kinds, stream_seed
 from sessionrl.envs.faults import Faults
 from sessionrl.episodes import EpisodeSpec, expert, progress, run_episodes
 from sessionrl.episodes.llm import PolicyAgent
@@ -118,7 +118,7 @@ def reflect_on(run: Run, sessions: Sequence[Session]) -> list[tuple[Session, Ref
     out = []
     for session in sessions:
         task = tasks[str(session.metadata["task_id"])]
-        reflection = reflect(session, run.env.expert(task))
+        reflection = reflect(session, run.env.expert(task), error_kinds(run.env))
         if reflection is not None:
             kept(run, session, reflection)
             out.append((session, reflection))
