@@ -28,7 +28,6 @@ LAYERS = (
     "gateway",
     "episodes",
     "eval",
-    "memory",
     "reflection",
     "train",
     "cluster",

@@ -48,7 +48,7 @@ class OrdersEnv(SimulatedEnv):
     """Seeded fulfilment tickets over eight simulated skills (see `DomainConfig`).
 
     `shared_skills` are offered by every episode beside the eight, one instance for all of them: long-term
-    memory (`sessionrl.memory.memory_skills(store)`) outlives a conversation. `conversations` gives
+    memory (`bench/research/memory`, `memory_skills(store)`) outlives a conversation. `conversations` gives
     two-turn tasks whose follow-up needs what the first turn said.
     """
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from research.memory import MEMORY_SKILLS, MemoryStore, memory_skills
+from research.memory.agent import RecallingAgent, run_conversations
+from research.memory.reward import memory_recall
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.envs.orders.followups import Conversation, customer
 from sessionrl.eval.levels import Level, assess
 from sessionrl.eval.metrics import compute
-from sessionrl.memory import MEMORY_SKILLS, MemoryStore, memory_skills
-from sessionrl.memory.agent import RecallingAgent, run_conversations
-from sessionrl.memory.reward import memory_recall
 from sessionrl.rewards import check_reward_term
 from sessionrl.rewards.checker import default_context
 from sessionrl.store import SessionStore

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.memory.store import MemoryStore
+from research.memory.store import MemoryStore
 from sessionrl.skills import Skill, SkillContract, callable_skill, load_contracts
 
 CONTRACTS_DIR: Final = Path(__file__).parent / "contracts"

@@ -6,17 +6,17 @@ first tool call that passes it earns `1/n`, times the freshness of the memory it
 `memory_search` hit naming it, weighted `0.5 ** (age / HALF_LIFE_S)`; 1 when no search named it, since
 then the session recalled it from its own context). A session with nothing to remember earns 0.
 
-Give it to `RewardEngine(terms=[memory_recall])`, or name `sessionrl.memory.reward:memory_recall` in a
-rule file.
+Give it to `RewardEngine(terms=[memory_recall])`, or name `research.memory.reward:memory_recall` in a rule
+file (with bench/ on the import path).
 """
 
 from __future__ import annotations
 
 import json
 
+from research.memory.skills import MEMORY_SKILLS
+from research.memory.store import HALF_LIFE_S, freshness
 from sessionrl.eval.levels import remembered
-from sessionrl.memory.skills import MEMORY_SKILLS
-from sessionrl.memory.store import HALF_LIFE_S, freshness
 from sessionrl.rewards import ScoringContext, TermResult
 from sessionrl.session import CallStatus, Session
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionrl.memory import EncoderMismatch, MemoryStore, freshness, memory_skills
+from research.memory import EncoderMismatch, MemoryStore, freshness, memory_skills
 from sessionrl.policy.encoder import minilm_path
 from sessionrl.skills import SkillExecutor, check_skill
 
