@@ -23,9 +23,7 @@ from sessionrl.session import (
     SessionCreate,
 )
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.dialect import STORE_SCHEMA
 from sessionrl.store.documents import SHARDS, write_session
-from sessionrl.store.postgres import LAYOUT
 from sessionrl.store.projector import replace_rows
 
 SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seed-examples" / "anemia-session.json"
@@ -116,9 +114,9 @@ def make_old(store: SessionStore, raw: RawDB, backend: str) -> None:
     raw.run(OLD_LLM_CALLS)
     raw.run("INSERT INTO llm_calls VALUES ('one', 'l1', 'chat', NULL, 0, NULL, 'x', 'x')")
     if backend == "sqlite":
-        raw.run(f"PRAGMA user_version={STORE_SCHEMA - 1}")
+        raw.run("PRAGMA user_version=3")  # before feedback per source (SQLite layout 4)
     else:
-        raw.run("UPDATE store_meta SET value = ? WHERE key = 'layout'", LAYOUT - 1)
+        raw.run("UPDATE store_meta SET value = ? WHERE key = 'layout'", 2)  # before PostgreSQL layout 3
 
 
 def fill(store: SessionStore) -> Session:

@@ -63,6 +63,9 @@ class Backend(Protocol):
     text_index: str
     """The name the feedback text index is reported under when it drifts."""
 
+    reward_total: str
+    """SQL reading a `rewards` row's session reward from its `vector` column, in this engine's spelling."""
+
     def atomic(self) -> AbstractContextManager[Connection]:
         """One write transaction: committed durably when the block ends, rolled back if it raises."""
         ...
@@ -85,6 +88,11 @@ class Backend(Protocol):
     ) -> tuple[list[str], list[Any]]:
         """Conditions on `feedback` rows of this type whose comment contains `needle` (ASCII case
         ignored; either may be None), and their parameters, spelled for this engine."""
+        ...
+
+    def text_conditions(self, needle: str) -> tuple[str, list[Any]]:
+        """A condition on `session_text` rows whose text contains `needle` (case ignored), and its
+        parameters, spelled for this engine (through its text index where the needle is long enough)."""
         ...
 
     def text_index_problem(self) -> str | None:

@@ -32,16 +32,22 @@ from typing import Any
 from sessionrl.errors import InvalidQuery, InvalidStoreURL
 from sessionrl.store.glossary import DROP_VIEWS, view_ddl
 
-STORE_SCHEMA = 4
+STORE_SCHEMA = 5
 """Layout version of the store's own tables, kept in `PRAGMA user_version` (2 added the text index, 3 the
-operations tables, 4 feedback per source and `llm_calls.status`/`error`: see `sessionrl.store.migrations`)."""
+operations tables, 4 feedback per source and `llm_calls.status`/`error`, 5 the session list's tables
+`session_facts`, `session_errors` and `session_text` with its index: see `sessionrl.store.migrations`)."""
 
 REFOLD = "migration:refold"
 """The `cursors` row a layout change leaves when sessions must be folded again from their logs and their
 query rows written again (`sessionrl.store.migrations` does it, and removes the row)."""
 
+REPROJECT = "migration:reproject"
+"""The `cursors` row a layout change leaves when every session's query rows must be written again from
+its stored view (a new query table, such as layout 5's session list tables)."""
+
 MARK_REFOLD = "INSERT INTO cursors (name, position) VALUES (?, 0) ON CONFLICT (name) DO NOTHING"
-"""Leave the `REFOLD` row (with `(REFOLD,)`): a store made before layout 4 is migrated when next opened."""
+"""Leave the `REFOLD` (or `REPROJECT`) row, passing its name: a store made before the layout that needs it
+is migrated when next opened."""
 
 HOT_DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -187,6 +193,46 @@ END;
 text index `feedback_text` refers to rows by it; its triggers and `rebuild_text_index` are its only writers.
 """
 
+SUMMARY_DDL = """
+CREATE TABLE IF NOT EXISTS session_facts (
+    session_id TEXT PRIMARY KEY,
+    outcome INTEGER,
+    failed_calls INTEGER NOT NULL,
+    duration_ms REAL,
+    policy_version INTEGER,
+    stage TEXT
+);
+CREATE INDEX IF NOT EXISTS session_facts_outcome ON session_facts (outcome, session_id);
+CREATE INDEX IF NOT EXISTS session_facts_stage ON session_facts (stage, session_id);
+CREATE TABLE IF NOT EXISTS session_errors (
+    session_id TEXT NOT NULL,
+    code TEXT NOT NULL,
+    PRIMARY KEY (session_id, code)
+);
+CREATE INDEX IF NOT EXISTS session_errors_code ON session_errors (code, session_id);
+CREATE TABLE IF NOT EXISTS session_text (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL UNIQUE,
+    body TEXT NOT NULL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS session_text_index USING fts5 (
+    body, content = 'session_text', content_rowid = 'id', tokenize = 'trigram'
+);
+CREATE TRIGGER IF NOT EXISTS session_text_insert AFTER INSERT ON session_text BEGIN
+    INSERT INTO session_text_index (rowid, body) VALUES (new.id, new.body);
+END;
+CREATE TRIGGER IF NOT EXISTS session_text_delete AFTER DELETE ON session_text BEGIN
+    INSERT INTO session_text_index (session_text_index, rowid, body) VALUES ('delete', old.id, old.body);
+END;
+CREATE TRIGGER IF NOT EXISTS session_text_update AFTER UPDATE OF id, body ON session_text BEGIN
+    INSERT INTO session_text_index (session_text_index, rowid, body) VALUES ('delete', old.id, old.body);
+    INSERT INTO session_text_index (rowid, body) VALUES (new.id, new.body);
+END;
+"""
+"""The session list's query tables (`sessionrl.store.summary`), filled by the projector like the others.
+`session_text_index` is a trigram FTS5 index over `session_text.body`, kept in step by triggers as
+`feedback_text` is over the comments: the free-text search of the list (`SessionQuery.text`)."""
+
 OPS_DDL = """
 CREATE TABLE IF NOT EXISTS policy_versions (
     policy TEXT NOT NULL,
@@ -222,6 +268,12 @@ TEXT_INDEX = "feedback_text"
 
 TRIGRAM = 3
 """Shortest needle the trigram index can look up; shorter ones are found by scanning."""
+
+SESSION_TEXT_INDEX = "session_text_index"
+"""The trigram full-text index over `session_text.body` (a session's searchable text)."""
+
+REWARD_TOTAL = "json_extract(vector, '$.session_reward')"
+"""A `rewards` row's session reward, read from its vector (PostgreSQL spells it with its JSON operators)."""
 
 _FEEDBACK_V1_COLUMNS = (
     "session_id, position, feedback_id, type, score, comment, annotator, anchor_call_id,"
@@ -391,6 +443,7 @@ class SQLiteBackend:
     """
 
     text_index = TEXT_INDEX
+    reward_total = REWARD_TOTAL
 
     def __init__(self, location: Location, url: str = "") -> None:
         self.location = location
@@ -426,10 +479,12 @@ class SQLiteBackend:
                 _migrate_v1(conn)
             if 1 <= found < 4:  # llm_calls gained status and error; it is filled again by the refold
                 conn.execute("DROP TABLE llm_calls")
-            for statement in _statements(HOT_DDL + QUERY_DDL + OPS_DDL):
+            for statement in _statements(HOT_DDL + QUERY_DDL + SUMMARY_DDL + OPS_DDL):
                 conn.execute(statement)
             if 1 <= found < 4:
                 conn.execute(MARK_REFOLD, (REFOLD,))
+            if 1 <= found < 5:  # the session list's tables are filled from every session's view
+                conn.execute(MARK_REFOLD, (REPROJECT,))
             for statement in view_ddl("LIKE"):  # the glossary's views, as this version spells them
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={STORE_SCHEMA}")
@@ -473,7 +528,8 @@ class SQLiteBackend:
         check_read_only_text(sql)
         with self.reader_lock:
             conn = self.reader
-            conn.execute(f"SELECT rowid FROM {TEXT_INDEX} LIMIT 0").fetchall()
+            for index in (TEXT_INDEX, SESSION_TEXT_INDEX):
+                conn.execute(f"SELECT rowid FROM {index} LIMIT 0").fetchall()
             conn.set_authorizer(_read_only)
             try:
                 cursor = conn.execute(sql, params)
@@ -504,6 +560,14 @@ class SQLiteBackend:
             conds.append(condition)
             params.extend(values)
         return conds, params
+
+    def text_conditions(self, needle: str) -> tuple[str, list[Any]]:
+        """A condition on `session_text` rows whose text contains `needle` (case ignored), and its values:
+        the trigram index for three characters or more, a scan for shorter needles."""
+        if len(needle) < TRIGRAM:
+            return CONTAINS.format(column="body"), [contains_pattern(needle)]
+        index = SESSION_TEXT_INDEX
+        return f"id IN (SELECT rowid FROM {index} WHERE {index} MATCH ?)", [match_phrase(needle)]
 
     def text_index_problem(self) -> str | None:
         """Why the text index disagrees with the feedback comments, or None (see `text_index_problem`)."""

@@ -12,6 +12,10 @@ anything: in one write transaction that holds every session it rewrites (and the
   `llm_calls` table was made again with `status` and `error` columns;
 - removes the row. A second process opening the same store meanwhile waits, then finds nothing to do.
 
+A layout that adds a query table (SQLite layout 5 / PostgreSQL layout 4: the session list's
+`session_facts`, `session_errors` and `session_text`) leaves the row `dialect.REPROJECT` instead, or as
+well: then the query rows of every session not folded again are written again from its stored view.
+
 A session whose log cannot be replayed (a gap, an event that no longer applies) keeps its view; it is
 counted, logged, and reported by the consistency checker as before.
 """
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 
 from sessionrl.store.backend import PROJECTOR_KEY, Backend, Connection, session_key
 from sessionrl.store.consistency import rebuild
-from sessionrl.store.dialect import REFOLD
+from sessionrl.store.dialect import REFOLD, REPROJECT
 from sessionrl.store.documents import chunks, read_documents
 from sessionrl.store.projector import replace_rows
 
@@ -41,8 +45,13 @@ class MigrationReport:
 
 
 def pending(conn: Connection) -> bool:
-    """Whether a layout change left sessions to fold again."""
-    return conn.execute("SELECT 1 FROM cursors WHERE name = ?", (REFOLD,)).fetchone() is not None
+    """Whether a layout change left sessions to fold again or to project again."""
+    return bool(_marks(conn))
+
+
+def _marks(conn: Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM cursors WHERE name IN (?, ?)", (REFOLD, REPROJECT)).fetchall()
+    return {str(r[0]) for r in rows}
 
 
 def finish_pending(db: Backend, chunk: int = 500) -> MigrationReport:
@@ -50,23 +59,26 @@ def finish_pending(db: Backend, chunk: int = 500) -> MigrationReport:
     with db.snapshot() as conn:
         if not pending(conn):
             return MigrationReport()
-        several = _several_feedback(conn)
+        several = _several_feedback(conn) if REFOLD in _marks(conn) else []
     with db.atomic() as conn:
         db.serialise(conn, [PROJECTOR_KEY, *map(session_key, several)])
-        if not pending(conn):  # another process finished it while this one waited
+        marks = _marks(conn)
+        if not marks:  # another process finished it while this one waited
             return MigrationReport()
-        late = sorted(set(_several_feedback(conn)) - set(several))  # a writer added them meanwhile
-        db.serialise(conn, [session_key(sid) for sid in late])
-        several += late
+        if REFOLD in marks:
+            late = sorted(set(_several_feedback(conn)) - set(several))  # a writer added them meanwhile
+            db.serialise(conn, [session_key(sid) for sid in late])
+            several += late
         done: list[str] = []
         for part in chunks(several, chunk):
             done += rebuild(conn, part)
         refold = set(several)
-        others = [sid for sid in _with_llm_calls(conn) if sid not in refold]
+        again = _all_sessions(conn) if REPROJECT in marks else _with_llm_calls(conn)
+        others = [sid for sid in again if sid not in refold]
         for part in chunks(others, chunk):
             docs = read_documents(conn, part)
             replace_rows(conn, {sid: docs.get(sid) for sid in part})
-        conn.execute("DELETE FROM cursors WHERE name = ?", (REFOLD,))
+        conn.execute("DELETE FROM cursors WHERE name IN (?, ?)", (REFOLD, REPROJECT))
     report = MigrationReport(len(done), len(others), tuple(sorted(refold - set(done))))
     if report.unreplayable:
         _log.warning(
@@ -82,6 +94,10 @@ def finish_pending(db: Backend, chunk: int = 500) -> MigrationReport:
 def _several_feedback(conn: Connection) -> list[str]:
     sql = "SELECT session_id FROM events WHERE type = 'feedback' GROUP BY session_id HAVING COUNT(*) > 1"
     return sorted(r[0] for r in conn.execute(sql))
+
+
+def _all_sessions(conn: Connection) -> list[str]:
+    return sorted(r[0] for r in conn.execute("SELECT session_id FROM sessions"))
 
 
 def _with_llm_calls(conn: Connection) -> list[str]:

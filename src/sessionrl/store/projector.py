@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from sessionrl.session.schema import migrate
+from sessionrl.store import summary
 from sessionrl.store.backend import Connection
 from sessionrl.store.documents import Doc, chunks, iso, read_documents
 
@@ -45,6 +46,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         *("session_id", "position", "feedback_id", "type", "score", "comment", "annotator"),
         *("anchor_call_id", "anchor_subgoal_id", "anchor_at", "occurred_at", "received_at"),
     ),
+    "session_facts": ("session_id", "outcome", "failed_calls", "duration_ms", "policy_version", "stage"),
+    "session_errors": ("session_id", "code"),
+    "session_text": ("session_id", "body"),
 }
 """Columns of every projected table, in the order `flatten` produces them."""
 
@@ -77,6 +81,9 @@ def flatten(doc: Doc) -> Rows:
     rows.tables["tool_calls"].extend(_tool_row(sid, c) for c in doc["tool_calls"])
     rows.tables["llm_calls"].extend(_llm_row(sid, c) for c in doc["llm_calls"])
     rows.tables["feedback"].extend(_feedback_row(sid, i, f) for i, f in enumerate(doc["feedback"]))
+    rows.tables["session_facts"].append(summary.facts_row(doc))
+    rows.tables["session_errors"].extend(summary.error_rows(doc))
+    rows.tables["session_text"].append(summary.text_row(doc))
     for table, table_rows in rows.tables.items():
         if any("\x00" in v for row in table_rows for v in row if isinstance(v, str)):
             rows.tables[table] = [tuple(map(_without_nul, row)) for row in table_rows]

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sessionrl.session.model import FeedbackType, SessionState
 from sessionrl.store.backend import Backend, Connection
+from sessionrl.store.dialect import contains_pattern
 from sessionrl.store.documents import iso
 from sessionrl.store.glossary import spellings
 from sessionrl.store.projector import COLUMNS
@@ -89,6 +90,40 @@ class SessionQuery(BaseModel):
     )
     min_score: float | None = Field(default=None, description="Feedback score at least this.")
     max_score: float | None = Field(default=None, description="Feedback score at most this.")
+    text: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Free text in the query, answer, messages, tool outputs or comments: every word (or a "
+        "glossary term, with its other spellings) somewhere in the session, case ignored.",
+    )
+    scenario_contains: str | None = Field(
+        default=None, min_length=1, description="Scenario contains this text (a prefix, or any part of it)."
+    )
+    outcome: Literal["solved", "failed", "unjudged"] | None = Field(
+        default=None, description="The task verdict: the latest `task_outcome` feedback, or none."
+    )
+    failed_calls: bool | None = Field(
+        default=None, description="True: some tool or LLM call failed (or was judged failed); False: none."
+    )
+    error_code: str | None = Field(default=None, min_length=1, description="A call ended with this code.")
+    policy_version: int | None = Field(
+        default=None, description="Highest policy version among its LLM calls."
+    )
+    stage: str | None = Field(
+        default=None, min_length=1, description="The stage its metadata names (rl, ...)."
+    )
+    min_reward: float | None = Field(default=None, description="Latest session reward at least this.")
+    max_reward: float | None = Field(default=None, description="Latest session reward at most this.")
+    reward_ruleset: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Read the reward bounds on this ruleset version's latest reward.",
+    )
+    min_duration_ms: float | None = Field(
+        default=None, ge=0, description="First start to last end, at least."
+    )
+    max_duration_ms: float | None = Field(default=None, ge=0, description="First start to last end, at most.")
     created_after: datetime | None = Field(default=None, description="Created at or after this time.")
     created_before: datetime | None = Field(default=None, description="Created strictly before this time.")
     order_by: Literal["created_at", "updated_at", "session_id"] = "created_at"
@@ -138,6 +173,7 @@ def where(q: SessionQuery, backend: Backend) -> Where:
         )
         params += [q.tool_share.tool, q.tool_share.share]
     _feedback(q, backend, conds, params)
+    _summary(q, backend, conds, params)
     if q.created_after is not None:
         conds.append("s.created_at >= ?")
         params.append(iso(q.created_after))
@@ -166,6 +202,73 @@ def _feedback(q: SessionQuery, backend: Backend, conds: list[str], params: list[
         params.append(q.max_score)
     if inner:
         conds.append(f"s.session_id IN (SELECT session_id FROM feedback WHERE {' AND '.join(inner)})")
+
+
+def _summary(q: SessionQuery, backend: Backend, conds: list[str], params: list[Any]) -> None:
+    """The session list's filters: text, scenario part, verdict, failures, errors, policy, stage, reward
+    and duration (tables of `sessionrl.store.summary`)."""
+    if q.text is not None:
+        for spelt in search_terms(q.text):
+            alternatives = [backend.text_conditions(one) for one in spelt]
+            found = " OR ".join(f"({cond})" for cond, _ in alternatives)
+            conds.append(f"s.session_id IN (SELECT session_id FROM session_text WHERE {found})")
+            params.extend(v for _, values in alternatives for v in values)
+    if q.scenario_contains is not None:
+        conds.append("LOWER(s.scenario) LIKE ? ESCAPE '\\'")  # ASCII case ignored on both engines
+        params.append(contains_pattern(q.scenario_contains.lower()))
+    facts: list[str] = []
+    if q.outcome is not None:
+        facts.append(
+            {"solved": "outcome = 1", "failed": "outcome = 0", "unjudged": "outcome IS NULL"}[q.outcome]
+        )
+    if q.failed_calls is not None:
+        facts.append("failed_calls > 0" if q.failed_calls else "failed_calls = 0")
+    for column, value, op in (
+        ("policy_version", q.policy_version, "="),
+        ("stage", q.stage, "="),
+        ("duration_ms", q.min_duration_ms, ">="),
+        ("duration_ms", q.max_duration_ms, "<="),
+    ):
+        if value is not None:
+            facts.append(f"{column} {op} ?")
+            params.append(value)
+    if facts:
+        conds.append(f"s.session_id IN (SELECT session_id FROM session_facts WHERE {' AND '.join(facts)})")
+    if q.error_code is not None:
+        conds.append("s.session_id IN (SELECT session_id FROM session_errors WHERE code = ?)")
+        params.append(q.error_code)
+    _reward(q, backend, conds, params)
+
+
+def _reward(q: SessionQuery, backend: Backend, conds: list[str], params: list[Any]) -> None:
+    """Bounds on the session reward of each session's latest reward (of `reward_ruleset` when set)."""
+    if q.min_reward is None and q.max_reward is None:
+        return
+    ruleset = "" if q.reward_ruleset is None else " AND r2.ruleset_version = ?"
+    inner = [
+        f"r.version = (SELECT MAX(r2.version) FROM rewards r2 WHERE r2.session_id = r.session_id{ruleset})"
+    ]
+    params.extend([] if q.reward_ruleset is None else [q.reward_ruleset])
+    for bound, op in ((q.min_reward, ">="), (q.max_reward, "<=")):
+        if bound is not None:
+            inner.append(f"{backend.reward_total} {op} ?")
+            params.append(bound)
+    conds.append(f"s.session_id IN (SELECT r.session_id FROM rewards r WHERE {' AND '.join(inner)})")
+
+
+def search_terms(text: str) -> list[tuple[str, ...]]:
+    """What a free-text search looks for: one group of spellings per word, every group must be found. A
+    text that is a glossary term as a whole is one group of its spellings.
+
+    >>> search_terms("chronic disease")
+    [('chronic disease', '慢性病')]
+    >>> search_terms(" CRP  ferritin ")
+    [('CRP',), ('ferritin',)]
+    """
+    whole = spellings(text.strip())
+    if len(whole) > 1:
+        return [whole]
+    return [spellings(word) for word in dict.fromkeys(text.split())]
 
 
 def _clause(conds: list[str]) -> str:
