@@ -1,0 +1,71 @@
+"""Per-turn tool accuracy of a run's policy (`sessionrl.eval.tool_accuracy`) on held-out tasks.
+
+The gold trajectories are the expert's episodes on the first tasks of the evaluation split, without
+faults, recorded once in the run's store (sessions `gold-<task id>`, stage `gold`) and read back by every
+later measurement. They are rendered as the replies the policy should write, in its own tool-call format
+(`demonstration_replies`, as imitation renders its demonstrations), and the policy answers each turn
+greedily. A task the expert did not solve has no gold trajectory; it is counted as missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from sessionrl.envs.base import Split, stream_seed
+from sessionrl.episodes import EpisodeSpec, expert, run_episodes
+from sessionrl.eval.tool_accuracy import ToolAccuracy, tool_accuracy
+from sessionrl.policy.llm import HFPolicy
+from sessionrl.session.model import Message, Session
+from sessionrl.train.llm.data import Reply, demonstration_replies
+from sessionrl.train.llm.run import Run, evaluation_view
+
+GOLD_SEED_BITS = 31
+
+
+def gold_sessions(run: Run, split: Split, n_tasks: int) -> tuple[list[Session], int]:
+    """The expert's episodes on the first `n_tasks` of `split` (recorded once), the solved ones, and how
+    many were not solved."""
+    tasks = run.env.tasks(split)[:n_tasks]
+    specs = [
+        EpisodeSpec(
+            task=task,
+            session_id=f"gold-{task.task_id}",
+            seed=stream_seed(run.config.seed, "gold", task.task_id, bits=GOLD_SEED_BITS),
+            metadata={"stage": "gold", "split": str(split)},
+        )
+        for task in tasks
+    ]
+    batch = run_episodes(
+        run.env, specs, expert(run.env), run.store, run.config.rollout, orchestrator=run.config.orchestrator
+    )
+    ran = asyncio.run(batch)
+    solved = [run.store.get(r.session_id) for r in ran if r.success]
+    return solved, len(ran) - len(solved)
+
+
+def gold_replies(run: Run, policy: HFPolicy, sessions: Sequence[Session]) -> dict[str, list[Reply]]:
+    """Each gold session as the replies `policy` should write, by task id."""
+    max_chars = run.config.rollout.max_tool_chars
+    return {
+        str(s.metadata["task_id"]): demonstration_replies(s, run.system, max_chars, policy.tool_format)
+        for s in sessions
+    }
+
+
+def measure_tool_accuracy(run: Run, policy: HFPolicy, split: Split, n_tasks: int) -> ToolAccuracy:
+    """`policy`'s per-turn tool accuracy on the first `n_tasks` of `split`, answering greedily with at
+    most `evaluation.max_new_tokens` tokens a reply."""
+    sessions, missing = gold_sessions(run, split, n_tasks)
+    view = evaluation_view(policy, run.config.evaluation.max_new_tokens)
+
+    def answer(conversations: Sequence[Sequence[Message]]) -> list[str]:
+        return [reply.text for reply in view.generate_now(conversations)]
+
+    replies = gold_replies(run, policy, sessions)
+    return tool_accuracy(
+        replies, policy.tool_format, answer, batch=policy.batching.max_batch, missing=missing
+    )
+
+
+__all__ = ["gold_replies", "gold_sessions", "measure_tool_accuracy"]
