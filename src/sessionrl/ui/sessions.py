@@ -4,8 +4,10 @@ and one reward version term by term. Every route reads; none writes."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Annotated, Any
 
 import orjson
@@ -16,14 +18,14 @@ from pydantic import ValidationError
 from sessionrl.access import Principal
 from sessionrl.errors import NotFound
 from sessionrl.rewards.vector import RewardVector
-from sessionrl.session.model import FeedbackType, SessionState
-from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.ui import views
+from sessionrl.session.model import SessionState
+from sessionrl.store import SessionStore
+from sessionrl.ui import listing, runs, views
 from sessionrl.ui.auth import viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Viewer = Annotated[Principal, Depends(viewer)]
-ORDERS = ("created_at", "updated_at", "session_id")
+NAME = re.compile(runs.NAME_PATTERN)
 
 
 def _store(request: Request) -> SessionStore:
@@ -38,61 +40,58 @@ def page(request: Request, name: str, context: dict[str, Any], status_code: int 
     return templates.TemplateResponse(request, name, context, status_code=status_code)  # type: ignore[no-any-return]
 
 
-def list_query(params: dict[str, str], page_size: int) -> SessionQuery:
-    """The typed query the list's form asks (empty fields are unset); `ValidationError` when one is bad.
-
-    A rating bound filters on human ratings; a comment filter matches any feedback's comment.
-    """
-    given = {k: v.strip() for k, v in params.items() if v.strip()}
-    rating = "min_rating" in given or "max_rating" in given
-    page_no = max(1, int(given.get("page", "1"))) if given.get("page", "1").isdigit() else 1
-    return SessionQuery.model_validate(
-        {
-            "state": given.get("state"),
-            "scenario": given.get("scenario"),
-            "tool_called": given.get("tool"),
-            "tool_share": given.get("tool_share"),
-            "feedback_type": FeedbackType.HUMAN_RATING if rating else None,
-            "min_score": given.get("min_rating"),
-            "max_score": given.get("max_rating"),
-            "comment_contains": given.get("comment"),
-            "order_by": given.get("order", "created_at"),
-            "descending": given.get("desc", "1") == "1",
-            "limit": page_size,
-            "offset": (page_no - 1) * page_size,
-        }
-    )
-
-
 @router.get("/sessions")
 def session_list(request: Request, who: Viewer) -> Response:
-    """Sessions matching the form's filters, one page at a time; a filter that does not parse is named on
-    the page (a 200: the browser would log a 4xx as an error, and the form is still the answer)."""
+    """Sessions matching the form's filters, one page at a time, over the dashboard's store or a run's
+    (`?run=NAME`); a filter that does not parse is named on the page (a 200: the browser would log a 4xx
+    as an error, and the form is still the answer)."""
     params = dict(request.query_params)
     size = request.app.state.ui.config.page_size
-    try:
-        query = list_query(params, size)
-    except (ValidationError, ValueError) as exc:
-        errors = exc.errors() if isinstance(exc, ValidationError) else [{"msg": str(exc), "loc": ()}]
-        problem = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}".lstrip(": ") for e in errors)
-        context = _list_context(params, [], 0, 1, size, who, problem)
-        return page(request, "sessions.html", context)  # the form again, naming what to fix
-    store = _store(request)
-    rows = store.query(query)
-    total = store.count(query)
-    context = _list_context(params, rows, total, query.offset // size + 1, size, who, None)
-    return page(request, "sessions.html", context)
+    with _list_store(request, params.get("run", "").strip()) as store:
+        if store is None:
+            return page(
+                request, "missing.html", {"who": who, "what": f"session store of run {params['run']}"}, 404
+            )
+        try:
+            query = listing.list_query(params, size)
+        except (ValidationError, ValueError) as exc:
+            context = _list_context(params, [], 0, 1, size, who, _problem(exc))
+            return page(request, "sessions.html", context)  # the form again, naming what to fix
+        rows = listing.listed(store, store.query(query), query.reward_ruleset)
+        context = _list_context(params, rows, store.count(query), query.offset // size + 1, size, who, None)
+        context["rulesets"] = listing.rulesets(store)
+        return page(request, "sessions.html", context)
+
+
+def _problem(exc: ValidationError | ValueError) -> str:
+    errors = exc.errors() if isinstance(exc, ValidationError) else [{"msg": str(exc), "loc": ()}]
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}".lstrip(": ") for e in errors)
+
+
+@contextmanager
+def _list_store(request: Request, run: str) -> Iterator[SessionStore | None]:
+    """The dashboard's store, or the own store of run `run` (None when it has none)."""
+    if not run:
+        yield _store(request)
+        return
+    url = runs.run_store_url(request.app.state.ui.config.runs_dir, run) if NAME.match(run) else None
+    if url is None:
+        yield None
+        return
+    with SessionStore.open(url) as store:
+        yield store
 
 
 def _list_context(
     params: dict[str, str],
-    rows: list[Any],
+    rows: list[listing.Listed],
     total: int,
     page_no: int,
     size: int,
     who: Principal,
     problem: str | None,
 ) -> dict[str, Any]:
+    run = params.get("run", "").strip()
     return {
         "who": who,
         "params": params,
@@ -101,29 +100,37 @@ def _list_context(
         "page": page_no,
         "pages": max(1, -(-total // size)),
         "states": [s.value for s in SessionState],
-        "orders": ORDERS,
+        "outcomes": listing.OUTCOMES,
+        "orders": listing.ORDERS,
+        "rulesets": [],
         "problem": problem,
         "nav": "sessions",
+        "run": run,
+        "base": f"/ui/runs/{run}/sessions" if run else "/ui/sessions",
+        "keep": {k: params[k] for k in listing.LINK_KEEPS if params.get(k, "").strip()},
     }
 
 
 @router.get("/sessions/live")
-async def live_counts(request: Request, who: Viewer) -> StreamingResponse:
+async def live_counts(request: Request, who: Viewer, run: str = "") -> Response:
     """Server-sent events: the number of sessions in each state, sent when it changes. One stream lasts
-    `live_for_s`; the browser's `EventSource` then reconnects on its own."""
-    store = _store(request)
+    `live_for_s`; the browser's `EventSource` then reconnects on its own. `run`: a run's own store."""
     lasting = request.app.state.ui.config.live_for_s
+    url = runs.run_store_url(request.app.state.ui.config.runs_dir, run) if run and NAME.match(run) else None
+    if run and url is None:
+        return Response(status_code=404)
 
     async def events() -> AsyncIterator[bytes]:
         yield b"retry: 1000\n\n"
-        last: dict[str, int] | None = None
-        until = time.monotonic() + lasting
-        while time.monotonic() < until and not await request.is_disconnected():
-            counts = await asyncio.to_thread(state_counts, store)
-            if counts != last:
-                yield b"event: counts\ndata: " + orjson.dumps(counts) + b"\n\n"
-                last = counts
-            await asyncio.sleep(1.0)
+        with SessionStore.open(url) if url is not None else nullcontext(_store(request)) as store:
+            last: dict[str, int] | None = None
+            until = time.monotonic() + lasting
+            while time.monotonic() < until and not await request.is_disconnected():
+                counts = await asyncio.to_thread(state_counts, store)
+                if counts != last:
+                    yield b"event: counts\ndata: " + orjson.dumps(counts) + b"\n\n"
+                    last = counts
+                await asyncio.sleep(1.0)
 
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

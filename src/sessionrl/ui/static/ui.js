@@ -7,14 +7,33 @@
     var panel = document.querySelector("[data-live]");
     if (!panel || !window.EventSource) return;
     var source = new EventSource(panel.getAttribute("data-live"));
+    var seen = null;
     source.addEventListener("counts", function (event) {
       var counts = JSON.parse(event.data);
       Object.keys(counts).forEach(function (key) {
         var cell = panel.querySelector('[data-count="' + key + '"]');
         if (cell) cell.textContent = String(counts[key]);
       });
+      if (seen !== null && seen !== event.data) refreshResults();
+      seen = event.data;
     });
     window.addEventListener("pagehide", function () { source.close(); });
+  }
+
+  // The list's table follows the live counts: fetch this page again and swap its results in.
+  var refreshing = false;
+  function refreshResults() {
+    var results = document.getElementById("results");
+    if (!results || refreshing) return;
+    refreshing = true;
+    fetch(window.location.href, { credentials: "same-origin" })
+      .then(function (answer) { return answer.ok ? answer.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("results");
+        if (fresh) { results.replaceWith(fresh); document.body.setAttribute("data-refreshed", String(Date.now())); }
+      })
+      .finally(function () { refreshing = false; });
   }
 
   function chart(node) {
