@@ -6,7 +6,7 @@ other commands stay quick."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -20,7 +20,7 @@ from sessionrl.envs.base import Split
 if TYPE_CHECKING:
     from sessionrl.session import Session
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.llm.loop import TrainResult
+    from sessionrl.train.llm.loop import Evaluation, TrainResult
     from sessionrl.train.llm.reflection import StagesResult
     from sessionrl.train.structured.run import StructuredResult
 
@@ -155,10 +155,20 @@ def _print_llm(console: Console, result: TrainResult, title: str) -> None:
     if result.curve:
         console.print(curve_table(result.curve))
     console.print(metrics_table({label: e.metrics for label, e in result.report.items()}, title=title))
+    _print_tool_accuracy(console, result.report)
     paused = (
         " (RL stopped early: the policy collapsed; see pause_report.json)" if result.stage == "paused" else ""
     )
     console.print(f"stage: {result.stage}{paused}")
+
+
+def _print_tool_accuracy(console: Console, report: Mapping[str, Evaluation]) -> None:
+    """Each evaluated policy's per-turn tool accuracy, and its change against the first, where measured."""
+    from sessionrl.eval.tool_accuracy import describe
+
+    measured = {label: e.tools for label, e in report.items() if e.tools is not None}
+    for line in describe(measured):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_stages(console: Console, result: StagesResult, title: str) -> None:
@@ -223,7 +233,9 @@ def eval_command(
     if not columns:
         raise typer.BadParameter(f"{run} holds no exported policy (sft_policy/, rl_policy/ or dpo_policy/)")
     console.print(metrics_table(columns, title=title))
-    typer.echo(orjson.dumps({k: m.as_dict() for k, m in columns.items()}).decode())
+    _print_tool_accuracy(console, report)
+    line = {k: e.metrics.as_dict() | (e.tools.as_dict() if e.tools else {}) for k, e in report.items()}
+    typer.echo(orjson.dumps(line).decode())
 
 
 def _eval_structured(console: Console, config: RunConfig, split: Split, n_tasks: int, title: str) -> None:

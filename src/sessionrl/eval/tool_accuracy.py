@@ -211,12 +211,44 @@ def accuracy_change(first: ToolAccuracy, second: ToolAccuracy, *, seed: int = 0)
     return paired_ratio_diff_ci([mine[t] for t in common], [theirs[t] for t in common], seed=seed)
 
 
+def describe(accuracies: Mapping[str, ToolAccuracy]) -> list[str]:
+    """Report lines: each policy's accuracy by label, then each later label's change against the first,
+    with its paired interval.
+
+    >>> right, wrong = TurnScore("a", True, True, True), TurnScore("a", True, False, False)
+    >>> each, change = describe({"sft": ToolAccuracy((wrong, right)), "rl": ToolAccuracy((right, right))})
+    >>> each.split(": ")[1]
+    'sft 0.500 (tool 0.50, parsed 1.00) · rl 1.000 (tool 1.00, parsed 1.00)'
+    >>> change
+    'tool accuracy rl - sft: +0.500 [+0.500, +0.500] (paired bootstrap over tasks)'
+    """
+    if not accuracies:
+        return []
+    first_label, first = next(iter(accuracies.items()))
+    size = f"{len(first.turns)} turns of {len(first.by_task())} tasks"
+    if first.missing:
+        size += f"; {first.missing} tasks without a gold trajectory"
+    each = " · ".join(
+        f"{label} {a.accuracy:.3f} (tool {a.tool_rate:.2f}, parsed {a.parse_rate:.2f})"
+        for label, a in accuracies.items()
+    )
+    lines = [f"tool accuracy (teacher-forced on the expert's tool calls; {size}): {each}"]
+    for label, later in list(accuracies.items())[1:]:
+        change = accuracy_change(first, later)
+        lines.append(
+            f"tool accuracy {label} - {first_label}: {change.estimate:+.3f}"
+            f" [{change.low:+.3f}, {change.high:+.3f}] (paired bootstrap over tasks)"
+        )
+    return lines
+
+
 __all__ = [
     "Answerer",
     "GoldReply",
     "ToolAccuracy",
     "TurnScore",
     "accuracy_change",
+    "describe",
     "gold_call",
     "read_call",
     "score_turn",

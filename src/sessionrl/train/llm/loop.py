@@ -35,10 +35,12 @@ from sessionrl.eval.autopause import AutoPause
 from sessionrl.eval.curriculum import Curriculum, expert_steps
 from sessionrl.eval.levels import LevelReport, assess
 from sessionrl.eval.metrics import AgentMetrics, compute
+from sessionrl.eval.tool_accuracy import ToolAccuracy
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.session.model import Session
 from sessionrl.train.config import EXPORTED, RunConfig
+from sessionrl.train.llm.accuracy import measure_tool_accuracy
 from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.train.llm.checkpoint import (
     Stage,
@@ -86,6 +88,8 @@ class Evaluation:
     label: str
     metrics: AgentMetrics
     sessions: tuple[Session, ...]
+    tools: ToolAccuracy | None = None
+    """Per-turn tool accuracy on the same tasks (`sessionrl.train.llm.accuracy`), where it was measured."""
 
 
 # episodes
@@ -113,9 +117,12 @@ def once_per_task(
     ]
 
 
-def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str) -> Evaluation:
+def evaluate(
+    run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str, *, tools: bool = False
+) -> Evaluation:
     """Episodes on the first `n_tasks` of `split` (greedy unless `evaluation.temperature` > 0), with the
-    evaluation fault rate.
+    evaluation fault rate; with `tools`, the per-turn tool accuracy on the same tasks too (its keys join
+    the `eval` record: `tool_acc`, `tool_name_acc`, `tool_parse_rate`, ...).
 
     Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
     faults on the same tasks. Session ids carry a digest of the policy's weights: an interrupted evaluation
@@ -130,19 +137,22 @@ def evaluate(run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str)
     ran = in_lockstep(run, specs, view)
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
-    run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict()})
-    return Evaluation(label, metrics, sessions)
+    accuracy = measure_tool_accuracy(run, policy, split, n_tasks) if tools else None
+    measured = accuracy.as_dict() if accuracy is not None else {}
+    run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict(), **measured})
+    return Evaluation(label, metrics, sessions, accuracy)
 
 
 def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
     """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
-    evaluated on the same tasks under labels `<prefix><label>`; keyed by label."""
+    evaluated on the same tasks under labels `<prefix><label>`, with their per-turn tool accuracy; keyed
+    by label."""
     cfg, report = run.config, {}
     for label in EXPORTED.values():
         folder = run.folder / f"{label}_policy"
         if folder.is_dir():
             policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
-            report[label] = evaluate(run, policy, split, n_tasks, f"{prefix}{label}")
+            report[label] = evaluate(run, policy, split, n_tasks, f"{prefix}{label}", tools=True)
     return report
 
 
