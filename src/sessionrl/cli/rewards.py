@@ -1,4 +1,5 @@
-"""`sessionrl rewards ...`: score stored sessions, explain a reward term by term, re-score late feedback."""
+"""`sessionrl rewards ...`: score stored sessions, explain a reward term by term, re-score late feedback, and
+say which unrated sessions are worth rating next."""
 
 from __future__ import annotations
 
@@ -150,6 +151,38 @@ def explain(
         else:
             vector = RewardVector.model_validate(_stored_reward(store, session_id, version).vector)
     _print_vector(Console(), vector)
+
+
+@app.command("queue")
+def queue(
+    db: Db = DEFAULT_DB,
+    k: Annotated[int, typer.Option("--k", min=1, help="How many unrated sessions to list.")] = 10,
+    min_rated: Annotated[
+        int, typer.Option("--min-rated", min=4, help="Fewest rated sessions worth fitting on.")
+    ] = 20,
+) -> None:
+    """Fit the reward model on the ended sessions people rated, report its held-out error, and list the
+    unrated ones whose rating it is least sure of (widest 10-90% interval): the most useful to rate next."""
+    try:
+        from sessionrl.rewards.sparse import RewardModel, RewardModelConfig, uncertainty_queue
+    except ImportError as exc:  # scikit-learn
+        err.print(f"error: the reward model needs the train extra: pip install 'sessionrl[train]' ({exc})")
+        raise typer.Exit(1) from exc
+    with reporting(), open_store(db, create=False) as store:
+        ended = [s for s in store.iter_sessions() if s.state in TERMINAL]
+        model = RewardModel(RewardModelConfig(min_rated=min_rated))
+        report = model.fit(ended)
+        items = uncertainty_queue(model, ended, k)
+    auc = "n/a (one class held out)" if report.auc is None else f"{report.auc:.3f}"
+    console = Console()
+    console.print(
+        f"reward model fitted on {report.n_train} rated sessions, tested on {report.n_test} held out: "
+        f"MAE {report.mae:.3f} (predicting the mean: {report.baseline_mae:.3f}), AUC of rating > 3: {auc}"
+    )
+    table = Table("session", "predicted", "10%", "90%", title=f"rate next ({len(items)} of the unrated)")
+    for item in items:
+        table.add_row(escape(item.session_id), f"{item.predicted:.2f}", f"{item.low:.2f}", f"{item.high:.2f}")
+    console.print(table)
 
 
 def _stored_reward(store: SessionStore, session_id: str, version: int | None) -> RewardRecord:

@@ -1,7 +1,8 @@
 """Reward shaping: rules → discount → judge refinement → weighted layers → versioned reward vectors.
 
 Sparse-feedback tools (reward model, annotation queue, curriculum) live in `sessionrl.rewards.sparse`,
-which imports scikit-learn (the `train` extra); `examples/rewards/late_feedback.py` uses them.
+which imports scikit-learn (the `train` extra); `sessionrl rewards queue` and
+`examples/rewards/late_feedback.py` use them.
 
 >>> from sessionrl.rewards import RewardEngine
 >>> engine = RewardEngine()
