@@ -2,13 +2,12 @@
 `config.yaml` or a `metrics.jsonl` (as `sessionrl train` writes them).
 
 A run's metrics are one JSON record per line with `stage`, `step` and `time`; the `eval` stage holds one
-record per evaluated policy (`label`), the others are learning curves.
+record per evaluated policy (`label`), the others are learning curves (`sessionrl.ui.curves`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,9 +19,10 @@ import yaml
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.metrics import failure_attribution
 from sessionrl.eval.report import DIMENSION_KEYS, LOWER_IS_BETTER
-from sessionrl.eval.significance import mcnemar_p
+from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.session.model import Session
 from sessionrl.store import SessionStore
+from sessionrl.ui.curves import Metric, metrics, number
 
 EVAL_STAGE = "eval"
 STORE_FILE = "sessions.db"
@@ -31,24 +31,18 @@ NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,200}$"
 
 
 @dataclass(frozen=True, slots=True)
-class Curve:
-    """One stage's numeric series over its steps, ready for the chart: `xs` and one list per name."""
-
-    stage: str
-    xs: list[float]
-    series: dict[str, list[float | None]]
-
-
-@dataclass(frozen=True, slots=True)
 class Run:
-    """One run folder, read: its config text, stages in order of appearance, curves and evaluation rows."""
+    """One run folder, read: its config, its records, stages in order of appearance (with their record
+    counts), learning curves and evaluation rows; `offset` is how many bytes of metrics.jsonl were read."""
 
     name: str
     config_text: str
     config: dict[str, Any]
+    records: list[dict[str, Any]]
     stages: dict[str, int]
-    curves: list[Curve]
+    metrics: list[Metric]
     evaluations: list[dict[str, Any]]
+    offset: int
 
 
 def run_names(runs_dir: Path) -> list[str]:
@@ -61,19 +55,30 @@ def run_names(runs_dir: Path) -> list[str]:
     return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
 
 
-def records(folder: Path) -> Iterator[dict[str, Any]]:
-    """The metrics records of a run, skipping lines that do not parse (a run may be writing its last)."""
+def records_from(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The metrics records of a run from byte `offset` on, and the offset after the last whole line (a
+    line still being written is read next time); a line that does not parse is skipped."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
-        return
-    with path.open("rb") as lines:
-        for line in lines:
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "stage" in record:
-                yield record
+        return [], 0
+    with path.open("rb") as file:
+        file.seek(offset)
+        data = file.read()
+    whole = data[: data.rfind(b"\n") + 1]
+    found = []
+    for line in whole.splitlines():
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "stage" in record:
+            found.append(record)
+    return found, offset + len(whole)
+
+
+def records(folder: Path) -> list[dict[str, Any]]:
+    """Every whole metrics record of a run (`records_from` the start)."""
+    return records_from(folder)[0]
 
 
 def read_run(runs_dir: Path, name: str) -> Run | None:
@@ -83,41 +88,24 @@ def read_run(runs_dir: Path, name: str) -> Run | None:
         return None
     config_text = (folder / "config.yaml").read_text("utf-8") if (folder / "config.yaml").is_file() else ""
     config = yaml.safe_load(config_text) if config_text else {}
+    found, offset = records_from(folder)
     stages: dict[str, int] = {}
-    by_stage: dict[str, list[dict[str, Any]]] = {}
-    for record in records(folder):
-        stage = str(record["stage"])
-        stages[stage] = stages.get(stage, 0) + 1
-        by_stage.setdefault(stage, []).append(record)
-    curves = [curve(stage, rows) for stage, rows in by_stage.items() if stage != EVAL_STAGE]
-    evaluations = by_stage.get(EVAL_STAGE, [])
-    return Run(name, config_text, config if isinstance(config, dict) else {}, stages, curves, evaluations)
+    for record in found:
+        stages[str(record["stage"])] = stages.get(str(record["stage"]), 0) + 1
+    evaluations = [r for r in found if r["stage"] == EVAL_STAGE]
+    config = config if isinstance(config, dict) else {}
+    return Run(name, config_text, config, found, stages, metrics(found), evaluations, offset)
 
 
-def curve(stage: str, rows: list[dict[str, Any]]) -> Curve:
-    """The numeric fields of a stage's records as series over `step` (a missing value is a gap)."""
-    names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ("stage", "step", "time")]
-    names = [n for n in names if any(_number(r.get(n)) is not None for r in rows)]
-    return Curve(
-        stage,
-        [float(r.get("step", i)) for i, r in enumerate(rows)],
-        {n: [_number(r.get(n)) for r in rows] for n in names},
-    )
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def failures(evaluations: list[dict[str, Any]]) -> dict[str, int]:
-    """Failure attribution summed over the evaluation records: how many failed tasks each reason explains."""
-    total: dict[str, int] = {}
+def failures(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Failure attribution of each evaluated policy (by label, the latest evaluation of each): how many
+    failed tasks each reason explains, most first."""
+    by_label: dict[str, dict[str, int]] = {}
     for record in evaluations:
-        for reason, n in (record.get("failures") or {}).items():
-            total[str(reason)] = total.get(str(reason), 0) + int(n)
-    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+        found = record.get("failures") or {}
+        counts = {str(reason): int(n) for reason, n in found.items()}
+        by_label[str(record.get("label", ""))] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    return {label: counts for label, counts in by_label.items() if counts}
 
 
 def thresholds(config: Mapping[str, Any], defaults: Mapping[str, float]) -> dict[str, float]:
@@ -126,7 +114,7 @@ def thresholds(config: Mapping[str, Any], defaults: Mapping[str, float]) -> dict
     own = section.get("thresholds") if isinstance(section, Mapping) else None
     merged = dict(defaults)
     if isinstance(own, Mapping):
-        merged |= {str(k): float(v) for k, v in own.items() if _number(v) is not None}
+        merged |= {str(k): float(v) for k, v in own.items() if number(v) is not None}
     return merged
 
 
@@ -171,9 +159,33 @@ def evaluation_history(runs_dir: Path, label: str | None = None) -> list[Point]:
             if record["stage"] != EVAL_STAGE or (label is not None and record.get("label") != label):
                 continue
             at = datetime.fromtimestamp(float(record.get("time", 0.0)), UTC)
-            values = {d: _number(record.get(d)) for d in DIMENSION_KEYS}
+            values = {d: number(record.get(d)) for d in DIMENSION_KEYS}
             points.append(Point(at, name, str(record.get("label", "")), values))
     return sorted(points, key=lambda p: p.at)
+
+
+def evaluation_charts(points: list[Point], limits: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One chart per dimension over time, one series per run and policy (a line joins the evaluations of
+    one policy of one run, never those of different ones), and the threshold as a dashed line."""
+    keys = list(dict.fromkeys((p.run, p.label) for p in points))
+    times = [p.at.timestamp() for p in points]
+    charts = []
+    for dim in DIMENSION_KEYS:
+        series: list[dict[str, Any]] = []
+        for run, label in keys:
+            mine = [p for p in points if (p.run, p.label) == (run, label) and p.values[dim] is not None]
+            if mine:
+                at = [p.at.timestamp() for p in mine]
+                series.append(
+                    {"label": f"{run} / {label}", "at": at, "values": [p.values[dim] for p in mine]}
+                )
+        if dim in limits and times:
+            span = [min(times), max(times)]
+            series.append({"label": "threshold", "at": span, "values": [limits[dim]] * 2, "dash": True})
+        charts.append(
+            {"title": dim, "metric": dim, "unit": "", "main": True, "axis": "time", "series": series}
+        )
+    return charts
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,25 +233,31 @@ class Paired:
 
     first: str
     second: str
-    tasks: int
-    first_only: int
-    second_only: int
-    p_value: float
+    test: PairedComparison
+
+    @property
+    def tasks(self) -> int:
+        return self.test.tasks
 
 
-def paired(sessions: list[Session]) -> list[Paired]:
-    """Every pair of evaluated policies, compared task by task (a task judged twice counts its latest)."""
+def outcomes(sessions: list[Session]) -> dict[str, dict[str, bool]]:
+    """Each evaluated policy's outcome per task (a task judged twice counts its latest), by label."""
     solved: dict[str, dict[str, bool]] = {}
     for s in sorted(sessions, key=lambda s: s.created_at):
         outcome = task_success(s)
         if outcome is not None:
             solved.setdefault(_label(s), {})[str(s.metadata.get("task_id", s.session_id))] = outcome
-    out = []
+    return solved
+
+
+def paired(solved: dict[str, dict[str, bool]]) -> tuple[list[Paired], list[Paired]]:
+    """Every pair of evaluated policies compared task by task (`outcomes` gives `solved`): the pairs with
+    tasks in common, and those with none (evaluated on other tasks, as the gate is: no test is possible)."""
+    tested: list[Paired] = []
+    apart: list[Paired] = []
     labels = list(solved)
     for i, a in enumerate(labels):
         for b in labels[i + 1 :]:
-            common = solved[a].keys() & solved[b].keys()
-            a_only = sum(solved[a][t] and not solved[b][t] for t in common)
-            b_only = sum(solved[b][t] and not solved[a][t] for t in common)
-            out.append(Paired(a, b, len(common), a_only, b_only, mcnemar_p(a_only, b_only)))
-    return out
+            pair = Paired(a, b, paired_comparison(solved[a], solved[b]))
+            (tested if pair.tasks else apart).append(pair)
+    return tested, apart

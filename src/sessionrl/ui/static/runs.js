@@ -1,0 +1,195 @@
+// The run pages' script: one small uPlot chart per metric (own axis, k/M units), smoothing, a step or
+// wall-time x axis, the toggle for tokens and timings, and a running run followed over server-sent events.
+(function () {
+  "use strict";
+  var COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                 "#7f7f7f", "#bcbd22", "#393b79", "#ad494a"];
+  var LEGEND_MAX = 8;  // more series than this: no legend (the table under the charts names them)
+  var charts = [];
+  var view = { axis: "step", smooth: 0, more: false };
+
+  function short(x) { return String(+x.toPrecision(3)); }
+
+  // 20000 -> "20k", 1500000 -> "1.5M", 0.00012 -> "1.2e-4"
+  function fmt(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "—";
+    var a = Math.abs(v);
+    if (a >= 1e9) return short(v / 1e9) + "G";
+    if (a >= 1e6) return short(v / 1e6) + "M";
+    if (a >= 1e4) return short(v / 1e3) + "k";
+    if (a === 0) return "0";
+    if (a < 1e-3) return v.toExponential(1);
+    return short(v);
+  }
+
+  function duration(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "—";
+    s = Math.round(s);
+    if (s < 60) return s + "s";
+    if (s < 3600) return Math.floor(s / 60) + "m " + String(s % 60).padStart(2, "0") + "s";
+    return Math.floor(s / 3600) + "h " + String(Math.floor(s % 3600 / 60)).padStart(2, "0") + "m";
+  }
+
+  // exponential moving average, debiased at the start (as TensorBoard smooths)
+  function smoothed(values, weight) {
+    if (!weight) return values.slice();
+    var last = 0, n = 0;
+    return values.map(function (v) {
+      if (v === null || v === undefined) return v;
+      n += 1;
+      last = last * weight + (1 - weight) * v;
+      return last / (1 - Math.pow(weight, n));
+    });
+  }
+
+  function axisOf(spec) { return spec.axis === "time" ? "time" : view.axis; }
+
+  function xsOf(series, axis) {
+    return axis === "time" ? series.at : axis === "elapsed" ? series.elapsed : series.step;
+  }
+
+  function table(spec) {
+    var axis = axisOf(spec);
+    var cols = spec.series.map(function (s) {
+      return [xsOf(s, axis), s.dash ? s.values : smoothed(s.values, view.smooth)];
+    });
+    return cols.length === 1 ? cols[0] : window.uPlot.join(cols);
+  }
+
+  function options(spec, width) {
+    var axis = axisOf(spec);
+    var xValues = axis === "elapsed" ? function (u, xs) { return xs.map(duration); }
+      : axis === "step" ? function (u, xs) { return xs.map(fmt); } : undefined;
+    var xLabel = axis === "elapsed" ? "elapsed" : axis === "time" ? "time" : "step";
+    var series = [{ label: xLabel, value: axis === "elapsed" ? function (u, v) { return duration(v); }
+      : axis === "step" ? function (u, v) { return fmt(v); } : undefined }];
+    spec.series.forEach(function (s, i) {
+      series.push({ label: s.label, stroke: s.dash ? "#888" : COLOURS[i % COLOURS.length],
+                    dash: s.dash ? [6, 4] : undefined, width: 1.5, spanGaps: true,
+                    points: { show: s.values.length <= 40 },
+                    value: function (u, v) { return fmt(v); } });
+    });
+    return {
+      title: spec.title + (spec.unit ? " (" + spec.unit + ")" : ""),
+      width: width, height: 200, series: series,
+      legend: { show: spec.series.length <= LEGEND_MAX },
+      scales: { x: { time: axis === "time" } },
+      axes: [{ values: xValues, size: 40 },
+             { values: function (u, ys) { return ys.map(fmt); }, size: 58 }],
+    };
+  }
+
+  function draw(entry) {
+    if (entry.plot) { entry.plot.destroy(); entry.plot = null; }
+    if (entry.fig.hidden || !entry.spec.series.length) return;
+    var width = Math.max(280, Math.floor(entry.box.getBoundingClientRect().width) - 4);
+    entry.plot = new window.uPlot(options(entry.spec, width), table(entry.spec), entry.box);
+  }
+
+  function redraw() {
+    charts.forEach(function (entry) {
+      entry.fig.hidden = !(entry.spec.main || view.more);
+      draw(entry);
+    });
+  }
+
+  function controls() {
+    var bar = document.querySelector(".chart-controls");
+    if (!bar) return;
+    bar.querySelectorAll("input[name=axis]").forEach(function (radio) {
+      radio.addEventListener("change", function () { view.axis = radio.value; redraw(); });
+    });
+    var slider = bar.querySelector("input[name=smooth]");
+    var shown = bar.querySelector("output[name=smooth-value]");
+    slider.addEventListener("input", function () {
+      view.smooth = Number(slider.value);
+      shown.textContent = slider.value;
+      redraw();
+    });
+    var more = bar.querySelector("input[name=more]");
+    more.addEventListener("change", function () { view.more = more.checked; redraw(); });
+  }
+
+  function latest(entry) {
+    var s = entry.spec.series[0], n = s.values.length;
+    var cells = { step: s.step[n - 1], value: s.values[n - 1],
+                  min: Math.min.apply(null, s.values), max: Math.max.apply(null, s.values) };
+    Object.keys(cells).forEach(function (key) {
+      var cell = entry.fig.querySelector('[data-latest="' + key + '"]');
+      if (cell) { cell.setAttribute("data-value", String(cells[key])); cell.textContent = fmt(cells[key]); }
+    });
+  }
+
+  function addRecords(records, start) {
+    var touched = [];
+    records.forEach(function (record) {
+      charts.forEach(function (entry) {
+        var y = record[entry.spec.metric];
+        if (entry.spec.stage !== record.stage || typeof y !== "number" || !isFinite(y)) return;
+        var s = entry.spec.series[0], step = record.step, at = record.time - start;
+        var i = s.step.indexOf(step);
+        if (i >= 0) {
+          s.values[i] = y;
+          s.elapsed[i] = at;
+        } else {
+          s.step.push(step);
+          s.elapsed.push(at);
+          s.values.push(y);
+        }
+        if (touched.indexOf(entry) < 0) touched.push(entry);
+      });
+    });
+    touched.forEach(function (entry) { draw(entry); latest(entry); });
+    var count = document.querySelector("[data-live-records]");
+    if (count) count.textContent = String(Number(count.textContent) + records.length);
+  }
+
+  function progress(status) {
+    if (status.done === null) return "—";
+    return status.stage + " step " + status.done + (status.planned ? " of " + status.planned : "");
+  }
+
+  function showStatus(status) {
+    var panel = document.querySelector("[data-run-live]");
+    var text = { status: status.status, reason: status.reason || "", duration: duration(status.duration_s),
+                 eta: status.eta_s === null ? "—" : duration(status.eta_s), headline: status.headline || "—",
+                 progress: progress(status) };
+    Object.keys(text).forEach(function (key) {
+      var cell = panel.querySelector('[data-field="' + key + '"]');
+      if (cell) cell.textContent = text[key];
+    });
+    panel.setAttribute("data-status", status.status);
+  }
+
+  function follow() {
+    var panel = document.querySelector("[data-run-live]");
+    if (!panel || !window.EventSource) return;
+    var start = Number(panel.getAttribute("data-start"));
+    var source = new EventSource(panel.getAttribute("data-run-live"));
+    source.addEventListener("records", function (event) { addRecords(JSON.parse(event.data), start); });
+    source.addEventListener("status", function (event) { showStatus(JSON.parse(event.data)); });
+    source.addEventListener("reset", function () { source.close(); window.location.reload(); });
+    window.addEventListener("pagehide", function () { source.close(); });
+  }
+
+  function durations() {
+    document.querySelectorAll("[data-seconds]").forEach(function (cell) {
+      var s = cell.getAttribute("data-seconds");
+      if (s !== "") cell.textContent = duration(Number(s));
+    });
+    document.querySelectorAll("[data-latest]").forEach(function (cell) {
+      cell.textContent = fmt(Number(cell.getAttribute("data-value")));
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("script.run-chart-data").forEach(function (node) {
+      var box = node.parentNode;
+      charts.push({ spec: JSON.parse(node.textContent), box: box, fig: box.closest("figure") || box, plot: null });
+    });
+    durations();
+    controls();
+    redraw();
+    follow();
+  });
+})();
