@@ -11,10 +11,11 @@ evaluation: {tasks: 60}
 ```
 
 `trainer` names what trains, and so which sections the run reads (`TRAINER_SECTIONS`): `sft` imitation
-alone; `grpo` imitation, a gate, then GRPO; `dpo` imitation, then DPO on preference pairs; `ppo` and
-`aaac` the structured policy on the environment's Gymnasium view. The `dpo`, `ppo` and `aaac` sections
-must be written when their trainer runs (`ppo: {}` takes PPO's defaults), and a trainer section the
-trainer does not read is refused, so a config says what it runs.
+alone; `grpo` imitation, a gate, then GRPO; `dpo` imitation, then DPO on preference pairs; `rft`
+imitation, then rejection-sampling fine-tuning; `ppo` and `aaac` the structured policy on the
+environment's Gymnasium view. The `dpo`, `rft`, `ppo` and `aaac` sections must be written when their
+trainer runs (`ppo: {}` takes PPO's defaults), and a trainer section the trainer does not read is refused,
+so a config says what it runs.
 
 Every other section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
 mistake. The run writes everything under `run_dir`.
@@ -230,6 +231,24 @@ class DPOSection(Section):
     trainer: DPOConfig = Field(default_factory=DPOConfig, description="DPO trainer settings.")
 
 
+class RFTSection(Section):
+    """Rejection-sampling fine-tuning after imitation (`sessionrl.train.llm.rft`): sample, keep what the
+    judge accepts, imitate it."""
+
+    rounds: int = Field(default=1, ge=1, description="Sample-judge-train rounds, each with the newest policy.")
+    tasks: int = Field(default=32, ge=1, description="Training tasks drawn for each round.")
+    samples: int = Field(default=4, ge=1, description="Episodes sampled per task (K).")
+    accept: Literal["task", "dense"] = Field(
+        default="task",
+        description="task: keep episodes the environment judged solved; dense: keep those that answered "
+        "and where no reward term charged any step.",
+    )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How episodes sample.")
+    trainer: SFTConfig = Field(
+        default_factory=SFTConfig, description="Imitation settings for the kept episodes (each round)."
+    )
+
+
 class ReflectionSection(Section):
     """The third stage (`stages: [imitation, rl, reflection]`): reflect on failures, retry with the
     reflection in context, train on the corrected retries (`sessionrl.train.llm.reflection`)."""
@@ -308,19 +327,21 @@ class Trainer(StrEnum):
     SFT = "sft"
     GRPO = "grpo"
     DPO = "dpo"
+    RFT = "rft"
     PPO = "ppo"
     AAAC = "aaac"
 
 
-EXPORTED = {Trainer.SFT: "sft", Trainer.GRPO: "rl", Trainer.DPO: "dpo"}
+EXPORTED = {Trainer.SFT: "sft", Trainer.GRPO: "rl", Trainer.DPO: "dpo", Trainer.RFT: "rft"}
 """The label of the policy each LLM trainer exports last, to `<label>_policy/` in the run folder: after
-imitation, after GRPO, after DPO."""
+imitation, after GRPO, after DPO, after rejection-sampling fine-tuning."""
 
 
 TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
     Trainer.SFT: frozenset({"sft"}),
     Trainer.GRPO: frozenset({"sft", "rl"}),
     Trainer.DPO: frozenset({"sft", "dpo"}),
+    Trainer.RFT: frozenset({"sft", "rft"}),
     Trainer.PPO: frozenset({"ppo"}),
     Trainer.AAAC: frozenset({"aaac"}),
 }
@@ -329,7 +350,7 @@ TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
 ALL_TRAINER_SECTIONS = frozenset().union(*TRAINER_SECTIONS.values())
 """Every trainer section."""
 
-OWN_SECTIONS = frozenset({"dpo", "ppo", "aaac"})
+OWN_SECTIONS = frozenset({"dpo", "rft", "ppo", "aaac"})
 """Trainer sections without a default: the trainer they belong to needs them written."""
 
 
@@ -339,7 +360,8 @@ class RunConfig(Section):
     run_dir: Path = Field(default=Path("runs/train"), description="Where everything is written.")
     seed: int = Field(default=0, description="Seeds task draws, sampling and initialisation.")
     trainer: Trainer = Field(
-        default=Trainer.GRPO, description="What trains: sft, grpo, dpo (LLM policy), ppo, aaac (structured)."
+        default=Trainer.GRPO,
+        description="What trains: sft, grpo, dpo, rft (LLM policy), ppo, aaac (structured).",
     )
     env: EnvSection = Field(default_factory=EnvSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -359,6 +381,7 @@ class RunConfig(Section):
     )
     cluster: ClusterSection = Field(default_factory=ClusterSection, description="Shared store, Ray workers.")
     dpo: DPOSection | None = Field(default=None, description="DPO settings (trainer: dpo).")
+    rft: RFTSection | None = Field(default=None, description="Rejection sampling settings (trainer: rft).")
     ppo: PPOSection | None = Field(default=None, description="PPO settings (trainer: ppo).")
     aaac: AAACSection | None = Field(default=None, description="AAAC settings (trainer: aaac).")
     levels: LevelsConfig = Field(
@@ -436,6 +459,7 @@ __all__ = [
     "FaultSection",
     "ModelSection",
     "PPOSection",
+    "RFTSection",
     "RLSection",
     "RaySection",
     "ReflectionSection",

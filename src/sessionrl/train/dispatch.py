@@ -3,6 +3,7 @@
     sft    imitation on expert sessions                     sessionrl.train.llm.loop.train_sft
     grpo   imitation, a gate, then GRPO                     sessionrl.train.llm.loop.train
     dpo    imitation, outcome preference pairs, then DPO    sessionrl.train.llm.preferences.train_dpo
+    rft    imitation, then rejection-sampling fine-tuning   sessionrl.train.llm.rft.train_rft
     ppo    structured imitation, then PPO                   sessionrl.train.structured.run.train_structured
     aaac   structured imitation, then AAAC                  sessionrl.train.structured.run.train_structured
 
@@ -23,6 +24,7 @@ from sessionrl.train.config import RunConfig, Trainer
 from sessionrl.train.llm.loop import TrainResult, train, train_sft
 from sessionrl.train.llm.preferences import train_dpo
 from sessionrl.train.llm.reflection import StagesResult, train_stages
+from sessionrl.train.llm.rft import train_rft
 from sessionrl.train.status import recording
 from sessionrl.train.structured.run import StructuredResult, train_structured
 
@@ -56,6 +58,8 @@ def _run(config: RunConfig, resume: bool, console: Console) -> TrainResult | Str
             return train(config, resume=resume, console=console)
         case Trainer.DPO:
             return train_dpo(config, console=console)
+        case Trainer.RFT:
+            return train_rft(config, console=console)
         case Trainer.PPO | Trainer.AAAC:
             return train_structured(config, console=console)
 

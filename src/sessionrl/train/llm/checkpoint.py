@@ -48,6 +48,8 @@ class Stage(StrEnum):
     the collapse watch kept, and a resumed run does not train it further."""
     DPO = "dpo"
     """DPO on preference pairs, after imitation."""
+    RFT = "rft"
+    """Rejection-sampling fine-tuning, after imitation."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,188 @@
+"""Rejection-sampling fine-tuning (`trainer: rft`): imitation, then rounds of sample, judge, imitate.
+
+    sft     expert episodes ──▶ SFT steps ──▶ sft_policy/          (the `sft:` section, as every trainer)
+    round   `rft.tasks` training tasks, drawn anew ──▶ `rft.samples` episodes each with the current policy
+            ──▶ the judge keeps some ──▶ `rft.trainer.steps` SFT steps on the kept episodes' own tokens
+    export  rft_policy/, then sft_policy/ and rft_policy/ evaluated on the report split
+
+The judge (`rft.accept`):
+
+- `task`: the environment's verdict: an episode is kept when it solved its task;
+- `dense`: the reward engine's per-step terms: an episode is kept when it ended with an answer, made at
+  least one tool call, and no term charged any of its steps (no failed call of its own doing, no reply
+  that was not an action, ...). It keeps partial successes the task verdict throws away.
+
+The K episodes of a task share their environment seed, so they meet the same faults. The kept episodes
+train through the imitation trainer (`SFTTrainer`, the one SFT implementation) on the tokens the policy
+sampled (the turns' recorded ids: nothing is tokenised again). Every round counts what it sampled, kept
+and rejected, by reason, prints it and logs it (the `rft` record of metrics.jsonl); a round that keeps
+nothing trains on nothing and says so.
+
+To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
+`sft.trainer.steps: 0`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+
+from sessionrl.envs.base import Split, Task, stream_seed
+from sessionrl.episodes import EpisodeSpec, Ran
+from sessionrl.rewards.vector import RewardVector
+from sessionrl.session.model import Session
+from sessionrl.train.config import RFTSection, RunConfig
+from sessionrl.train.llm.checkpoint import Stage
+from sessionrl.train.llm.data import TokenSequence, merge_turns, policy_turns
+from sessionrl.train.llm.loop import (
+    SEED_BITS,
+    TrainResult,
+    evaluate_exported,
+    imitation,
+    in_lockstep,
+    start_run,
+)
+from sessionrl.train.llm.run import Run, export_policy
+from sessionrl.train.llm.sft import SFTTrainer
+
+
+def round_specs(run: Run, section: RFTSection, round_: int) -> list[EpisodeSpec]:
+    """K episodes for each of the round's training tasks (drawn by a generator named by the round); the
+    K of a task share its environment seed."""
+    cfg = run.config
+    tasks: Sequence[Task] = run.env.tasks(Split.TRAIN)
+    rng = random.Random(stream_seed(cfg.seed, "rft", round_, bits=SEED_BITS))
+    chosen = rng.sample(list(tasks), min(section.tasks, len(tasks)))
+    faults = cfg.faults.at(round_)
+    return [
+        EpisodeSpec(
+            task=task,
+            session_id=f"rft-{round_:02d}-{task.task_id}-{k}",
+            seed=stream_seed(cfg.seed, "rft", round_, task.task_id, bits=SEED_BITS),
+            faults=faults,
+            metadata={"stage": "rft", "round": round_},
+        )
+        for task in chosen
+        for k in range(section.samples)
+    ]
+
+
+def dense_verdict(session: Session, vector: RewardVector) -> str | None:
+    """Why the dense judge rejects `session` (None: it accepts it): no answer, no tool call, or the first
+    term (by name) that charged one of its steps."""
+    if session.final_output is None:
+        return "no answer"
+    if not session.tool_calls:
+        return "no tool call"
+    charged = sorted({t.name for t in vector.terms if any(v < 0 for v in t.steps.values())})
+    return f"charged by {charged[0]}" if charged else None
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One round's episodes after the judge: those kept, and the rejected ones counted by reason."""
+
+    kept: tuple[Session, ...]
+    rejected: dict[str, int]
+
+    def as_record(self) -> dict[str, int]:
+        """`sampled`, `kept`, and `rejected_<reason>` for each reason (spaces as underscores)."""
+        reasons = {f"rejected_{r.replace(' ', '_')}": n for r, n in sorted(self.rejected.items())}
+        return {"sampled": len(self.kept) + sum(self.rejected.values()), "kept": len(self.kept), **reasons}
+
+
+def judge(run: Run, accept: str, ran: Sequence[Ran]) -> Judged:
+    """The episodes `ran` judged as `accept` says (see the module doc)."""
+    kept: list[Session] = []
+    rejected: Counter[str] = Counter()
+    for r in ran:
+        session = run.store.get(r.session_id)
+        if accept == "task":
+            why = None if r.success else "task not solved"
+        else:
+            why = dense_verdict(session, run.shaper.engine.score(session, learn=False))
+        if why is None and not policy_turns(session, {}):
+            why = "no sampled tokens"  # a session this policy did not sample: nothing to imitate
+        if why is None:
+            kept.append(session)
+        else:
+            rejected[why] += 1
+    return Judged(tuple(kept), dict(rejected))
+
+
+def kept_sequences(sessions: Sequence[Session]) -> list[TokenSequence]:
+    """The kept episodes as training sequences: the policy's own sampled turns, every reply trained."""
+    return [seq for s in sessions for seq in merge_turns(policy_turns(s, {}), s.session_id)]
+
+
+def imitate(run: Run, section: RFTSection, sequences: Sequence[TokenSequence], round_: int) -> None:
+    """`rft.trainer.steps` SFT steps on `sequences` (a fresh optimiser and schedule each round), each on a
+    batch drawn by a generator named by the round and the step."""
+    cfg, policy = run.config, run.need_policy()
+    trainer = SFTTrainer(policy.model, section.trainer, policy.tokenizer.pad_token_id)
+    for step in range(section.trainer.steps):
+        rng = random.Random(stream_seed(cfg.seed, "rft-batch", round_, step, bits=SEED_BITS))
+        batch = rng.sample(list(sequences), min(section.trainer.batch_sessions, len(sequences)))
+        stats = trainer.step(batch)
+        run.log.write("rft_update", step, {"round": round_, "loss": stats.loss, "tokens": stats.tokens})
+    policy.version += 1  # the engine serves the updated weights from now on
+
+
+def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Judged]:
+    """Every round: sample with the current policy, judge, imitate what was kept; each round's counts are
+    printed and logged."""
+    policy, rounds = run.need_policy(), []
+    for round_ in range(section.rounds):
+        # sample
+        ran = in_lockstep(run, round_specs(run, section, round_), policy.view(section.sampling))
+        # judge
+        judged = judge(run, section.accept, ran)
+        record = judged.as_record()
+        run.log.write("rft", round_, {"round": round_, "accept": section.accept, **record})
+        console.print(
+            f"rft round {round_ + 1}/{section.rounds}: kept {record['kept']} of {record['sampled']}"
+            f" episodes ({section.accept} judge); rejected: {judged.rejected or 'none'}",
+            markup=False,
+            highlight=False,
+        )
+        rounds.append(judged)
+        # imitate
+        sequences = kept_sequences(judged.kept)
+        if not sequences:
+            console.print(f"rft round {round_ + 1}: nothing kept, so nothing trained", markup=False)
+            continue
+        imitate(run, section, sequences, round_)
+    return rounds
+
+
+def train_rft(config: RunConfig, *, console: Console | None = None) -> TrainResult:
+    """`trainer: rft`: imitation, the rejection-sampling rounds, then `sft_policy/` and `rft_policy/`
+    evaluated on the report split."""
+    console = console or Console()
+    section = config.rft
+    if section is None:
+        raise ValueError("trainer rft needs an `rft:` section (`rft: {}` for defaults)")
+    with start_run(config, resume=False) as run:
+        imitation(run, console, resume=False)
+        rejection_rounds(run, section, console)
+        policy = run.need_policy()
+        run.state = dataclasses.replace(run.state, stage=Stage.RFT, policy_version=policy.version)
+        export_policy(policy, run.folder / "rft_policy")
+        report = evaluate_exported(run, config.evaluation.split, config.evaluation.tasks)
+        return TrainResult(run.state.stage, None, (), report)
+
+
+__all__ = [
+    "Judged",
+    "dense_verdict",
+    "judge",
+    "kept_sequences",
+    "rejection_rounds",
+    "round_specs",
+    "train_rft",
+]

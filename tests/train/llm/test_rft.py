@@ -1,0 +1,87 @@
+"""Rejection-sampling fine-tuning: the dense judge's verdicts worked out by hand, a tiny `trainer: rft` run
+that counts what it sampled, kept and rejected and evaluates both policies, and the kept episodes'
+own tokens trained through the SFT trainer (the weights move, the loss is logged per step)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sessionrl.session import SessionCreate, created, fold
+from sessionrl.session.model import CallStatus, FinalOutput, ToolCall
+from sessionrl.train.config import RunConfig
+from sessionrl.train.dispatch import run_trainer
+from sessionrl.train.llm import rft
+from sessionrl.train.llm.checkpoint import Stage
+from sessionrl.train.llm.loop import TrainResult
+from tiny_run_support import SFT_SECTION, tiny_run
+
+ROLLOUT = {"full_schemas": False, "domain_policy": False}
+RFT = {
+    "tasks": 2,
+    "samples": 2,
+    "sampling": {"max_new_tokens": 16},
+    "trainer": {"steps": 2, "batch_sessions": 2},
+}
+
+
+def term(name: str, *steps: float) -> Any:
+    return SimpleNamespace(name=name, steps={f"c{i}": v for i, v in enumerate(steps)})
+
+
+def test_the_dense_judge_keeps_only_answered_episodes_no_term_charged() -> None:
+    call = ToolCall(call_id="c0", tool="sms_send", params={}, status=CallStatus.SUCCESS)
+    bare = fold([created(SessionCreate(user_query="q"))])
+    answered = bare.model_copy(update={"final_output": FinalOutput(text="done")})
+    worked = answered.model_copy(update={"tool_calls": (call,)})
+    fine = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error")))
+    charged = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error", 0.0, -1.0)))
+    assert rft.dense_verdict(bare, fine) == "no answer"
+    assert rft.dense_verdict(answered, fine) == "no tool call"
+    assert rft.dense_verdict(worked, charged) == "charged by policy_error"
+    assert rft.dense_verdict(worked, fine) is None
+
+
+def records(run_dir: Path, stage: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["stage"] == stage]
+
+
+@pytest.mark.parametrize("accept", ["task", "dense"])
+def test_an_rft_run_counts_every_episode_it_judged_and_reports_both_policies(
+    accept: str, tmp_path: Path
+) -> None:
+    data = tiny_run(
+        run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=RFT | {"accept": accept}
+    )
+    result = run_trainer(RunConfig.model_validate(data))
+    assert isinstance(result, TrainResult)
+    assert result.stage is Stage.RFT
+    assert set(result.report) == {"sft", "rft"}
+    (judged,) = records(tmp_path, "rft")
+    rejected = sum(v for k, v in judged.items() if k.startswith("rejected_"))
+    assert judged["sampled"] == 4 == judged["kept"] + rejected
+    assert judged["accept"] == accept
+    labels = {r["label"]: r for r in records(tmp_path, "eval")}
+    assert "tool_acc" in labels["rft"] and "tool_acc" in labels["sft"]
+
+
+def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
+        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
+
+    monkeypatch.setattr(rft, "judge", keep_all)
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=RFT)
+    run_trainer(RunConfig.model_validate(data))
+    updates = records(tmp_path, "rft_update")
+    assert [u["step"] for u in updates] == [0, 1]
+    assert all(u["loss"] > 0 and u["tokens"] > 0 for u in updates)
+    before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before)
