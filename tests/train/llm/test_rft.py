@@ -69,7 +69,8 @@ def test_an_rft_run_counts_every_episode_it_judged_and_reports_both_policies(
     assert judged["sampled"] == 4 == judged["kept"] + rejected
     assert judged["accept"] == accept
     labels = {r["label"]: r for r in records(tmp_path, "eval")}
-    assert "tool_acc" in labels["rft"] and "tool_acc" in labels["sft"]
+    assert "tool_acc" in labels["rft"]
+    assert "tool_acc" in labels["sft"]
 
 
 def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
