@@ -7,6 +7,9 @@ Every asset is served from the package (`static/`), so the pages and `/docs` wor
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from sessionrl.ui import policies, sessions, training
 from sessionrl.ui.auth import COOKIE, LOGIN_PATH, LoginRequired, login_url, principal_of, safe_next
 from sessionrl.ui.config import UIConfig
 
+_log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 STATIC = "/ui/static"
 
@@ -111,11 +115,18 @@ def login_router() -> APIRouter:
 
 
 def create_ui_app(db_url: str, config: UIConfig, tokens: Mapping[str, frozenset[Scope]]) -> FastAPI:
-    """The dashboard alone over the store at `db_url`: pages and docs, no step API, nothing that writes."""
+    """The dashboard alone over the store at `db_url`: pages, the list's read API and its docs, no step
+    API, nothing that writes. Changes not yet projected are projected before it serves."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with SessionStore.open(db_url) as store:
+            # warm at start: what was appended but not yet projected is projected before the first page
+            # asks (a query drains the outbox first, so a store filled in bulk made its first page wait)
+            started = time.perf_counter()
+            projected = await asyncio.to_thread(store.project)
+            if projected:
+                _log.info("projected %d pending changes in %.1f s", projected, time.perf_counter() - started)
             app.state.store = store
             yield
 
@@ -124,4 +135,5 @@ def create_ui_app(db_url: str, config: UIConfig, tokens: Mapping[str, frozenset[
     )
     app.state.tokens = TokenTable(tokens)
     mount(app, config)
+    app.include_router(sessions.api)  # what /docs documents here (`serve` documents its step API)
     return app

@@ -145,6 +145,27 @@ def _latest_rewards(store: SessionStore, ids: list[str], ruleset: str | None) ->
     return out
 
 
+def as_json(item: Listed) -> dict[str, Any]:
+    """One listed row as the list's JSON API answers it."""
+    row = item.row
+    return {
+        "session_id": row.session_id,
+        "state": row.state.value,
+        "outcome": item.outcome,
+        "stage": item.stage,
+        "scenario": row.scenario,
+        "user_query": row.user_query,
+        "failed_calls": item.failed_calls,
+        "errors": list(item.errors),
+        "reward": item.reward,
+        "reward_ruleset": item.reward_ruleset,
+        "duration_ms": item.duration_ms,
+        "policy_version": item.policy_version,
+        "n_feedback": row.n_feedback,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
 def rulesets(store: SessionStore) -> list[str]:
     """The ruleset versions rewards were saved under, for the form's choice."""
     return [str(r["v"]) for r in store.sql("SELECT DISTINCT ruleset_version AS v FROM rewards ORDER BY 1")]

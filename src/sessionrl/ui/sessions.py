@@ -11,17 +11,18 @@ from contextlib import contextmanager, nullcontext
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from sessionrl.access import Principal
+from sessionrl.episodes.verdict import task_success
 from sessionrl.errors import NotFound
 from sessionrl.rewards.vector import RewardVector
 from sessionrl.session.model import SessionState
 from sessionrl.store import SessionStore
 from sessionrl.ui import listing, runs, views
-from sessionrl.ui.auth import viewer
+from sessionrl.ui.auth import LoginRequired, viewer
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Viewer = Annotated[Principal, Depends(viewer)]
@@ -111,6 +112,36 @@ def _list_context(
     }
 
 
+def reader(request: Request) -> Principal:
+    """A dependency of the JSON API: a read token (bearer or the dashboard's cookie), else a 401."""
+    try:
+        return viewer(request)
+    except LoginRequired:
+        raise HTTPException(401, "a token with the read scope is needed") from None
+
+
+api = APIRouter(prefix="/ui/api", tags=["dashboard"])
+Reader = Annotated[Principal, Depends(reader)]
+
+
+@api.get("/sessions")
+def session_list_data(request: Request, who: Reader) -> dict[str, Any]:
+    """The session list as JSON: the list page's query parameters (`q`, `state`, `outcome`, `failed`,
+    `error`, `scenario`, `stage`, `policy`, `min_reward`, `max_reward`, `reward_version`, `min_ms`,
+    `max_ms`, `run`, ...: docs/dashboard.md), the number of matching sessions and one page of rows."""
+    params = dict(request.query_params)
+    size = request.app.state.ui.config.page_size
+    with _list_store(request, params.get("run", "").strip()) as store:
+        if store is None:
+            raise HTTPException(404, f"no session store for run {params['run']!r}")
+        try:
+            query = listing.list_query(params, size)
+        except (ValidationError, ValueError) as exc:
+            raise HTTPException(422, _problem(exc)) from None
+        rows = listing.listed(store, store.query(query), query.reward_ruleset)
+        return {"total": store.count(query), "rows": [listing.as_json(r) for r in rows]}
+
+
 @router.get("/sessions/live")
 async def live_counts(request: Request, who: Viewer, run: str = "") -> Response:
     """Server-sent events: the number of sessions in each state, sent when it changes. One stream lasts
@@ -176,6 +207,11 @@ def render_session(
         "rewards": store.rewards(session_id),
         "slas": request.app.state.ui.slas,
         "anchor": views.step_anchor,
+        "judged": views.judged(session),
+        "tokens": views.tokens,
+        "later": views.later,
+        "fit": views.fit,
+        "outcome": task_success(session),
         "delay_s": views.delay_s,
         "dumps": _pretty,
         "node": (views.NODE_W, views.NODE_H),

@@ -10,7 +10,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sessionrl.session.model import CallStatus, Feedback, FeedbackType, LLMCall, Plan, Session, ToolCall
+from sessionrl.session.model import (
+    CallStatus,
+    Feedback,
+    FeedbackType,
+    LLMCall,
+    Plan,
+    Session,
+    SessionState,
+    ToolCall,
+)
+from sessionrl.store.summary import judged_failed
 
 GUARD_FEEDBACK = frozenset(
     {
@@ -22,12 +32,17 @@ GUARD_FEEDBACK = frozenset(
 )
 """Feedback that a guard, not a person, gives: marked on the timeline where it lands."""
 
-NODE_W, NODE_H, GAP_X, GAP_Y = 180, 46, 60, 18
+NODE_W, NODE_H, GAP_X, GAP_Y = 200, 60, 50, 16
+CHAR_W = 7.2
+"""Width of one character of the DAG's 12 px label font, generously: a label is cut to what fits its box."""
+
+FINAL_STATES = frozenset({SessionState.FINISHED, SessionState.REJECTED, SessionState.ARCHIVED})
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One sub-goal placed on the DAG: its box's top-left corner, its status and the call that served it."""
+    """One sub-goal placed on the DAG: its box's top-left corner, its status and the call that served it.
+    `title` and `line` are the box's two text lines cut to fit it; `label` is the whole description."""
 
     id: str
     label: str
@@ -36,6 +51,18 @@ class Node:
     y: int
     status: str
     call_id: str | None
+    title: str = ""
+    line: str = ""
+
+
+def fit(text: str, width: int = NODE_W - 16) -> str:
+    """`text` cut (with an ellipsis) to what fits `width` pixels of the DAG's label font.
+
+    >>> fit("lookup_order_status_for_customer", 100)
+    'lookup_order_…'
+    """
+    room = int(width // CHAR_W)
+    return text if len(text) <= room else text[: max(1, room - 1)] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +113,32 @@ def serving_call(calls: Sequence[ToolCall], subgoal_id: str) -> ToolCall | None:
     return chosen[-1] if chosen else None
 
 
+def goal_status(session: Session, goal_id: str) -> tuple[str, str | None]:
+    """A sub-goal's status and the call that served it: its tool call; else the LLM call an import named
+    for it (metadata `sub_goal_llm_calls`; `not recorded` when the record lacks that call); else
+    `pending` while the session runs and `not run` once it has ended."""
+    call = serving_call(session.tool_calls, goal_id)
+    if call is not None:
+        return call.status.value, call.call_id
+    named = session.metadata.get("sub_goal_llm_calls")
+    llm_id = named.get(goal_id) if isinstance(named, Mapping) else None
+    if llm_id is not None:
+        llm = next((c for c in session.llm_calls if c.call_id == llm_id), None)
+        if llm is None:
+            return "not recorded", None
+        return judged(session).get(llm.call_id, llm.status.value), llm.call_id
+    return ("not run" if session.state in FINAL_STATES else "pending"), None
+
+
+def judged(session: Session) -> dict[str, str]:
+    """LLM calls a verdict judged failed (a reply the action parser refused, say), with its code
+    (`sessionrl.store.summary.judged_failed`: the list's failed-call count reads the same)."""
+    return judged_failed({"feedback": [f.model_dump(mode="json") for f in session.feedback]})
+
+
 def layout(session: Session) -> Dag:
     """The plan as columns of boxes by depth, each box coloured by the status of the call that served it
-    (`pending` when none did)."""
+    (see `goal_status`), its text cut to fit (the whole of it in the box's tooltip)."""
     if session.plan is None or not session.plan.subgoals:
         return Dag((), (), 0, 0)
     column = depths(session.plan)
@@ -98,15 +148,17 @@ def layout(session: Session) -> Dag:
         col = column[goal.id]
         row = rows.get(col, 0)
         rows[col] = row + 1
-        call = serving_call(session.tool_calls, goal.id)
+        status, call_id = goal_status(session, goal.id)
         nodes[goal.id] = Node(
             id=goal.id,
             label=goal.description or goal.id,
             tool=goal.tool,
             x=10 + col * (NODE_W + GAP_X),
             y=10 + row * (NODE_H + GAP_Y),
-            status=call.status.value if call is not None else "pending",
-            call_id=call.call_id if call is not None else None,
+            status=status,
+            call_id=call_id,
+            title=fit(f"{goal.id}: {goal.tool}" if goal.tool else goal.id),
+            line=fit(goal.description or ""),
         )
     edges = tuple(
         Edge(parent, goal.id, _edge_points(nodes[parent], nodes[goal.id]))
@@ -138,11 +190,24 @@ class Bar:
 
 
 @dataclass(frozen=True, slots=True)
+class Tick:
+    """One piece of feedback on the timeline: where it arrived, as % of the steps' span (100 when it
+    arrived after the last step ended, `after_ms` later)."""
+
+    feedback_id: str
+    label: str
+    left: float
+    after_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
-    """Every plan, tool and LLM step in start order, and the span they cover."""
+    """Every plan, tool and LLM step in start order, the span they cover, and the feedback (guards'
+    verdicts excepted: they are marks on their steps) by the time it arrived."""
 
     bars: tuple[Bar, ...]
     span_ms: float
+    feedback: tuple[Tick, ...] = ()
 
 
 def step_anchor(call_id: str) -> str:
@@ -152,31 +217,88 @@ def step_anchor(call_id: str) -> str:
 
 def timeline(session: Session, plan_at: datetime | None = None) -> Timeline:
     """The Gantt rows of a session: the plan (when `plan_at` is known), then every tool and LLM call,
-    ordered by start, with retries, faults, refusals and the guards' verdicts about the call as marks."""
+    ordered by start, with retries, faults, refusals and the guards' verdicts about the call as marks.
+    A bar is as long as the duration its label gives (`_latency`), so widths and labels agree."""
     verdicts = _verdicts_by_call(session.feedback)
-    steps: list[tuple[datetime, datetime, Bar]] = []
+    failed = judged(session)
+    steps: list[tuple[datetime, Bar]] = []
     if plan_at is not None and session.plan is not None:
-        plan = Bar("plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, 0.0, 0.0)
-        steps.append((plan_at, plan_at, plan))
+        steps.append(
+            (plan_at, Bar("plan", "plan", f"plan: {session.plan.root_goal}", "success", 0.0, 0.0, 0.0))
+        )
     for t in session.tool_calls:
         marks = _tool_marks(t) + verdicts.get(t.call_id, ())
-        bar = Bar(t.call_id, "tool", t.tool, t.status.value, _latency(t), 0.0, 0.0, marks)
-        steps.append((t.started_at, t.finished_at, bar))
+        steps.append(
+            (t.started_at, Bar(t.call_id, "tool", t.tool, t.status.value, _latency(t), 0.0, 0.0, marks))
+        )
     for c in session.llm_calls:
-        marks = verdicts.get(c.call_id, ())
-        bar = Bar(c.call_id, "llm", f"llm {c.purpose}", c.status.value, _latency(c), 0.0, 0.0, marks)
-        steps.append((c.started_at, c.finished_at, bar))
+        code = failed.get(c.call_id)
+        marks = ((f"judged: {code}",) if code else ()) + verdicts.get(c.call_id, ())
+        status = "error" if code else c.status.value
+        steps.append(
+            (c.started_at, Bar(c.call_id, "llm", f"llm {c.purpose}", status, _latency(c), 0.0, 0.0, marks))
+        )
     if not steps:
-        return Timeline((), 0.0)
+        return Timeline((), 0.0, _ticks(session, None, 1.0))
     steps.sort(key=lambda s: s[0])
     t0 = steps[0][0]
-    span = max(1.0, max(_ms(end - t0) for _, end, _ in steps))
+    span = max(1.0, max(_ms(start - t0) + bar.latency_ms for start, bar in steps))
     bars = []
-    for start, end, bar in steps:
+    for start, bar in steps:
         left = _ms(start - t0) / span * 100
-        width = min(max(0.4, _ms(end - start) / span * 100), 100 - left)
-        bars.append(dataclasses.replace(bar, left=left, width=width))
-    return Timeline(tuple(bars), span)
+        bars.append(dataclasses.replace(bar, left=left, width=max(0.4, bar.latency_ms / span * 100)))
+    return Timeline(tuple(bars), span, _ticks(session, t0, span))
+
+
+def _ticks(session: Session, t0: datetime | None, span: float) -> tuple[Tick, ...]:
+    """The feedback (not the guards') at the time it arrived; what arrived after the steps, at the end."""
+    ticks = []
+    for f in sorted(session.feedback, key=lambda f: f.received_at):
+        if f.type in GUARD_FEEDBACK:
+            continue
+        at = 0.0 if t0 is None else _ms(f.received_at - t0)
+        score = "" if f.score is None else f" {f.score:g}"
+        label = f"{f.type.value}{score}" + (f" by {f.annotator}" if f.annotator else "")
+        ticks.append(Tick(f.feedback_id, label, min(100.0, max(0.0, at / span * 100)), max(0.0, at - span)))
+    return tuple(ticks)
+
+
+def later(ms: float) -> str:
+    """A delay in words for the timeline: `+850 ms`, `+12.5 s`, `+3 min`, `+2 h 5 min`, `+4 d 3 h`.
+
+    >>> [later(x) for x in (850, 12_500, 180_000, 7_500_000, 356_400_000)]
+    ['+850 ms', '+12.5 s', '+3 min', '+2 h 5 min', '+4 d 3 h']
+    """
+    if ms < 1000:
+        return f"+{ms:.0f} ms"
+    if ms < 60_000:
+        return f"+{ms / 1000:.1f} s"
+    minutes = int(ms // 60_000)
+    if minutes < 60:
+        return f"+{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"+{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"+{days} d {hours} h"
+
+
+def tokens(call: LLMCall) -> str:
+    """What a call used, in words: the server's usage when it sent one (its total, else prompt plus
+    completion), otherwise `tokens_used`; never a bare 0 beside a usage that says otherwise.
+
+    >>> tokens(LLMCall(call_id="c", tokens_used=0, usage={"prompt_tokens": 40, "completion_tokens": 12}))
+    '52 tokens (prompt 40, completion 12)'
+    >>> tokens(LLMCall(call_id="c"))
+    'tokens unknown'
+    """
+    usage = call.usage or {}
+    parts = [(k.removesuffix("_tokens"), v) for k, v in usage.items() if k != "total_tokens"]
+    total = usage.get("total_tokens") or sum(v for _, v in parts) or call.tokens_used
+    if total is None:
+        return "tokens unknown"
+    detail = ", ".join(f"{k} {v}" for k, v in parts)
+    return f"{total} tokens" + (f" ({detail})" if detail else "")
 
 
 def _ms(delta: timedelta) -> float:
