@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -54,7 +53,8 @@ def test_failed_calls_and_error_codes_count_a_reply_the_parser_refused(client: T
     assert listed(client, "error=UNAVAILABLE") == ["failed-1"]
     assert listed(client, "error=UNPARSEABLE_ACTION") == ["judged-1"]
     rows = {r["session_id"]: r for r in data(client, "failed=1")["rows"]}  # type: ignore[attr-defined]
-    assert rows["judged-1"]["failed_calls"] == 1 and rows["judged-1"]["errors"] == ["UNPARSEABLE_ACTION"]
+    assert rows["judged-1"]["failed_calls"] == 1
+    assert rows["judged-1"]["errors"] == ["UNPARSEABLE_ACTION"]
 
 
 def test_reward_bounds_read_the_latest_reward_or_the_chosen_rulesets(client: TestClient) -> None:
@@ -103,7 +103,8 @@ def test_state_counts_link_to_the_list_of_that_state(client: TestClient) -> None
 
 def test_a_bad_filter_is_named_and_the_api_says_422(client: TestClient) -> None:
     page = client.get("/ui/sessions?outcome=maybe").text
-    assert 'role="alert"' in page and "outcome" in page
+    assert 'role="alert"' in page
+    assert "outcome" in page
     assert client.get("/ui/api/sessions?min_ms=-1").status_code == 422
     assert client.get("/ui/api/sessions", headers={"Authorization": ""}).status_code == 401
 
