@@ -206,6 +206,33 @@ def entropy_of(logp: Tensor) -> Tensor:
     return -(finite.exp() * finite).sum(-1)
 
 
+def categorical_kl(logp: Tensor, logq: Tensor) -> Tensor:
+    """``KL(p ‖ q) = Σ p·(log p - log q)`` over the last axis, from log-probabilities of the same shape.
+
+    Entries where ``p`` is 0 (``-inf``) add nothing; ``q`` must not be 0 where ``p`` is not.
+
+    >>> half, skewed = torch.log(torch.tensor([0.5, 0.5])), torch.log(torch.tensor([0.25, 0.75]))
+    >>> round(categorical_kl(half, skewed).item(), 4)  # ½·ln 2 + ½·ln(2/3)
+    0.1438
+    """
+    low = torch.finfo(logp.dtype).min
+    p_finite, q_finite = logp.clamp_min(low), logq.clamp_min(low)
+    return (p_finite.exp() * (p_finite - q_finite)).sum(-1)
+
+
+def gaussian_kl(mean_p: Tensor, log_std_p: Tensor, mean_q: Tensor, log_std_q: Tensor) -> Tensor:
+    """Elementwise ``KL(N(μ_p, σ_p²) ‖ N(μ_q, σ_q²)) = ln(σ_q/σ_p) + (σ_p² + (μ_p - μ_q)²) / (2σ_q²) - ½``
+    (inputs broadcast together).
+
+    >>> zero = torch.tensor(0.0)
+    >>> gaussian_kl(torch.tensor(1.0), zero, zero, zero).item()  # a unit shift of a unit Gaussian: ½
+    0.5
+    """
+    ratio = torch.exp(2.0 * (log_std_p - log_std_q))
+    shift = (mean_p - mean_q).square() * torch.exp(-2.0 * log_std_q)
+    return (log_std_q - log_std_p) + 0.5 * (ratio + shift) - 0.5
+
+
 class StructuredDist:
     """The policy's action distribution for a batch of states (see the module doc).
 
@@ -262,6 +289,20 @@ class StructuredDist:
         gauss = -0.5 * z.square() - (self.log_std + 0.5 * LOG_2PI)
         chosen = self.choice_logp.gather(-1, action.choice[..., None]).squeeze(-1)
         return logp + (gauss * own_num).sum(-1) + (chosen * own_choice).sum(-1)
+
+    def kl(self, other: StructuredDist) -> Tensor:
+        """``[B]`` exact ``KL(self ‖ other)`` of the whole action per state (both over the same layout and
+        masks): the skill heads' KL plus, for every parameter head, its KL weighted by the probability
+        (under `self`) of the skill that owns it, since a head only counts when its skill is taken."""
+        skill_p = self.skill_logp.exp()
+        index = self.index
+        numeric = gaussian_kl(self.mean, self.log_std, other.mean, other.log_std)
+        choices = categorical_kl(self.choice_logp, other.choice_logp)
+        return (
+            categorical_kl(self.skill_logp, other.skill_logp)
+            + (skill_p.index_select(1, index.numeric_skill) * numeric).sum(-1)
+            + (skill_p.index_select(1, index.choice_skill) * choices).sum(-1)
+        )
 
     def entropy(self, skill: Tensor) -> Tensor:
         """``[B]`` entropy of the skill head plus that of the parameter heads owned by `skill`."""
@@ -458,10 +499,12 @@ __all__ = [
     "StructuredPolicy",
     "build_policy",
     "categorical_entropy",
+    "categorical_kl",
     "cvar",
     "entropy_of",
     "flatten_batch",
     "flatten_observation",
+    "gaussian_kl",
     "layout_index",
     "masked_logits",
     "observation_size",

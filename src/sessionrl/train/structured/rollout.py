@@ -412,13 +412,16 @@ def build_run(
 @dataclass(frozen=True, slots=True)
 class StepStats:
     """Diagnostics of optimiser steps (plain floats): the surrogate's loss, the critics' loss, the skill
-    entropy, the approximate KL to the sampling policy and the share of clipped ratios."""
+    entropy, the approximate KL to the sampling policy, the share of clipped ratios and the KL from the
+    start policy."""
 
     policy_loss: float
     value_loss: float
     entropy: float
     approx_kl: float
     clip_fraction: float
+    anchor_kl: float = 0.0
+    """KL(start policy ‖ policy) on the minibatch's states (0 without an anchor)."""
 
     @classmethod
     def mean(cls, steps: Sequence[StepStats]) -> StepStats:
@@ -449,10 +452,21 @@ class IterationLog:
     """Mean λ of the advantage estimate over the round's steps."""
     kl_beta: float
     """KL coefficient at the end of the round (0 for PPO)."""
+    anchor_kl: float = 0.0
+    """Mean KL(start policy ‖ policy) over the round's minibatches (0 without an anchor)."""
+    anchor_coef: float = 0.0
+    """The anchor's weight at the end of the round (0 without one, and in critic warm-up rounds)."""
 
 
 def round_log(
-    iteration: int, collector: Collector, seen: int, stats: StepStats, *, mean_lambda: float, kl_beta: float
+    iteration: int,
+    collector: Collector,
+    seen: int,
+    stats: StepStats,
+    *,
+    mean_lambda: float,
+    kl_beta: float,
+    anchor_coef: float = 0.0,
 ) -> IterationLog:
     """The log of one round: `stats` are its updates' mean diagnostics; the training summary covers the
     episodes finished after the first `seen`."""
@@ -467,6 +481,8 @@ def round_log(
         clip_fraction=stats.clip_fraction,
         mean_lambda=mean_lambda,
         kl_beta=kl_beta,
+        anchor_kl=stats.anchor_kl,
+        anchor_coef=anchor_coef,
     )
 
 
