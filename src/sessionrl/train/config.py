@@ -194,6 +194,14 @@ class RLSection(Section):
         description="Draw RL tasks by capability level: those up to one level above what rollouts reached.",
     )
     max_lag: int = Field(default=2, ge=0, description="Oldest policy version (behind) a session may be.")
+    late_share: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of RL sessions whose verdict reaches the reward shaper `late_after` iterations "
+        "late, as annotators' outcomes do (a simulation; 0: none).",
+    )
+    late_after: int = Field(default=2, ge=1, description="Iterations a late session's verdict waits.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")
     collapse: CollapseConfig = Field(

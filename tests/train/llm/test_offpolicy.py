@@ -62,18 +62,21 @@ def test_the_update_is_the_on_policy_one_scaled_by_the_capped_ratio() -> None:
     assert same["is_abs_diff"] == pytest.approx(0.0, abs=1e-6)
     assert same["is_truncated"] == 0.0
     assert same["is_missing"] == 0.0
+    assert same["is_weight"] == pytest.approx(1.0, abs=1e-5)
 
     # the sampler gave every token e^-3 of the trainer's probability: ratio e^3 > 2, so each weight is 2
     # and the gradient is twice the on-policy one
     lower, grads_lower = loss_and_grads(trainer, micro_batch(tuple(v - 3.0 for v in own)))
     assert lower["is_abs_diff"] == pytest.approx(3.0, abs=1e-5)
     assert lower["is_truncated"] == 1.0
+    assert lower["is_weight"] == pytest.approx(2.0)
     for g_lower, g_same in zip(grads_lower, grads_same, strict=True):
         torch.testing.assert_close(g_lower, 2.0 * g_same)
 
     # the sampler gave every token e^+0.5 of the trainer's: weight e^-0.5, below the cap
     higher, grads_higher = loss_and_grads(trainer, micro_batch(tuple(v + 0.5 for v in own)))
     assert higher["is_truncated"] == 0.0
+    assert higher["is_weight"] == pytest.approx(math.exp(-0.5), rel=1e-5)
     for g_higher, g_same in zip(grads_higher, grads_same, strict=True):
         torch.testing.assert_close(g_higher, math.exp(-0.5) * g_same)
 
@@ -97,6 +100,7 @@ def test_a_half_recorded_batch_reports_the_share_missing_and_epochs_share_one_an
     rendered = merge_turns([Turn((3, 9, 4, 10), REPLY, None, advantage=-1.0)])
     stats = trainer.step([*recorded, *rendered])
     assert stats.parts["is_missing"] == pytest.approx(0.5)
+    assert stats.parts["is_weight"] == pytest.approx(1.0, abs=1e-5), "over the recorded tokens alone"
     assert stats.policy_tokens == 2 * len(REPLY)
     # the second epoch's ratio is against the weights before the step, which the sampler matched: the
     # policy has moved (approx. KL > 0) but the sampler/trainer mismatch is still that of the old weights

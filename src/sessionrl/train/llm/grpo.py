@@ -12,7 +12,7 @@ proximal policy), and each token is reweighted from the sampler's distribution t
 truncated importance sampling, ``w = min(π_trainer / π_sampler, is_cap)`` on the log-probabilities the
 sampler recorded (`losses.truncated_importance_weights`). Tokens without a recorded log-probability
 train on-policy (``w = 1``); their share is reported with the mismatch (`is_missing`, `is_abs_diff`,
-`is_truncated` in each update's diagnostics).
+`is_truncated`, and the mean weight `is_weight`, in each update's diagnostics).
 
 Two settings keep a small policy from unlearning what imitation taught it. `negative_weight` scales the
 advantages below zero: when most of a weak policy's episodes fail, pushing down every token of every
@@ -49,6 +49,7 @@ from sessionrl.train.losses import (
     clipped_pg_loss,
     decaying_beta,
     kl_penalty,
+    masked_mean,
     truncated_importance_weights,
 )
 
@@ -171,6 +172,7 @@ class GRPOTrainer:
             "is_abs_diff": iw.mean_abs_diff,
             "is_truncated": iw.truncated_fraction,
             "is_missing": iw.missing_fraction,
+            "is_weight": mean_weight(iw.weights, micro),
         }
         loss = pg.loss
         if self.reference is not None and self.beta > 0:
@@ -205,6 +207,15 @@ class GRPOTrainer:
         stats = accumulate(self.scorer, self.optimizer, batch, self.loss, self.config.max_grad_norm)
         self.updates += 1
         return stats
+
+
+def mean_weight(weights: Tensor, micro: MicroBatch) -> float:
+    """Mean importance weight over the micro-batch's policy tokens that have a recorded log-probability
+    (`weights`, ``[B, T]``, as `truncated_importance_weights` gives them)."""
+    mask = micro.loss_mask.bool()
+    if micro.recorded is not None:
+        mask = mask & micro.recorded.bool()
+    return float(masked_mean(weights, mask).item())
 
 
 def frozen_copy(model: Any) -> Any:

@@ -56,12 +56,13 @@ from sessionrl.train.llm.data import (
     TokenSequence,
     call_advantages,
     demonstration_turns,
+    lag,
     merge_turns,
     policy_turns,
     session_advantages,
 )
 from sessionrl.train.llm.distributed import follow, join, lead, release, step_everywhere
-from sessionrl.train.llm.feed import FeedRead, read_scored
+from sessionrl.train.llm.feed import VERDICT_DUE, FeedRead, GroupMemory, read_scored
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
 from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
 from sessionrl.train.llm.run import (
@@ -210,11 +211,26 @@ def rl_specs(run: Run, iteration: int, pool: Sequence[Task] | None = None) -> li
             session_id=f"rl-{iteration:04d}-{task.task_id}-{k}",
             seed=stream_seed(cfg.seed, "rl", iteration, task.task_id, bits=SEED_BITS),
             faults=faults,
-            metadata={"stage": "rl", "iteration": iteration, "group": f"{iteration}:{task.task_id}"},
+            metadata={
+                "stage": "rl",
+                "iteration": iteration,
+                "group": f"{iteration}:{task.task_id}",
+                **late_verdict(run, iteration, task.task_id, k),
+            },
         )
         for task in chosen
         for k in range(cfg.rl.trainer.group_size)
     ]
+
+
+def late_verdict(run: Run, iteration: int, task_id: str, k: int) -> dict[str, int]:
+    """`{verdict_due: iteration + rl.late_after}` for the share `rl.late_share` of RL sessions (drawn by
+    a generator named by the session), whose verdict the reward shaper holds until then; else `{}`."""
+    rl = run.config.rl
+    draw = random.Random(stream_seed(run.config.seed, "late", iteration, task_id, k, bits=SEED_BITS))
+    if rl.late_share > 0 and draw.random() < rl.late_share:
+        return {VERDICT_DUE: iteration + rl.late_after}
+    return {}
 
 
 Rollout = Callable[[Sequence[EpisodeSpec], HFPolicy], list[Ran]]
@@ -390,12 +406,17 @@ class Learned:
     read: FeedRead
     session_ids: tuple[str, ...]
     stats: UpdateStats | None
+    late: int = 0
+    """Sessions trained on that an older policy version sampled (their verdict came late)."""
 
 
-def learn(run: Run, trainer: GRPOTrainer, console: Console | None = None) -> Learned:
+def learn(
+    run: Run, trainer: GRPOTrainer, console: Console | None = None, memory: GroupMemory | None = None
+) -> Learned:
     """Read scored sessions from the feed, compute advantages, update once; advance the cursor. Sessions
     sampled more than `rl.max_lag` versions ago are left out and said on `console` (`StaleFeed` when
-    nothing else came)."""
+    nothing else came). With `memory`, each session is ranked against its whole group, peers trained
+    before it included (a late session's group trained without it); the read sessions join it."""
     cfg, policy = run.config.rl, run.need_policy()
     read = read_scored(run.store, run.state.cursor, stage="rl", version=policy.version, max_lag=cfg.max_lag)
     if (note := read.stale_note(cfg.max_lag)) is not None:
@@ -405,7 +426,10 @@ def learn(run: Run, trainer: GRPOTrainer, console: Console | None = None) -> Lea
     # advantages: each session against its group, then per policy call
     rewards = {s.session.session_id: s.reward(cfg.trainer.reward) for s in scored}
     groups = {s.session.session_id: str(s.session.metadata["group"]) for s in scored}
-    advantage = session_advantages(rewards, groups)
+    advantage = session_advantages(*(memory.ranked(rewards, groups) if memory else (rewards, groups)))
+    if memory is not None:
+        memory.remember(scored, cfg.trainer.reward, oldest=run.state.step - cfg.max_lag - cfg.late_after)
+    late = sum(lag(s.session, policy.version) > 0 for s in scored)
     sequences = [
         seq
         for s in scored
@@ -430,7 +454,7 @@ def learn(run: Run, trainer: GRPOTrainer, console: Console | None = None) -> Lea
         stale=run.state.stale + read.stale,
         trained_sessions=run.state.trained_sessions + len(scored),
     )
-    return Learned(read, tuple(rewards), stats)
+    return Learned(read, tuple(rewards), stats, late)
 
 
 def start_rl(run: Run, resume: bool) -> GRPOTrainer:
@@ -455,6 +479,9 @@ def reinforce(
     """The RL stage: rollout, rewards, learn, log and checkpoint, once per iteration."""
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
+    memory = GroupMemory()  # a resumed run ranks late sessions against the peers read after it resumed
+    if resume:
+        run.shaper.recall(run.state.step)
     pool = replayed_tasks(run, console) if cfg.sft.store is not None else None
     curriculum = rl_curriculum(run) if cfg.rl.curriculum and pool is None else None
     reached: LevelReport | None = None  # the levels the last rollouts reached (the curriculum's promotion)
@@ -478,11 +505,11 @@ def reinforce(
                 )
             ticks.append(time.monotonic())
             # rewards
-            reward_cursor, _ = run.shaper.follow(run.state.reward_cursor)
+            reward_cursor, _ = run.shaper.follow(run.state.reward_cursor, now=iteration)
             run.state = dataclasses.replace(run.state, reward_cursor=reward_cursor)
             ticks.append(time.monotonic())
             # learn: feed, advantages, update
-            learned = learn(run, trainer, console)
+            learned = learn(run, trainer, console, memory)
             policy.version += 1  # the engine serves the updated weights as the next version
             ticks.append(time.monotonic())
             # log
@@ -509,7 +536,16 @@ def reinforce(
                 break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
+    unheard(run, console)
     export_policy(policy, run.folder / "rl_policy")
+
+
+def unheard(run: Run, console: Console) -> None:
+    """Say and log (`late` record) how many late sessions' verdicts were still due when RL ended: they
+    were sampled and judged, but never trained on."""
+    if held := len(run.shaper.held):
+        run.log.write("late", run.state.step, {"unheard": held})
+        console.print(f"{held} late sessions' verdicts were due after the last RL iteration: not trained on")
 
 
 def rl_curriculum(run: Run) -> Curriculum:
@@ -556,6 +592,7 @@ def _iteration_record(
         "success": sum(r.success for r in ran) / max(len(ran), 1),
         "sessions": len(learned.session_ids),
         "stale": learned.read.stale,
+        "late": learned.late,
         "seconds": round(learnt - start, 2),
         "rollout_s": round(rolled - start, 2),
         "rewards_s": round(rewarded - rolled, 2),
