@@ -104,25 +104,6 @@ def test_a_reward_term_links_to_the_step_it_was_charged_to(
     page.screenshot(path=tmp_path / "reward-step.png")
 
 
-def test_a_run_shows_its_curves_and_its_evaluation_table(page: Any, dashboard: str, tmp_path: Path) -> None:
-    log_in(page, dashboard, READER, "/ui/runs")
-    page.click("text=tiny-grpo")
-    page.wait_for_url("**/ui/runs/tiny-grpo")
-    charts = page.locator(".chart-box[data-chart]")
-    assert charts.evaluate_all("els => els.map(e => e.dataset.chart)") == ["sft", "rl"]
-    assert page.locator(".chart-box canvas").count() == 2
-    rows = page.locator("table.evaluation tbody tr")
-    assert rows.locator("td:first-child").all_text_contents() == ["sft", "rl"]
-    assert page.locator("svg.failures [data-reason]").count() == 2
-    assert "trainer: grpo" in page.text_content("pre.config")
-    page.screenshot(path=tmp_path / "run.png", full_page=True)
-
-    page.goto(f"{dashboard}/ui/evaluation?label=rl")
-    assert page.locator(".chart-box canvas").count() == 5
-    assert "tcsr 0.85" in page.text_content("main")
-    page.screenshot(path=tmp_path / "evaluation.png", full_page=True)
-
-
 def test_a_read_token_reaches_nothing_that_writes(page: Any, service: str, tmp_path: Path) -> None:
     log_in(page, service, READER)
     page.screenshot(path=tmp_path / "service-sessions.png")

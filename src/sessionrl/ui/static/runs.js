@@ -159,6 +159,8 @@
       if (cell) cell.textContent = text[key];
     });
     panel.setAttribute("data-status", status.status);
+    var badge = panel.querySelector('[data-field="status"]');
+    if (badge) badge.className = "status status-" + status.status;
   }
 
   function follow() {
