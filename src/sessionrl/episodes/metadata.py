@@ -7,6 +7,8 @@ Each session is created with `scenario` = the env's name, tags (env, split, agen
     seed                    the seed of the episode's domain state and faults
     policy_version          the acting policy's version (None for scripted plans)
     expected_entities       entities a correct solution passes to its tools (Entity Recall@5)
+    expected_tools          an LLM policy's episodes only: the tools the expert's plan calls, each once
+                            (the `right_tool` credit of `sessionrl.rewards.credit` reads them)
     ...                     the episode's extras (stage, group, iteration, label)
 """
 
@@ -43,6 +45,11 @@ def expected_entities(env: DecisionEnv, task: Task) -> list[str]:
     return entities_named(task, env.expert(task))
 
 
+def expected_tools(env: DecisionEnv, task: Task) -> list[str]:
+    """The tools the expert's plan for `task` calls, in plan order, each once."""
+    return list(dict.fromkeys(step.tool for step in env.expert(task).steps))
+
+
 def session_create(
     env: DecisionEnv,
     task: Task,
@@ -64,6 +71,8 @@ def session_create(
         "expected_entities": expected_entities(env, task),
         **(extra or {}),
     }
+    if agent == "llm":
+        metadata["expected_tools"] = expected_tools(env, task)
     return SessionCreate(
         user_query=task.instruction,
         session_id=session_id,
