@@ -17,6 +17,8 @@ from fastapi.testclient import TestClient
 from ui_support import READER, TOKENS, tiny_run
 
 from sessionrl.service import parse_tokens
+from sessionrl.session import FeedbackAdded
+from sessionrl.session.model import Feedback, FeedbackType, SessionCreate
 from sessionrl.store import SessionStore
 from sessionrl.train.status import RunStatus, StatusRecord, write_status
 from sessionrl.ui import UIConfig, compare, create_ui_app, curves, live, runs
@@ -203,3 +205,25 @@ def test_the_run_page_and_its_stream(client: TestClient) -> None:
     assert b"event: records" in body
     assert b"event: status" in body
     assert client.get("/ui/runs/nope/live").status_code == 404
+
+
+def test_the_run_page_links_its_sessions_by_stage(client: TestClient, tmp_path: Path) -> None:
+    with SessionStore.open(f"sqlite:///{tmp_path / 'runs' / 'r1' / 'sessions.db'}") as store:
+        for session_id, stage, score in (
+            ("eval-a", "eval", 0.0),
+            ("eval-b", "eval", 1.0),
+            ("rl-0", "rl", None),
+        ):
+            meta = {"stage": stage, "label": "rl", "task_id": session_id}
+            store.create(SessionCreate(user_query="q", session_id=session_id, metadata=meta))
+            if score is not None:
+                verdict = Feedback(type=FeedbackType.TASK_OUTCOME, score=score)
+                store.append(session_id, FeedbackAdded(feedback=verdict))
+        assert runs.stage_sessions(store) == {"eval": (2, 1), "rl": (1, 0)}
+    page = client.get("/ui/runs/r1").text
+    links = re.findall(r'href="(/ui/sessions\?run=r1[^"]*)"[^>]*>([^<]*)</a>', page)
+    assert links == [
+        ("/ui/sessions?run=r1&amp;stage=eval", "eval (2)"),
+        ("/ui/sessions?run=r1&amp;stage=eval&amp;outcome=failed", "1 failed"),
+        ("/ui/sessions?run=r1&amp;stage=rl", "rl (1)"),
+    ]

@@ -213,6 +213,16 @@ def evaluation_sessions(store: SessionStore, limit: int = 5000) -> list[Session]
     return [s for s in sessions if s.metadata.get("stage") == EVAL_STAGE]
 
 
+def stage_sessions(store: SessionStore) -> dict[str, tuple[int, int]]:
+    """A run store's sessions by the stage their metadata names: how many, and how many failed their
+    task (the session list shows them at `/ui/sessions?run=NAME&stage=STAGE[&outcome=failed]`)."""
+    rows = store.sql(
+        "SELECT stage, COUNT(*) AS n, COALESCE(SUM(outcome = 0), 0) AS failed FROM session_facts"
+        " WHERE stage IS NOT NULL GROUP BY stage ORDER BY MIN(rowid)"
+    )
+    return {str(r["stage"]): (int(r["n"]), int(r["failed"])) for r in rows}
+
+
 def failed_tasks(sessions: list[Session]) -> list[FailedTask]:
     """The evaluation sessions whose task failed, with what went wrong in each."""
     return [

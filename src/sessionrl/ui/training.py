@@ -60,10 +60,11 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
     if run is None:
         return page(request, "missing.html", {"who": who, "what": f"run {name}"}, 404)
     url = runs.run_store_url(ui.config.runs_dir, name)
-    episodes = []
+    episodes, by_stage = [], {}
     if url is not None:
         with SessionStore.open(url) as store:
             episodes = runs.evaluation_sessions(store)
+            by_stage = runs.stage_sessions(store)
     tested, apart = runs.paired(runs.outcomes(episodes))
     failures = runs.failures(run.evaluations)
     context = {
@@ -73,7 +74,7 @@ def run_page(request: Request, name: RunName, who: Viewer) -> Response:
         "summary": live.summary(ui.config.runs_dir / name, run.config, run.records, time.time()),
         "utc": live.utc,
         "start": curves.first_time(run.records),
-        "stage_links": {},
+        "by_stage": by_stage,
         "charts": [(curves.chart(m, run.name), curves.latest(m)) for m in run.metrics],
         "one_off": curves.one_off(run.records),
         "columns": [c for c in runs.EVAL_COLUMNS if any(c in e for e in run.evaluations)],
