@@ -52,7 +52,22 @@
     new window.uPlot(opts, data, box);
   }
 
+  // The list's form puts only the filters that are set in the address, so a shared link stays readable.
+  function shortLinks() {
+    var form = document.querySelector("form.filters");
+    if (!form) return;
+    form.addEventListener("submit", function () {
+      form.querySelectorAll("input, select").forEach(function (field) {
+        if (field.name && field.value === "") field.disabled = true;
+      });
+    });
+    window.addEventListener("pageshow", function () {  // back to this page: the fields work again
+      form.querySelectorAll("[disabled]").forEach(function (field) { field.disabled = false; });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    shortLinks();
     liveCounts();
     document.querySelectorAll("script.chart-data").forEach(chart);
   });
