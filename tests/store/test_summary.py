@@ -56,13 +56,13 @@ def fill(store: SessionStore) -> None:
         type=FeedbackType.AUTO_VALIDATION, score=0.0, comment="UNPARSEABLE_ACTION: not an action",
         anchor=Anchor(call_id="l1"),
     )  # fmt: skip
-    for event in (
+    for later in (
         StateChanged(state=SessionState.EXECUTING),
         LLMCallRecorded(call=llm),
         FeedbackAdded(feedback=charge),
         FeedbackAdded(feedback=Feedback(type=FeedbackType.TASK_OUTCOME, score=1.0)),
     ):
-        store.append("en", event)
+        store.append("en", later)
 
 
 def ids(store: SessionStore, **filters: object) -> list[str]:
