@@ -17,6 +17,10 @@
    steps sessions the other opened, so every one of them is served by a process that did not create
    it. The bench starts a durable PostgreSQL (fsync on, as SQLite's synchronous=FULL) in a temporary
    folder (as the `postgres` user when run as root), or uses the database `--db postgresql://...` names.
+   Then one process, and the pair, take steps at a fixed rate, 70% of one process's saturated rate
+   (`p99_ms_at_70pct`, `one_p99_ms_at_70pct`), their latency timed from each request's intended send
+   time (`http_load.fixed_rate`, as wrk2 does): at saturation a p99 is mostly queueing, at a fixed rate
+   below it the p99 is what a client sees.
 
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection); `make bench`
 installs it (Debian: `apt-get install wrk`). Without it the bench stops, unless `--without-wrk` lets a raw
@@ -55,6 +59,8 @@ from typing import Any
 
 import uvloop
 
+from http_load import Conn, Target, call, fixed_rate
+
 TOKEN = "bench-token"
 HOST = "127.0.0.1"
 CONCURRENCY = 64
@@ -88,52 +94,12 @@ simulation: {mean_ms: 820, std_ms: 340}
 # the load generator
 
 
-class Conn:
-    """One keep-alive HTTP/1.1 connection with one request in flight."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def open(cls, port: int) -> Conn:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer)
-
-    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
-        data = json.dumps(body).encode() if body is not None else b""
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + data)
-        header = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(header[9:12])
-        length = 0
-        for line in header.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        return status, await self.reader.readexactly(length)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def call(conn: Conn, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    status, payload = await conn.request(method, path, body)
-    if status >= 300:
-        raise RuntimeError(f"{method} {path} -> {status}: {payload[:300]!r}")
-    result: dict[str, Any] = json.loads(payload)
-    return result
-
-
 async def create_sessions(port: int, n: int, width: int = 64) -> list[str]:
     """Open `n` sessions through `width` connections."""
     ids: list[str] = []
 
     async def worker(count: int) -> None:
-        conn = await Conn.open(port)
+        conn = await Conn.open(port, TOKEN)
         for _ in range(count):
             ids.append((await call(conn, "POST", "/v1/sessions", {"user_query": "bench"}))["session_id"])
         conn.close()
@@ -156,7 +122,7 @@ async def step_load(
     step = {"kind": "tool", "payload": {"tool": "echo", "params": {}}}
 
     async def worker(i: int) -> None:
-        conn = await Conn.open(port)
+        conn = await Conn.open(port, TOKEN)
         mine = sessions[i::CONCURRENCY] if sessions is not None else ["bare"]
         n = 0
         while (now := time.perf_counter()) < t1:
@@ -185,7 +151,7 @@ async def slow_load(port: int, warmup_s: float, measure_s: float) -> dict[str, f
     step = {"kind": "tool", "payload": {"tool": "slow_lookup", "params": {}}}
 
     async def worker() -> None:
-        conn = await Conn.open(port)
+        conn = await Conn.open(port, TOKEN)
         while time.perf_counter() < t1:
             sid = (await call(conn, "POST", "/v1/sessions", {"user_query": "bench"}))["session_id"]
             for _ in range(SLOW_STEPS):
@@ -554,6 +520,7 @@ def run_pg(folder: Path, rounds: int, window_s: float, url: str | None) -> dict[
 
         one = [window(1, 2 * r) for r in range(rounds + 1)]
         pair = [window(2, 2 * r + 1) for r in range(rounds + 1)]
+        steady = at_fixed_rate(ports, served, AT_SHARE * median(one[1:], "rps"), rounds * window_s)
     speedups = [p["rps"] / o["rps"] for o, p in zip(one[1:], pair[1:], strict=True)]
     return {
         "pg_one_steps_per_s": median(one[1:], "rps"),
@@ -563,7 +530,40 @@ def run_pg(folder: Path, rounds: int, window_s: float, url: str | None) -> dict[
         "pair_speedup": statistics.median(speedups),
         "pair_speedup_min": min(speedups),
         "pair_speedup_max": max(speedups),
+        **steady,
     }
+
+
+AT_SHARE = 0.7
+"""The fixed request rate of `--pg`'s latency figure, as a share of one process's saturated rate."""
+
+
+def at_fixed_rate(
+    ports: tuple[int, int], served: list[list[str]], rate: float, seconds: float
+) -> dict[str, float]:
+    """The latency of one process, then of the pair, at `rate` steps/s (after a second's warm-up), timed
+    from each request's intended send time (`http_load.fixed_rate`): latency, not queueing, unless the
+    rate is more than they can take. CONCURRENCY connections, split evenly over the pair."""
+    step = {"kind": "tool", "payload": {"tool": "echo", "params": {}}}
+    paths = [[f"/v1/sessions/{sid}/steps" for sid in sessions] for sessions in served]
+    figures: dict[str, float] = {"rate_at_70pct": rate}
+    for name, targets in (
+        ("one_", [Target(ports[0], paths[0], STEPS_PER_SESSION)]),
+        ("", [Target(port, mine, STEPS_PER_SESSION) for port, mine in zip(ports, paths, strict=True)]),
+    ):
+        load = fixed_rate(
+            targets, step, rate=rate, seconds=seconds, warmup_s=1.0, connections=CONCURRENCY, token=TOKEN
+        )
+        run = asyncio.run(load)
+        if run["failed"]:
+            raise RuntimeError(f"{run['failed']:.0f} steps failed at the fixed rate")
+        figures |= {
+            f"{name}p99_ms_at_70pct": run["p99_ms"],
+            f"{name}p50_ms_at_70pct": run["p50_ms"],
+            f"{name}rps_at_70pct": run["rps"],
+            f"{name}late_share_at_70pct": run["late_share"],
+        }
+    return figures
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:
@@ -680,6 +680,13 @@ def main_pg(url: str | None, rounds: int, window_s: float, load: float) -> None:
         f" {pg['pg_one_steps_per_s']:.0f}/s (p99 {pg['pg_one_p99_ms']:.1f} ms), two processes"
         f" {pg['pg_pair_steps_per_s']:.0f}/s (p99 {pg['p99_ms']:.1f} ms, the worse process's) ->"
         f" {pg['pair_speedup']:.2f}x (windows {pg['pair_speedup_min']:.2f}-{pg['pair_speedup_max']:.2f}x)",
+        flush=True,
+    )
+    print(
+        f"at a fixed {pg['rate_at_70pct']:.0f} steps/s ({AT_SHARE:.0%} of one process's rate), latency from"
+        f" the intended send time: one process p50 {pg['one_p50_ms_at_70pct']:.1f} ms, p99"
+        f" {pg['one_p99_ms_at_70pct']:.1f} ms; two processes p50 {pg['p50_ms_at_70pct']:.1f} ms, p99"
+        f" {pg['p99_ms_at_70pct']:.1f} ms ({pg['late_share_at_70pct']:.1%} of requests sent late)",
         flush=True,
     )
     figures = {k: round(v, 4) for k, v in {**pg, "load_average": load}.items()}
