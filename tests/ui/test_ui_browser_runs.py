@@ -91,6 +91,7 @@ def test_read_a_loss_value_from_its_chart(page: Any, board: str, tmp_path: Path)
 
 
 def test_compare_two_runs(page: Any, board: str, tmp_path: Path) -> None:
+    page.set_viewport_size({"width": 1400, "height": 900})
     log_in(page, board, READER, "/ui/runs")
     page.check('input[name=run][value="tiny-a"]')
     page.check('input[name=run][value="tiny-b"]')
@@ -105,7 +106,11 @@ def test_compare_two_runs(page: Any, board: str, tmp_path: Path) -> None:
     iterations = {"tiny-a": "—", "tiny-b": "9"}
     diff = page.locator("table.config-diff tbody td").all_text_contents()
     assert diff == ["rl.iterations", iterations[first], iterations[second]]
-    page.set_viewport_size({"width": 1400, "height": 900})
+    widths = page.locator(".run-chart canvas").evaluate_all(
+        "cs => cs.map(c => c.getBoundingClientRect().width)"
+    )
+    assert len(widths) == 4
+    assert min(widths) >= 380  # three charts a row at 1400 px, each wide enough to read
     page.screenshot(path=tmp_path / "compare.png", full_page=True)
 
 
@@ -130,6 +135,11 @@ def test_watch_a_running_run_update(page: Any, board: str, runs_dir: Path, tmp_p
     expect(page.locator("[data-live-records]")).to_have_text("2")
     expect(panel.locator("[data-field=progress]")).to_have_text("rl step 5 of 10")
     expect(panel.locator("[data-field=eta]")).to_have_text("50s")  # 10 s an iteration, 5 left
+    expect(page.locator("[data-live-note]")).to_be_hidden()
+    append(
+        runs_dir / "running", {"stage": "eval", "step": 5, "time": 1.7e9 + 55, "label": "rl", "success": 0.5}
+    )
+    expect(page.locator("[data-live-note]")).to_be_visible(timeout=15_000)
 
     record = StatusRecord(
         RunStatus.FINISHED, 1.7e9 - 5, os.getpid(), socket.gethostname(), ended_at=1.7e9 + 60

@@ -120,8 +120,21 @@
     });
   }
 
+  // a record no chart on the page draws: an evaluation, or a stage or metric that is new since the load
+  function unseen(record) {
+    if (record.stage === "eval") return true;
+    return Object.keys(record).some(function (key) {
+      return typeof record[key] === "number" && ["step", "time", "iteration", "policy_version"].indexOf(key) < 0 &&
+        !charts.some(function (entry) { return entry.spec.stage === record.stage && entry.spec.metric === key; });
+    });
+  }
+
   function addRecords(records, start) {
     var touched = [];
+    if (records.some(unseen)) {
+      var note = document.querySelector("[data-live-note]");
+      if (note) note.hidden = false;
+    }
     records.forEach(function (record) {
       charts.forEach(function (entry) {
         var y = record[entry.spec.metric];
