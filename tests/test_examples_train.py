@@ -64,6 +64,18 @@ SMALL_DPO: dict[str, Any] = {
 }
 SMALL_SFT: dict[str, Any] = {"sft": {"trainer": {"steps": 10}}}
 """Imitation alone has no later stage to compare with: a few steps show it runs."""
+SMALL_RFT: dict[str, Any] = {
+    "sft": {"demos": 4, "trainer": {"steps": 0}},
+    "rft": {
+        "rounds": 1,
+        "tasks": 4,
+        "samples": 2,
+        "sampling": {"max_new_tokens": 32},
+        "trainer": {"steps": 10},
+    },
+}
+"""Rejection sampling starts from the shared orders imitation policy (`model.path`; rft keeps no checkpoint
+to resume from): one round of 4 tasks x 2 episodes, 10 steps on what the judge kept."""
 SMALL_STRUCTURED: dict[str, Any] = {"env": {"test": 50}, "evaluation": {"tasks": 50}}
 """The structured examples train as shipped (half a minute each): only their evaluation is shorter."""
 SHARED_IMITATION = {
@@ -73,6 +85,7 @@ SHARED_IMITATION = {
     "cluster": "orders-grpo",
     "retail": "retail",
     "retail-smollm2": "retail",
+    "orders-smollm2-grpo": "orders-grpo",
 }
 """The GRPO examples whose small runs start from one imitation stage: that of the example named."""
 Imitation = Callable[[str, "Path | None"], Path]
@@ -87,12 +100,16 @@ def small(path: Path, run_dir: Path, retail_data: Path | None = None) -> dict[st
         data = merged(data, SMALL_STRUCTURED)
     else:
         data = merged(data, {k: v for k, v in SMALL_LLM.items() if k != "rl" or trainer == "grpo"})
-        data = merged(data, {"dpo": SMALL_DPO, "sft": SMALL_SFT}.get(trainer, {}))
+        data = merged(data, {"dpo": SMALL_DPO, "sft": SMALL_SFT, "rft": SMALL_RFT}.get(trainer, {}))
         data = merged(data, SMALL_STAGES if data.get("stages") else {})
         data["model"].pop(
             "gguf", None
         )  # a SmolLM2 example's recipe on the tiny model (SmolLM2 takes minutes)
         data["model"].pop("lora", None)
+        data["model"].pop("path", None)  # a recipe stage's start: the earlier stage's policy (see SMALL_RFT)
+        rules = (data.get("rewards") or {}).get("rules")
+        if rules is not None:  # written relative to the repository, as the README runs the examples
+            data["rewards"]["rules"] = str(EXAMPLES.parent / rules)
         data["sft"]["trainer"].pop("warmup_steps", None)  # so that retail and retail-smollm2 imitate alike
     if data["env"].get("name") == "retail":
         data = merged(data, SMALL_RETAIL) | {"env": {"name": "retail", "data": str(retail_data)}}
@@ -103,8 +120,15 @@ def example_ids() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
 
 
+SAME_SMALL = {"orders-smollm2-sft": "orders-sft"}
+"""Examples whose small run would repeat another's: imitation alone on orders, the model made tiny (only
+fault rates and the report's split differ)."""
+
+
 def skip_reason(path: Path) -> str | None:
     """Why an example cannot run here, or None."""
+    if path.stem in SAME_SMALL:
+        return f"made small, it runs as {SAME_SMALL[path.stem]} does"
     model = yaml.safe_load(path.read_text(encoding="utf-8")).get("model") or {}
     if model.get("vllm") is not None:
         return "samples on a vLLM server (a GPU machine, docs/engines.md)"
@@ -154,6 +178,9 @@ def test_every_example_holds_or_stops_and_says_why(
     if resume:
         made: Imitation = request.getfixturevalue("imitation")
         shutil.copytree(made(SHARED_IMITATION[name], retail), run_dir)
+    if data.get("trainer") == "rft":
+        start = request.getfixturevalue("imitation")("orders-grpo", None) / "sft_policy"
+        data = merged(data, {"model": {"path": str(start)}})
     result = run_trainer(RunConfig.model_validate(data), resume=resume)
     trained = result.train if isinstance(result, StagesResult) else result
     if isinstance(trained, StructuredResult):
@@ -162,7 +189,7 @@ def test_every_example_holds_or_stops_and_says_why(
         return
     assert isinstance(trained, TrainResult)
     report = trained.report
-    later = "rl" if "rl" in report else "dpo" if "dpo" in report else None
+    later = next((label for label in ("rl", "dpo", "rft") if label in report), None)
     if later is None:  # imitation alone: nothing after it to compare
         assert trained.stage is Stage.SFT
         return
