@@ -56,6 +56,13 @@
     return cols.length === 1 ? cols[0] : window.uPlot.join(cols);
   }
 
+  // a flat series gets a band of ±1 around its value (uPlot would give 0..100 to a line of zeros)
+  function yRange(u, min, max) {
+    if (min === null || max === null) return [0, 1];
+    if (min === max) return [min - 1, max + 1];
+    return window.uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   function options(spec, width) {
     var axis = axisOf(spec);
     var xValues = axis === "elapsed" ? function (u, xs) { return xs.map(duration); }
@@ -73,7 +80,7 @@
       title: spec.title + (spec.unit ? " (" + spec.unit + ")" : ""),
       width: width, height: 200, series: series,
       legend: { show: spec.series.length <= LEGEND_MAX },
-      scales: { x: { time: axis === "time" } },
+      scales: { x: { time: axis === "time" }, y: { range: yRange } },
       axes: [{ values: xValues, size: 40 },
              { values: function (u, ys) { return ys.map(fmt); }, size: 58 }],
     };
