@@ -50,6 +50,8 @@ def mount(app: FastAPI, config: UIConfig | None = None) -> None:
     config = config or UIConfig()
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals["static"] = STATIC
+    for name in templates.env.list_templates():  # compiled now, not by the first request of each page
+        templates.env.get_template(name)
     contracts = load_contracts(config.skills_dir) if config.skills_dir is not None else {}
     app.state.ui = Dashboard(config, templates, {name: c.sla for name, c in contracts.items()})
     app.mount(STATIC, StaticFiles(directory=HERE / "static"), name="ui-static")
