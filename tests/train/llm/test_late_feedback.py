@@ -62,7 +62,7 @@ def test_a_session_judged_late_trains_later_off_policy_and_is_counted(tmp_path: 
         trainer = start_rl(run, resume=True)
         memory = GroupMemory()
         specs = rl_specs(run, 0)
-        peer, late_id = specs[0].session_id, specs[1].session_id  # one group of two
+        peer, late_id = str(specs[0].session_id), str(specs[1].session_id)  # one group of two
         specs[1] = dataclasses.replace(specs[1], metadata={**specs[1].metadata, VERDICT_DUE: 1})
         in_lockstep(run, specs, policy)
         judge(run, peer, solved=False)
@@ -70,7 +70,7 @@ def test_a_session_judged_late_trains_later_off_policy_and_is_counted(tmp_path: 
         # iteration 0: the late session is held; its peer and the other group train
         cursor, _ = run.shaper.follow(run.state.reward_cursor, now=0)
         assert run.shaper.held == {late_id: 1}
-        assert [bool(run.store.rewards(s.session_id)) for s in specs] == [True, False, True, True]
+        assert [bool(run.store.rewards(str(s.session_id))) for s in specs] == [True, False, True, True]
         first = learn(run, trainer, memory=memory)
         assert late_id not in first.session_ids
         assert (len(first.session_ids), first.late) == (3, 0)
