@@ -17,7 +17,9 @@ early keeps the seeds it finished; run again with the same FILE, it reads the se
 iterations, evaluation tasks and threads) instead of running them again.
 
 Last line: one JSON object with `seeds`, `rl_wins` (seeds where RL success >= imitation success),
-`mean_gain`, `pooled_p`, and the per-seed rows.
+`mean_gain`, `pooled_p`, the per-turn tool accuracy of each policy pooled over the seeds (`tool_acc_sft`,
+`tool_acc_rl`, and `tool_acc_ci`, the paired interval of the change; `sessionrl.eval.tool_accuracy`), and
+the per-seed rows.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 from rich.console import Console
 
 from sessionrl.eval.significance import mcnemar_p
+from sessionrl.eval.tool_accuracy import pooled_change
 from sessionrl.train.llm.demo import RL_ITERATIONS, demo_config, run_demo
 
 HEADER = "seed  sft    rl     gain    rl_only sft_only p       tcsr_ci            minutes"
@@ -144,7 +147,31 @@ def main() -> None:
         "threads": args.threads,
         "rows": [{k: r[k] for k in keep} for r in rows],
     }
+    summary |= pooled_tool_accuracy(rows)
+    if "tool_acc_ci" in summary:
+        print(
+            f"per-turn tool accuracy, pooled over {summary['tool_acc_seeds']} seeds: imitation"
+            f" {summary['tool_acc_sft']:.3f} -> RL {summary['tool_acc_rl']:.3f}, paired 95% CI of the change"
+            f" {summary['tool_acc_ci']}"
+        )
     print(orjson.dumps(summary).decode())
+
+
+def pooled_tool_accuracy(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-turn tool accuracy pooled over the seeds that measured it, every (seed, task) a pair:
+    `tool_acc_sft`, `tool_acc_rl`, `tool_acc_ci` (paired bootstrap over those pairs) and `tool_acc_seeds`;
+    empty when no seed did (rows from an older --rows file)."""
+    measured = [r for r in rows if "tool_counts" in r]
+    pairs = [counts for r in measured for counts in r["tool_counts"].values()]
+    if not pairs:
+        return {}
+    pooled = pooled_change([tuple(p[0]) for p in pairs], [tuple(p[1]) for p in pairs])
+    return {
+        "tool_acc_sft": pooled["first"],
+        "tool_acc_rl": pooled["second"],
+        "tool_acc_ci": pooled["ci"],
+        "tool_acc_seeds": len(measured),
+    }
 
 
 if __name__ == "__main__":

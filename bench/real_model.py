@@ -7,7 +7,9 @@ For each domain, from `examples/retail-smollm2.yaml` (the file `sessionrl train`
 3. GRPO on training tasks, after the gate;
 4. the SFT and the RL policy each evaluated on the same test tasks as zero-shot.
 
-Every evaluation reports task success, TCSR, ER@5, SPT and the failure attribution. Everything lands
+Every evaluation reports task success, TCSR, ER@5, SPT, the failure attribution and the per-turn tool
+accuracy (teacher-forced on the expert's trajectory of each test task: right tool, exact arguments,
+parsed; `sessionrl.eval.tool_accuracy`). Everything lands
 under `--out` (one run folder per domain and stage); a finished stage writes `<stage>.json`, and
 `--resume` continues an interrupted bench from there: finished stages are read back, an interrupted
 training run resumes from its checkpoint, and evaluation episodes already judged are not run again.
@@ -18,7 +20,9 @@ iteration of 2 tasks x 2). The flags after it set each size alone. The time each
 from the run's own metrics log.
 
 Last line: one JSON object with `retail_zero_shot`, `retail_sft`, `retail_rl`, `retail_sft_tcsr`,
-`retail_rl_tcsr`, `orders_zero_shot`, `orders_sft`, `orders_rl` (task success), `minutes` and the sizes run.
+`retail_rl_tcsr`, `orders_zero_shot`, `orders_sft`, `orders_rl` (task success), the tool accuracy of each
+(`retail_tool_acc_sft`, `retail_tool_acc_rl`, ..., and `<env>_tool_acc_ci`, the paired interval of the
+change from imitation to RL over tasks), `minutes` and the sizes run.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from rich.console import Console
 from sessionrl.envs.base import Split
 from sessionrl.eval.metrics import AgentMetrics
 from sessionrl.eval.report import metrics_table
+from sessionrl.eval.tool_accuracy import pooled_change
 from sessionrl.train.config import EnvSection, RunConfig
-from sessionrl.train.llm.loop import evaluate, train
+from sessionrl.train.llm.loop import Evaluation, evaluate, train
 from sessionrl.train.llm.run import build_policy, open_run
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "retail-smollm2.yaml"
@@ -98,13 +103,22 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
     )
 
 
-def zero_shot(cfg: RunConfig) -> AgentMetrics:
-    """The shipped model (no adapters) on the evaluation's test tasks, in its own run folder."""
+def zero_shot(cfg: RunConfig) -> Evaluation:
+    """The shipped model (no adapters) on the evaluation's test tasks, in its own run folder, with its
+    tool accuracy."""
     cfg = cfg.model_copy(update={"run_dir": cfg.run_dir.parent / "zero_shot"})
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
     with open_run(cfg) as run:
         run.policy = build_policy(cfg, [], run.folder / "base")
-        return evaluate(run, run.policy, cfg.evaluation.split, cfg.evaluation.tasks, "zero_shot").metrics
+        split, n = cfg.evaluation.split, cfg.evaluation.tasks
+        return evaluate(run, run.policy, split, n, "zero_shot", tools=True)
+
+
+def saved(evaluation: Evaluation) -> dict[str, Any]:
+    """What `<stage>.json` keeps: the metrics, the tool accuracy's keys and its per-task counts."""
+    tools = evaluation.tools
+    accuracy = {} if tools is None else tools.as_dict() | {"tool_counts": tools.by_task()}
+    return evaluation.metrics.as_dict() | accuracy
 
 
 def timeline(run_dir: Path, since: float) -> list[tuple[str, float]]:
@@ -128,31 +142,42 @@ def metrics_from(data: dict[str, Any]) -> AgentMetrics:
     return AgentMetrics(pass_k=pass_k, **{f: data[f] for f in fields})
 
 
-def run_domain(cfg: RunConfig, folder: Path, resume: bool, console: Console) -> dict[str, AgentMetrics]:
-    """Zero-shot, then SFT and GRPO, for one domain; each stage's metrics saved once finished."""
-    results: dict[str, AgentMetrics] = {}
-    saved = {s: folder / f"{s}.json" for s in STAGES}
-    if resume and saved["zero_shot"].exists():
-        results["zero_shot"] = metrics_from(orjson.loads(saved["zero_shot"].read_bytes()))
+def run_domain(cfg: RunConfig, folder: Path, resume: bool, console: Console) -> dict[str, dict[str, Any]]:
+    """Zero-shot, then SFT and GRPO, for one domain; each stage's record (`saved`) written once finished."""
+    results: dict[str, dict[str, Any]] = {}
+    files = {s: folder / f"{s}.json" for s in STAGES}
+    if resume and files["zero_shot"].exists():
+        results["zero_shot"] = orjson.loads(files["zero_shot"].read_bytes())
     else:
         started = time.time()
-        results["zero_shot"] = zero_shot(cfg)
-        saved["zero_shot"].write_bytes(orjson.dumps(results["zero_shot"].as_dict()))
+        results["zero_shot"] = saved(zero_shot(cfg))
+        files["zero_shot"].write_bytes(orjson.dumps(results["zero_shot"]))
         console.print(f"{cfg.env.name} zero-shot: {time.time() - started:.0f} s")
-    if resume and saved["sft"].exists():
-        results["sft"] = metrics_from(orjson.loads(saved["sft"].read_bytes()))
-        if saved["rl"].exists():
-            results["rl"] = metrics_from(orjson.loads(saved["rl"].read_bytes()))
+    if resume and files["sft"].exists():
+        results["sft"] = orjson.loads(files["sft"].read_bytes())
+        if files["rl"].exists():
+            results["rl"] = orjson.loads(files["rl"].read_bytes())
         return results
     started = time.time()
     trained = train(cfg, resume=resume and (cfg.run_dir / "sessions.db").exists(), console=console)
     for label in ("sft", "rl"):
         if label in trained.report:
-            results[label] = trained.report[label].metrics
-            saved[label].write_bytes(orjson.dumps(results[label].as_dict()))
+            results[label] = saved(trained.report[label])
+            files[label].write_bytes(orjson.dumps(results[label]))
     for label, seconds in timeline(cfg.run_dir, started):
         console.print(f"  {cfg.env.name} {label:<18} done at {seconds:7.0f} s")
     return results
+
+
+def tool_keys(env: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`<env>_tool_acc_<stage>` for every stage that measured it, and `<env>_tool_acc_ci`: the paired
+    interval (over tasks) of the change from imitation to RL."""
+    keys = {f"{env}_tool_acc_{stage}": r["tool_acc"] for stage, r in results.items() if "tool_acc" in r}
+    sft, rl = results.get("sft", {}).get("tool_counts"), results.get("rl", {}).get("tool_counts")
+    if sft and rl:
+        common = sorted(sft.keys() & rl.keys())
+        keys[f"{env}_tool_acc_ci"] = pooled_change([sft[t] for t in common], [rl[t] for t in common])["ci"]
+    return keys
 
 
 def arguments() -> argparse.Namespace:
@@ -206,12 +231,16 @@ def main() -> None:
         (args.out / env).mkdir(parents=True, exist_ok=True)
         console.rule(f"{env}: {cfg.evaluation.tasks} test tasks, {cfg.sft.demos} demonstrations")
         results = run_domain(cfg, args.out / env, args.resume, console)
+        metrics = {stage: metrics_from(r) for stage, r in results.items()}
         console.print(
-            metrics_table(results, title=f"{env}, SmolLM2-135M-Instruct, {cfg.evaluation.tasks} test tasks")
+            metrics_table(metrics, title=f"{env}, SmolLM2-135M-Instruct, {cfg.evaluation.tasks} test tasks")
         )
-        for stage, metrics in results.items():
-            summary[f"{env}_{stage}"] = metrics.success
-            summary[f"{env}_{stage}_tcsr"] = metrics.tcsr
+        for stage, m in metrics.items():
+            summary[f"{env}_{stage}"] = m.success
+            summary[f"{env}_{stage}_tcsr"] = m.tcsr
+        summary |= tool_keys(env, results)
+        for key, value in tool_keys(env, results).items():
+            console.print(f"  {key}: {value}")
         summary[f"{env}_sizes"] = {
             "eval_tasks": cfg.evaluation.tasks,
             "demos": cfg.sft.demos,
@@ -219,7 +248,7 @@ def main() -> None:
             "rl_iterations": cfg.rl.iterations,
             "rl_episodes": cfg.rl.tasks_per_iteration * cfg.rl.trainer.group_size,
         }
-        summary[f"{env}_failures"] = {stage: m.failures for stage, m in results.items()}
+        summary[f"{env}_failures"] = {stage: m.failures for stage, m in metrics.items()}
     summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     summary["split"] = Split.TEST.value
     print(orjson.dumps(summary).decode(), flush=True)

@@ -211,6 +211,34 @@ def accuracy_change(first: ToolAccuracy, second: ToolAccuracy, *, seed: int = 0)
     return paired_ratio_diff_ci([mine[t] for t in common], [theirs[t] for t in common], seed=seed)
 
 
+def pooled_change(
+    first: Sequence[tuple[int, int]], second: Sequence[tuple[int, int]], *, seed: int = 0
+) -> dict[str, Any]:
+    """Two policies' accuracies from per-task (exact, turns) counts paired in order (the tasks of several
+    runs pooled, say), and the change's paired bootstrap interval: `first`, `second`, `change`, `ci`.
+
+    >>> pooled_change([(1, 2), (0, 2)], [(2, 2), (1, 2)])
+    {'first': 0.25, 'second': 0.75, 'change': 0.5, 'ci': [0.5, 0.5]}
+    """
+    change = paired_ratio_diff_ci(first, second, seed=seed)
+    turns = sum(n for _, n in first)
+    return {
+        "first": round(sum(e for e, _ in first) / turns, 4) if turns else 0.0,
+        "second": round(sum(e for e, _ in second) / turns, 4) if turns else 0.0,
+        "change": round(change.estimate, 4),
+        "ci": change.as_list(),
+    }
+
+
+def paired_counts(
+    first: ToolAccuracy, second: ToolAccuracy
+) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+    """Each task both scored, with its (exact, turns) under each policy: `{task: ((e1, n1), (e2, n2))}`,
+    what a bench keeps per run so that runs can be pooled (`pooled_change`)."""
+    mine, theirs = first.by_task(), second.by_task()
+    return {t: (mine[t], theirs[t]) for t in sorted(mine.keys() & theirs.keys())}
+
+
 def describe(accuracies: Mapping[str, ToolAccuracy]) -> list[str]:
     """Report lines: each policy's accuracy by label, then each later label's change against the first,
     with its paired interval.
@@ -250,6 +278,8 @@ __all__ = [
     "accuracy_change",
     "describe",
     "gold_call",
+    "paired_counts",
+    "pooled_change",
     "read_call",
     "score_turn",
     "tool_accuracy",

@@ -49,6 +49,7 @@ from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.report import metrics_table
 from sessionrl.eval.significance import Interval, PairedComparison, paired_comparison, paired_ratio_diff_ci
+from sessionrl.eval.tool_accuracy import describe, paired_counts, pooled_change
 from sessionrl.policy.llm import BatchingConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
 from sessionrl.rewards.engine import RewardConfig
@@ -211,6 +212,9 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
     console.print(metrics_table({"sft": sft.metrics, "rl": rl.metrics}, title=f"held-out {split} tasks: {n}"))
     comparison = compare(sft, rl)
     console.print(comparison.describe(), markup=False, highlight=False)
+    tools = tool_accuracies(sft, rl)
+    for line in describe({"sft": sft.tools, "rl": rl.tools} if sft.tools and rl.tools else {}):
+        console.print(line, markup=False, highlight=False)
     minutes = (time.monotonic() - started) / 60
     return {
         "n_eval": rl.metrics.n_tasks,
@@ -230,6 +234,23 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "rl_iterations": len(result.curve),
         "stage": result.stage,
         "minutes": round(minutes, 2),
+        **tools,
+    }
+
+
+def tool_accuracies(sft: Evaluation, rl: Evaluation) -> dict[str, Any]:
+    """The summary's per-turn tool accuracy keys: `tool_acc_sft`, `tool_acc_rl`, the paired change's
+    interval `tool_acc_ci`, and `tool_counts` (per task, each policy's exact and scored turns) so that a
+    bench can pool seeds; empty where either was not measured."""
+    if sft.tools is None or rl.tools is None:
+        return {}
+    counts = paired_counts(sft.tools, rl.tools)
+    pooled = pooled_change([c[0] for c in counts.values()], [c[1] for c in counts.values()])
+    return {
+        "tool_acc_sft": round(sft.tools.accuracy, 4),
+        "tool_acc_rl": round(rl.tools.accuracy, 4),
+        "tool_acc_ci": pooled["ci"],
+        "tool_counts": counts,
     }
 
 
