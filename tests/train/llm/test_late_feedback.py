@@ -17,7 +17,7 @@ from sessionrl.session.events import FeedbackAdded
 from sessionrl.session.model import Feedback, FeedbackType
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.data import lag
-from sessionrl.train.llm.feed import VERDICT_DUE, GroupMemory, read_scored
+from sessionrl.train.llm.feed import VERDICT_DUE, GroupMemory, RewardShaper, read_scored
 from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.loop import in_lockstep, learn, resumed_policy, rl_specs, start_rl, train
 from sessionrl.train.llm.run import Run, open_run
@@ -74,6 +74,8 @@ def test_a_session_judged_late_trains_later_off_policy_and_is_counted(tmp_path: 
         first = learn(run, trainer, memory=memory)
         assert late_id not in first.session_ids
         assert (len(first.session_ids), first.late) == (3, 0)
+        resumed = RewardShaper(run.shaper.engine, run.store)  # a resume finds what it must still hold
+        assert (resumed.recall(1), resumed.held) == (1, {late_id: 1})
 
         # the policy moves on, as an update would move it, and serves the next version
         policy.version += 1

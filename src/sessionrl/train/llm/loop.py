@@ -480,7 +480,7 @@ def reinforce(
     cfg, policy = run.config, run.need_policy()
     trainer = start_rl(run, resume)
     memory = GroupMemory()  # a resumed run ranks late sessions against the peers read after it resumed
-    if resume:
+    if resume and cfg.rl.late_share > 0:  # a scan of every session: only when verdicts can be late
         run.shaper.recall(run.state.step)
     pool = replayed_tasks(run, console) if cfg.sft.store is not None else None
     curriculum = rl_curriculum(run) if cfg.rl.curriculum and pool is None else None
