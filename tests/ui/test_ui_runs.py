@@ -227,3 +227,11 @@ def test_the_run_page_links_its_sessions_by_stage(client: TestClient, tmp_path: 
         ("/ui/sessions?run=r1&amp;stage=eval&amp;outcome=failed", "1 failed"),
         ("/ui/sessions?run=r1&amp;stage=rl", "rl (1)"),
     ]
+
+
+def test_the_headline_reads_structured_runs_too() -> None:
+    rounds = [{"stage": "ppo", "step": 4, "time": 1.0, "policy_loss": -0.02, "train_completion": 0.52}]
+    assert live.headline(rounds) == "ppo train_completion 0.52"
+    done = [*rounds, {"stage": "eval", "step": 0, "time": 2.0, "label": "ppo", "completion": 0.5}]
+    assert live.headline(done) == "ppo completion 0.500"
+    assert live.headline([{"stage": "sft", "step": 0, "loss": 2.5}]) == "sft loss 2.5"

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sessionrl.train.status import RunStatus, read_status
-from sessionrl.ui.curves import MAIN, number
+from sessionrl.ui.curves import INDEX_FIELDS, number
 from sessionrl.ui.runs import EVAL_STAGE, records_from
 
 PAUSE_STAGES = frozenset({"paused", "collapse"})
@@ -32,8 +32,8 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "dpo": ("dpo", "trainer", "steps"),
 }
 """Where a config says how many steps a stage of an LLM run takes."""
-HEADLINE = ("success", "tcsr", "reward", "loss")
-"""Metrics a run's headline prefers, in this order."""
+HEADLINE = ("success", "completion", "reward", "loss")
+"""Words of the metric names a run's headline prefers, in this order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +120,21 @@ def progress(
 
 
 def headline(found: Sequence[Mapping[str, Any]]) -> str | None:
-    """One figure that says how the run does: the last evaluation's success (of its last policy), else
-    the latest main metric of the latest stage."""
-    evaluations = [r for r in found if r.get("stage") == EVAL_STAGE and number(r.get("success")) is not None]
-    if evaluations:
-        last = evaluations[-1]
-        return f"{last.get('label', '')} success {number(last['success']):.3f}"
+    """One figure that says how the run does: the last evaluation's success (or task completion, as
+    structured runs report it), else the latest record's first metric named like a `HEADLINE` word."""
     for record in reversed(found):
-        for name in HEADLINE:
+        if record.get("stage") != EVAL_STAGE:
+            continue
+        for name in ("success", "completion"):
             value = number(record.get(name))
-            if value is not None and MAIN.match(name):
-                return f"{record.get('stage')} {name} {value:.3g}"
+            if value is not None:
+                return f"{record.get('label', '')} {name} {value:.3f}"
+    for record in reversed(found):
+        for word in HEADLINE:
+            for name, raw in record.items():
+                value = number(raw)
+                if word in name and value is not None and name not in INDEX_FIELDS:
+                    return f"{record.get('stage')} {name} {value:.3g}"
     return None
 
 
