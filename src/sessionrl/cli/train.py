@@ -42,7 +42,7 @@ def train_command(
         ),
     ] = None,
 ) -> None:
-    """Train what the config's `trainer:` names (sft, grpo, dpo, ppo, aaac), then evaluate the exported
+    """Train what the config's `trainer:` names (sft, grpo, dpo, rft, ppo, aaac), then evaluate the exported
     policies side by side; everything goes under its run_dir. Exit status 1 when the gate stops a grpo
     run before reinforcement learning."""
     quiet_model_loading(threads)
