@@ -3,6 +3,7 @@ running run update without a reload. Screenshots go under each test's temporary 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -133,6 +134,7 @@ def test_watch_a_running_run_update(page: Any, board: str, runs_dir: Path, tmp_p
     expect(success.locator("[data-latest=value]")).to_have_text("0.4")
     expect(tokens.locator("[data-latest=value]")).to_have_text("20k")
     expect(page.locator("[data-live-records]")).to_have_text("2")
+    expect(page.locator('ol.stages li[data-stage="rl"]')).to_have_text("rl · 5 records")
     expect(panel.locator("[data-field=progress]")).to_have_text("rl step 5 of 10")
     expect(panel.locator("[data-field=eta]")).to_have_text("50s")  # 10 s an iteration, 5 left
     expect(page.locator("[data-live-note]")).to_be_hidden()
@@ -148,3 +150,12 @@ def test_watch_a_running_run_update(page: Any, board: str, runs_dir: Path, tmp_p
     expect(panel.locator("[data-field=status]")).to_have_text("finished", timeout=15_000)
     expect(panel.locator("[data-field=duration]")).to_have_text("1m 05s")
     page.screenshot(path=tmp_path / "running-after.png", full_page=True)
+
+    # the runs list follows every run's status too
+    page.goto(f"{board}/ui/runs")
+    row = page.locator('tr[data-run="running"]')
+    expect(row.locator("[data-field=status]")).to_have_text("finished")
+    failed = dataclasses.replace(record, status=RunStatus.FAILED, error="RuntimeError: out of memory")
+    write_status(runs_dir / "running", failed)
+    expect(row.locator("[data-field=status]")).to_have_text("failed", timeout=15_000)
+    expect(row.locator("[data-field=status]")).to_have_attribute("class", "status status-failed")

@@ -235,3 +235,21 @@ def test_the_headline_reads_structured_runs_too() -> None:
     done = [*rounds, {"stage": "eval", "step": 0, "time": 2.0, "label": "ppo", "completion": 0.5}]
     assert live.headline(done) == "ppo completion 0.500"
     assert live.headline([{"stage": "sft", "step": 0, "loss": 2.5}]) == "sft loss 2.5"
+
+
+def test_the_list_stream_sends_every_runs_status_line(tmp_path: Path) -> None:
+    tiny_run(tmp_path / "r1")
+    rl_run(tmp_path / "r2", steps=2)
+
+    async def gone() -> bool:
+        return False
+
+    async def first_events() -> list[bytes]:
+        stream = live.list_events(tmp_path, lasting=5.0, gone=gone)
+        return [await anext(stream) for _ in range(2)]
+
+    retry, listed = asyncio.run(first_events())
+    assert retry == b"retry: 2000\n\n"
+    assert listed.startswith(b"event: runs\ndata: ")
+    lines = orjson.loads(listed.split(b"data: ")[1])
+    assert {name: line["status"] for name, line in lines.items()} == {"r1": "finished", "r2": "unknown"}

@@ -21,7 +21,7 @@ import orjson
 
 from sessionrl.train.status import RunStatus, read_status
 from sessionrl.ui.curves import INDEX_FIELDS, number
-from sessionrl.ui.runs import EVAL_STAGE, records_from
+from sessionrl.ui.runs import EVAL_STAGE, read_run, records_from, run_names
 
 PAUSE_STAGES = frozenset({"paused", "collapse"})
 """Metrics records that say the run was paused: auto-pause, and the collapse guard's rollback."""
@@ -171,3 +171,26 @@ def utc(at: float | None) -> str:
     ('1970-01-01 00:00:00 UTC', '—')
     """
     return "—" if at is None else datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def summaries(runs_dir: Path, now: float) -> dict[str, dict[str, Any]]:
+    """The status line of every run under `runs_dir`, by name (the runs list's live updates)."""
+    out = {}
+    for name in run_names(runs_dir):
+        run = read_run(runs_dir, name)
+        if run is not None:
+            out[name] = summary(runs_dir / name, run.config, run.records, now).as_dict()
+    return out
+
+
+async def list_events(runs_dir: Path, lasting: float, gone: Any) -> AsyncIterator[bytes]:
+    """Server-sent events of the runs list: `runs` (every run's status line, by name) when any changes."""
+    yield b"retry: 2000\n\n"
+    last: dict[str, Any] | None = None
+    until = time.monotonic() + lasting
+    while time.monotonic() < until and not await gone():
+        now = await asyncio.to_thread(summaries, runs_dir, time.time())
+        if now != last:
+            yield b"event: runs\ndata: " + orjson.dumps(now) + b"\n\n"
+            last = now
+        await asyncio.sleep(2.0)

@@ -38,6 +38,15 @@ def run_list(request: Request, who: Viewer) -> Response:
     return page(request, "runs.html", context)
 
 
+@router.get("/live/runs")
+async def runs_live(request: Request, who: Viewer) -> StreamingResponse:
+    """Server-sent events of the runs list: every run's status line when one changes (`live.list_events`)."""
+    ui = request.app.state.ui
+    events = live.list_events(ui.config.runs_dir, ui.config.live_for_s, request.is_disconnected)
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
 @router.get("/compare")
 def compare_page(request: Request, who: Viewer, run: Annotated[list[str] | None, Query()] = None) -> Response:
     """Two or more runs side by side (at most `MAX_COMPARED`): overlaid curves, evaluation tables, paired

@@ -136,8 +136,26 @@
     });
   }
 
+  function countStages(records) {
+    var list = document.querySelector("ol.stages");
+    if (!list) return;
+    records.forEach(function (record) {
+      var item = list.querySelector('li[data-stage="' + CSS.escape(record.stage) + '"]');
+      if (!item) {
+        item = document.createElement("li");
+        item.setAttribute("data-stage", record.stage);
+        item.setAttribute("data-count", "0");
+        list.appendChild(item);
+      }
+      var n = Number(item.getAttribute("data-count")) + 1;
+      item.setAttribute("data-count", String(n));
+      item.textContent = record.stage + " · " + n + " records";
+    });
+  }
+
   function addRecords(records, start) {
     var touched = [];
+    countStages(records);
     if (records.some(unseen)) {
       var note = document.querySelector("[data-live-note]");
       if (note) note.hidden = false;
@@ -169,8 +187,7 @@
     return status.stage + " step " + status.done + (status.planned ? " of " + status.planned : "");
   }
 
-  function showStatus(status) {
-    var panel = document.querySelector("[data-run-live]");
+  function showStatus(status, panel) {
     var text = { status: status.status, reason: status.reason || "", duration: duration(status.duration_s),
                  eta: status.eta_s === null ? "—" : duration(status.eta_s), headline: status.headline || "—",
                  progress: progress(status) };
@@ -189,8 +206,23 @@
     var start = Number(panel.getAttribute("data-start"));
     var source = new EventSource(panel.getAttribute("data-run-live"));
     source.addEventListener("records", function (event) { addRecords(JSON.parse(event.data), start); });
-    source.addEventListener("status", function (event) { showStatus(JSON.parse(event.data)); });
+    source.addEventListener("status", function (event) { showStatus(JSON.parse(event.data), panel); });
     source.addEventListener("reset", function () { source.close(); window.location.reload(); });
+    window.addEventListener("pagehide", function () { source.close(); });
+  }
+
+  function followList() {
+    var list = document.querySelector("[data-runs-live]");
+    if (!list || !window.EventSource) return;
+    var source = new EventSource(list.getAttribute("data-runs-live"));
+    source.addEventListener("runs", function (event) {
+      var runs = JSON.parse(event.data);
+      Object.keys(runs).forEach(function (name) {
+        var row = list.querySelector('tr[data-run="' + CSS.escape(name) + '"]');
+        if (row) showStatus(runs[name], row);
+        else document.querySelector("[data-live-note]").hidden = false;
+      });
+    });
     window.addEventListener("pagehide", function () { source.close(); });
   }
 
@@ -213,5 +245,6 @@
     controls();
     redraw();
     follow();
+    followList();
   });
 })();
