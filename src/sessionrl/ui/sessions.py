@@ -20,7 +20,7 @@ from sessionrl.episodes.verdict import task_success
 from sessionrl.errors import NotFound
 from sessionrl.rewards.vector import RewardVector
 from sessionrl.session.model import SessionState
-from sessionrl.store import SessionStore
+from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.ui import listing, runs, views
 from sessionrl.ui.auth import LoginRequired, viewer
 
@@ -54,14 +54,21 @@ def session_list(request: Request, who: Viewer) -> Response:
                 request, "missing.html", {"who": who, "what": f"session store of run {params['run']}"}, 404
             )
         try:
-            query = listing.list_query(params, size)
+            query, rows, total = _matching(store, params, size)
         except (ValidationError, ValueError) as exc:
             context = _list_context(params, [], 0, 1, size, who, _problem(exc))
             return page(request, "sessions.html", context)  # the form again, naming what to fix
-        rows = listing.listed(store, store.query(query), query.reward_ruleset)
-        context = _list_context(params, rows, store.count(query), query.offset // size + 1, size, who, None)
+        context = _list_context(params, rows, total, query.offset // size + 1, size, who, None)
         context["rulesets"] = listing.rulesets(store)
         return page(request, "sessions.html", context)
+
+
+def _matching(
+    store: SessionStore, params: dict[str, str], size: int
+) -> tuple[SessionQuery, list[listing.Listed], int]:
+    """The list's query for these parameters, its page of rows and how many sessions match."""
+    query = listing.list_query(params, size)
+    return query, listing.listed(store, store.query(query), query.reward_ruleset), store.count(query)
 
 
 def _problem(exc: ValidationError | ValueError) -> str:
@@ -135,11 +142,10 @@ def session_list_data(request: Request, who: Reader) -> dict[str, Any]:
         if store is None:
             raise HTTPException(404, f"no session store for run {params['run']!r}")
         try:
-            query = listing.list_query(params, size)
+            _, rows, total = _matching(store, params, size)
         except (ValidationError, ValueError) as exc:
             raise HTTPException(422, _problem(exc)) from None
-        rows = listing.listed(store, store.query(query), query.reward_ruleset)
-        return {"total": store.count(query), "rows": [listing.as_json(r) for r in rows]}
+        return {"total": total, "rows": [listing.as_json(r) for r in rows]}
 
 
 @router.get("/sessions/live")
