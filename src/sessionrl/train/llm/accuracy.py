@@ -1,10 +1,11 @@
 """Per-turn tool accuracy of a run's policy (`sessionrl.eval.tool_accuracy`) on held-out tasks.
 
 The gold trajectories are the expert's episodes on the first tasks of the evaluation split, without
-faults, recorded once in the run's store (sessions `gold-<task id>`, stage `gold`) and read back by every
-later measurement. They are rendered as the replies the policy should write, in its own tool-call format
-(`demonstration_replies`, as imitation renders its demonstrations), and the policy answers each turn
-greedily. A task the expert did not solve has no gold trajectory; it is counted as missing.
+faults, recorded once in the run's store (sessions `gold-<split>-<task id>`, stage `gold`) and read back
+by every later measurement. They are rendered as the replies the policy should write, in its own
+tool-call format (`demonstration_replies`, as imitation renders its demonstrations), and the policy
+answers each turn greedily. A task the expert did not solve has no gold trajectory; it is counted as
+missing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def gold_sessions(run: Run, split: Split, n_tasks: int) -> tuple[list[Session], 
     specs = [
         EpisodeSpec(
             task=task,
-            session_id=f"gold-{task.task_id}",
+            session_id=f"gold-{split}-{task.task_id}",
             seed=stream_seed(run.config.seed, "gold", task.task_id, bits=GOLD_SEED_BITS),
             metadata={"stage": "gold", "split": str(split)},
         )
