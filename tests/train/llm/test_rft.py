@@ -40,8 +40,8 @@ def test_the_dense_judge_keeps_only_answered_episodes_no_term_charged() -> None:
     bare = fold([created(SessionCreate(user_query="q"))])
     answered = bare.model_copy(update={"final_output": FinalOutput(text="done")})
     worked = answered.model_copy(update={"tool_calls": (call,)})
-    fine = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error")))
-    charged = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error", 0.0, -1.0)))
+    fine: Any = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error")))
+    charged: Any = SimpleNamespace(terms=(term("recovery", 1.0), term("policy_error", 0.0, -1.0)))
     assert rft.dense_verdict(bare, fine) == "no answer"
     assert rft.dense_verdict(answered, fine) == "no tool call"
     assert rft.dense_verdict(worked, charged) == "charged by policy_error"
