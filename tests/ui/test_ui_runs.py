@@ -8,6 +8,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,13 @@ import pytest
 from fastapi.testclient import TestClient
 from ui_support import READER, TOKENS, tiny_run
 
+from sessionrl.ops.registry import Lineage, PolicyVersion, Stage
 from sessionrl.service import parse_tokens
 from sessionrl.session import FeedbackAdded
 from sessionrl.session.model import Feedback, FeedbackType, SessionCreate
 from sessionrl.store import SessionStore
 from sessionrl.train.status import RunStatus, StatusRecord, write_status
-from sessionrl.ui import UIConfig, compare, create_ui_app, curves, live, runs
+from sessionrl.ui import UIConfig, compare, create_ui_app, curves, live, policies, runs
 
 
 def append(folder: Path, *records: dict[str, Any]) -> None:
@@ -253,3 +255,17 @@ def test_the_list_stream_sends_every_runs_status_line(tmp_path: Path) -> None:
     assert listed.startswith(b"event: runs\ndata: ")
     lines = orjson.loads(listed.split(b"data: ")[1])
     assert {name: line["status"] for name, line in lines.items()} == {"r1": "finished", "r2": "unknown"}
+
+
+def test_policy_versions_are_compared_through_the_runs_that_trained_them(tmp_path: Path) -> None:
+    tiny_run(tmp_path / "r1")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def version(n: int, run_dir: str | None) -> PolicyVersion:
+        return PolicyVersion(
+            policy="orders", version=n, kind="llm", stage=Stage.CANDIDATE, artifact=f"{run_dir}/rl_policy",
+            share=0.0, lineage=Lineage(run_dir=run_dir), evaluation={}, created_at=at, updated_at=at,
+        )  # fmt: skip
+
+    versions = [version(1, str(tmp_path / "r1")), version(2, "/elsewhere/gone"), version(3, None)]
+    assert policies.version_runs(versions, tmp_path) == {("orders", 1): "r1"}

@@ -4,16 +4,18 @@ loop decisions, alerts), newest first."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from sessionrl.access import Principal
-from sessionrl.ops.registry import PolicyRegistry
+from sessionrl.ops.registry import PolicyRegistry, PolicyVersion
 from sessionrl.ops.strategy import current_mode
 from sessionrl.ops.takeover import NEEDS_HUMAN
 from sessionrl.store import SessionQuery, SessionStore
 from sessionrl.ui.auth import viewer
+from sessionrl.ui.runs import run_names
 from sessionrl.ui.sessions import page
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -32,10 +34,12 @@ def policies_page(
     registry = PolicyRegistry(store)
     log = registry.log(kind=kind or None)
     parked = store.query(SessionQuery(tags=(NEEDS_HUMAN,), limit=100))
+    versions = registry.versions()
     context = {
         "who": who,
         "nav": "policies",
-        "versions": registry.versions(),
+        "versions": versions,
+        "runs": version_runs(versions, request.app.state.ui.config.runs_dir),
         "mode": current_mode(registry).value,
         "parked": parked,
         "log": list(reversed(log[-LOG_LINES:])),
@@ -52,3 +56,15 @@ def policies_page(
         ],
     }
     return page(request, "policies.html", context)
+
+
+def version_runs(versions: list[PolicyVersion], runs_dir: Path) -> dict[tuple[str, int], str]:
+    """The dashboard's run (a folder under `runs_dir`) each version was trained in, by (policy, version):
+    the page links it, and versions ticked together are compared through their runs."""
+    known = set(run_names(runs_dir))
+    out = {}
+    for v in versions:
+        name = Path(v.lineage.run_dir).name if v.lineage.run_dir else None
+        if name in known:
+            out[(v.policy, v.version)] = name
+    return out
