@@ -70,6 +70,16 @@ def test_read_a_loss_value_from_its_chart(page: Any, board: str, tmp_path: Path)
     page.mouse.move(over["x"] + 1, over["y"] + over["height"] / 2)
     expect(loss.locator(".u-legend .u-series").nth(1).locator(".u-value")).to_have_text("2")
     expect(loss.locator(".u-legend .u-series").nth(0).locator(".u-value")).to_have_text("0")
+    # smoothing (an EMA debiased at the start) at weight 0.5 makes the last point 0.4402, worked out by hand
+    page.locator("input[name=smooth]").fill("0.5")
+    over = loss.locator(".u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] - 1, over["y"] + over["height"] / 2)
+    expect(loss.locator(".u-legend .u-series").nth(1).locator(".u-value")).to_have_text("0.44")
+    expect(loss.locator("[data-latest=value]")).to_have_text("0.333")  # the table keeps the raw value
+    # the wall-time axis: the last loss was logged 5 s after the run's first record
+    page.check("input[name=axis][value=elapsed]")
+    page.mouse.move(over["x"] + over["width"] - 1, over["y"] + over["height"] / 2)
+    expect(loss.locator(".u-legend .u-series").nth(0).locator(".u-value")).to_have_text("5s")
     rows = page.locator("table.evaluation tbody tr")
     assert rows.locator("td:first-child").all_text_contents() == ["sft", "rl"]
     assert "trainer: grpo" in page.text_content("pre.config")
