@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from store_support import RawDB
 
 from sessionrl.session import FeedbackAdded, LLMCallRecorded, StateChanged, ToolCallRecorded
@@ -130,3 +131,20 @@ def test_a_store_of_the_layout_before_gets_its_list_tables_filled_once(
         assert ids(store, outcome="solved") == ["en"]
         assert store.consistency_check().clean
     assert raw.rows("SELECT COUNT(*) FROM cursors WHERE name LIKE 'migration:%'") == [(0,)]
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"])
+def test_a_drifted_session_text_index_is_named_and_rebuilt(db_url: str) -> None:
+    with SessionStore.open(db_url) as store:
+        fill(store)
+        store.project()
+    raw = RawDB(db_url)
+    raw.run("DROP TRIGGER session_text_update")  # a hand edit the index does not follow
+    raw.run("UPDATE session_text SET body = 'nothing here' WHERE session_id = 'cn'")
+    with SessionStore.open(db_url) as store:
+        problem = store.backend.text_index_problem()
+        assert problem is not None
+        assert problem.startswith("session_text_index")
+        store.backend.rebuild_text_index()
+        assert store.backend.text_index_problem() is None
+        assert ids(store, text="chronic disease") == []  # the index now reads the edited text

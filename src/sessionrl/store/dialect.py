@@ -409,23 +409,26 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
 
 
 def text_index_problem(conn: sqlite3.Connection) -> str | None:
-    """Why the text index disagrees with the feedback comments, or None when it agrees.
+    """Why a text index disagrees with its table (the feedback comments' first, then the sessions' text),
+    or None when both agree.
 
     This is FTS5's integrity check against its content table; it is spelled as an INSERT, so it runs on
     the writer (it changes nothing). It reports disagreement as corruption; any other error is raised.
     """
-    try:
-        conn.execute(f"INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}, rank) VALUES ('integrity-check', 1)")
-    except sqlite3.DatabaseError as exc:
-        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_CORRUPT:
-            raise
-        return str(exc)
+    for index in (TEXT_INDEX, SESSION_TEXT_INDEX):
+        try:
+            conn.execute(f"INSERT INTO {index} ({index}, rank) VALUES ('integrity-check', 1)")
+        except sqlite3.DatabaseError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_CORRUPT:
+                raise
+            return str(exc) if index == TEXT_INDEX else f"{index}: {exc}"
     return None
 
 
 def rebuild_text_index(conn: sqlite3.Connection) -> None:
-    """Rebuild the text index from every row of `feedback`."""
-    conn.execute(f"INSERT INTO {TEXT_INDEX} ({TEXT_INDEX}) VALUES ('rebuild')")
+    """Rebuild the text indexes from every row of `feedback` and of `session_text`."""
+    for index in (TEXT_INDEX, SESSION_TEXT_INDEX):
+        conn.execute(f"INSERT INTO {index} ({index}) VALUES ('rebuild')")
 
 
 def _connect(target: str, *, uri: bool) -> sqlite3.Connection:
