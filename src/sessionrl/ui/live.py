@@ -21,7 +21,7 @@ import orjson
 
 from sessionrl.train.status import RunStatus, read_status
 from sessionrl.ui.curves import INDEX_FIELDS, number
-from sessionrl.ui.runs import EVAL_STAGE, read_run, records_from, run_names
+from sessionrl.ui.runs import EVAL_STAGE, Run, read_run, records_from, run_names
 
 PAUSE_STAGES = frozenset({"paused", "collapse"})
 """Metrics records that say the run was paused: auto-pause, and the collapse guard's rollback."""
@@ -147,16 +147,19 @@ async def run_events(
     `gone` is an awaitable factory saying the client left."""
     yield b"retry: 1000\n\n"
     last: dict[str, Any] | None = None
+    found: list[dict[str, Any]] = []
+    read = 0  # how far `found` (every record, for the status line) has read; `offset`: what was sent
     until = time.monotonic() + lasting
     while time.monotonic() < until and not await gone():
         size = (folder / "metrics.jsonl").stat().st_size if (folder / "metrics.jsonl").is_file() else 0
-        if size < offset:
+        if size < max(offset, read):
             yield b"event: reset\ndata: {}\n\n"
             return
         new, offset = await asyncio.to_thread(records_from, folder, offset)
         if new:
             yield b"event: records\nid: %d\ndata: " % offset + orjson.dumps(new) + b"\n\n"
-        found, _ = await asyncio.to_thread(records_from, folder)
+        more, read = await asyncio.to_thread(records_from, folder, read)
+        found += more
         now = summary(folder, config, found, time.time()).as_dict()
         if now != last:
             yield b"event: status\ndata: " + orjson.dumps(now) + b"\n\n"
@@ -173,23 +176,39 @@ def utc(at: float | None) -> str:
     return "—" if at is None else datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def summaries(runs_dir: Path, now: float) -> dict[str, dict[str, Any]]:
-    """The status line of every run under `runs_dir`, by name (the runs list's live updates)."""
+Seen = dict[str, tuple[tuple[int, ...], Run]]
+"""Runs read by the list stream, by name, with the stat of their files when read."""
+
+
+def summaries(runs_dir: Path, now: float, seen: Seen) -> dict[str, dict[str, Any]]:
+    """The status line of every run under `runs_dir`, by name (the runs list's live updates); a run whose
+    files have not changed since `seen` holds it is not read again."""
     out = {}
     for name in run_names(runs_dir):
-        run = read_run(runs_dir, name)
+        folder = runs_dir / name
+        stamp = tuple(
+            x for f in ("metrics.jsonl", "config.yaml") if (folder / f).is_file() for x in _stat(folder / f)
+        )
+        run = seen[name][1] if name in seen and seen[name][0] == stamp else read_run(runs_dir, name)
         if run is not None:
-            out[name] = summary(runs_dir / name, run.config, run.records, now).as_dict()
+            seen[name] = (stamp, run)
+            out[name] = summary(folder, run.config, run.records, now).as_dict()
     return out
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    found = path.stat()
+    return found.st_mtime_ns, found.st_size
 
 
 async def list_events(runs_dir: Path, lasting: float, gone: Any) -> AsyncIterator[bytes]:
     """Server-sent events of the runs list: `runs` (every run's status line, by name) when any changes."""
     yield b"retry: 2000\n\n"
     last: dict[str, Any] | None = None
+    seen: Seen = {}
     until = time.monotonic() + lasting
     while time.monotonic() < until and not await gone():
-        now = await asyncio.to_thread(summaries, runs_dir, time.time())
+        now = await asyncio.to_thread(summaries, runs_dir, time.time(), seen)
         if now != last:
             yield b"event: runs\ndata: " + orjson.dumps(now) + b"\n\n"
             last = now
