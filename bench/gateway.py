@@ -263,13 +263,15 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
         for r in range(args.rounds):
             for kind, url in urls.items():
                 relay[kind] += asyncio.run(
-                    stream_load(url, requests=args.stream_requests, concurrency=8, tag=f"s{r}")
+                    stream_load(
+                        url, requests=args.stream_requests, concurrency=args.stream_agents, tag=f"s{r}"
+                    )
                 )
                 _, lat = asyncio.run(
                     load(
                         url,
                         requests=args.slow_requests,
-                        concurrency=16,
+                        concurrency=args.slow_agents,
                         turns=args.turns,
                         tag=f"w{r}",
                         model=SLOW_MODEL,
@@ -285,10 +287,12 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
     p50 = {kind: statistics.median(lat) for kind, lat in slow.items()}
     return {
         "ttft_ms": round(statistics.median(relay["gateway"]), 3),
+        "ttft_agents": args.stream_agents,
         "ttft_ms_p99": round(sorted(relay["gateway"])[int(0.99 * (len(relay["gateway"]) - 1))], 3),
         "ttft_direct_ms": round(statistics.median(relay["direct"]), 3),
         "latency_ms_200ms": round(p50["gateway"], 2),
         "latency_direct_ms_200ms": round(p50["direct"], 2),
+        "overhead_agents": args.slow_agents,
         "overhead_pct_200ms": round(100 * (p50["gateway"] - p50["direct"]) / p50["direct"], 3),
     }
 
@@ -302,6 +306,7 @@ def main() -> None:
     parser.add_argument(
         "--stream-requests", type=int, default=400, help="Streamed requests per round and path (ttft_ms)."
     )
+    parser.add_argument("--stream-agents", type=int, default=4, help="Agents streaming at once (ttft_ms).")
     parser.add_argument(
         "--slow-requests", type=int, default=320, help="Requests per round and path on the 200 ms upstream."
     )
