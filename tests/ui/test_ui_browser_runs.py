@@ -75,6 +75,7 @@ def test_read_a_loss_value_from_its_chart(page: Any, board: str, tmp_path: Path)
     over = loss.locator(".u-over").bounding_box()
     page.mouse.move(over["x"] + over["width"] - 1, over["y"] + over["height"] / 2)
     expect(loss.locator(".u-legend .u-series").nth(1).locator(".u-value")).to_have_text("0.44")
+    expect(loss.locator(".u-legend .u-series").nth(2).locator(".u-value")).to_have_text("0.333")  # raw, faint
     expect(loss.locator("[data-latest=value]")).to_have_text("0.333")  # the table keeps the raw value
     # the wall-time axis: the last loss was logged 5 s after the run's first record
     page.check("input[name=axis][value=elapsed]")

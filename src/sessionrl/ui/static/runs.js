@@ -48,11 +48,15 @@
     return axis === "time" ? series.at : axis === "elapsed" ? series.elapsed : series.step;
   }
 
+  // a single smoothed series keeps its raw values as a faint line under the smoothed one
+  function withRaw(spec) { return view.smooth > 0 && spec.series.length === 1; }
+
   function table(spec) {
     var axis = axisOf(spec);
     var cols = spec.series.map(function (s) {
       return [xsOf(s, axis), s.dash ? s.values : smoothed(s.values, view.smooth)];
     });
+    if (withRaw(spec)) return [cols[0][0], cols[0][1], spec.series[0].values];
     return cols.length === 1 ? cols[0] : window.uPlot.join(cols);
   }
 
@@ -76,6 +80,10 @@
                     points: { show: s.values.length <= 40 },
                     value: function (u, v) { return fmt(v); } });
     });
+    if (withRaw(spec)) {
+      series.push({ label: "raw", stroke: COLOURS[0] + "40", width: 1, spanGaps: true, points: { show: false },
+                    value: function (u, v) { return fmt(v); } });
+    }
     return {
       title: spec.title + (spec.unit ? " (" + spec.unit + ")" : ""),
       width: width, height: 200, series: series,
