@@ -129,7 +129,8 @@ def imitate(run: Run, section: RFTSection, sequences: Sequence[TokenSequence], r
         rng = random.Random(stream_seed(cfg.seed, "rft-batch", round_, step, bits=SEED_BITS))
         batch = rng.sample(list(sequences), min(section.trainer.batch_sessions, len(sequences)))
         stats = trainer.step(batch)
-        run.log.write("rft_update", step, {"round": round_, "loss": stats.loss, "tokens": stats.tokens})
+        done = round_ * section.trainer.steps + step  # steps of all rounds, in order
+        run.log.write("rft_update", done, {"round": round_, "loss": stats.loss, "tokens": stats.tokens})
     policy.version += 1  # the engine serves the updated weights from now on
 
 
