@@ -23,7 +23,7 @@ from sessionrl.session import FeedbackAdded
 from sessionrl.session.model import Feedback, FeedbackType, SessionCreate
 from sessionrl.store import SessionStore
 from sessionrl.train.status import RunStatus, StatusRecord, write_status
-from sessionrl.ui import UIConfig, compare, create_ui_app, curves, live, policies, runs
+from sessionrl.ui import UIConfig, compare, create_ui_app, curves, live, policies, runs, training
 
 
 def append(folder: Path, *records: dict[str, Any]) -> None:
@@ -269,3 +269,9 @@ def test_policy_versions_are_compared_through_the_runs_that_trained_them(tmp_pat
 
     versions = [version(1, str(tmp_path / "r1")), version(2, "/elsewhere/gone"), version(3, None)]
     assert policies.version_runs(versions, tmp_path) == {("orders", 1): "r1"}
+
+
+def test_runs_past_the_compare_limit_are_named(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(training, "MAX_COMPARED", 1)
+    page = client.get("/ui/compare?run=r1&run=r2").text
+    assert "At most 1 runs are compared at once; left out: r2." in page

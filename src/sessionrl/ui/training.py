@@ -54,10 +54,12 @@ def compare_page(request: Request, who: Viewer, run: Annotated[list[str] | None,
     folder = request.app.state.ui.config.runs_dir
     known = runs.run_names(folder)
     asked = list(dict.fromkeys(run or []))
-    names = [n for n in asked if n in known][:MAX_COMPARED]
+    found = [n for n in asked if n in known]
+    names, left_out = found[:MAX_COMPARED], found[MAX_COMPARED:]
     unknown = [n for n in asked if n not in known]
-    found = compare.compare(folder, names) if len(names) >= 2 else None
-    context = {"who": who, "nav": "runs", "names": names, "known": known, "unknown": unknown, "c": found}
+    compared = compare.compare(folder, names) if len(names) >= 2 else None
+    context = {"who": who, "nav": "runs", "names": names, "known": known, "unknown": unknown}
+    context |= {"left_out": left_out, "most": MAX_COMPARED, "c": compared}
     return page(request, "compare.html", context)
 
 
