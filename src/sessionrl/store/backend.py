@@ -90,9 +90,9 @@ class Backend(Protocol):
         ignored; either may be None), and their parameters, spelled for this engine."""
         ...
 
-    def text_conditions(self, needle: str) -> tuple[str, list[Any]]:
-        """A condition on `session_text` rows whose text contains `needle` (case ignored), and its
-        parameters, spelled for this engine (through its text index where the needle is long enough)."""
+    def text_conditions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
+        """A condition on `session_text` rows whose text contains any of `needles` (case ignored), and
+        its parameters, spelled for this engine (through its text index where a needle is long enough)."""
         ...
 
     def text_index_problem(self) -> str | None:

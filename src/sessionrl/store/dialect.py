@@ -564,13 +564,17 @@ class SQLiteBackend:
             params.extend(values)
         return conds, params
 
-    def text_conditions(self, needle: str) -> tuple[str, list[Any]]:
-        """A condition on `session_text` rows whose text contains `needle` (case ignored), and its values:
-        the trigram index for three characters or more, a scan for shorter needles."""
-        if len(needle) < TRIGRAM:
-            return CONTAINS.format(column="body"), [contains_pattern(needle)]
-        index = SESSION_TEXT_INDEX
-        return f"id IN (SELECT rowid FROM {index} WHERE {index} MATCH ?)", [match_phrase(needle)]
+    def text_conditions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
+        """A condition on `session_text` rows whose text contains any of `needles` (case ignored), and its
+        values: one trigram-index lookup for those of three characters or more, a scan for shorter ones."""
+        long = [n for n in needles if len(n) >= TRIGRAM]
+        conds = [CONTAINS.format(column="body") for n in needles if len(n) < TRIGRAM]
+        values: list[Any] = [contains_pattern(n) for n in needles if len(n) < TRIGRAM]
+        if long:
+            index = SESSION_TEXT_INDEX
+            conds.insert(0, f"id IN (SELECT rowid FROM {index} WHERE {index} MATCH ?)")
+            values.insert(0, " OR ".join(map(match_phrase, long)))
+        return " OR ".join(f"({c})" for c in conds), values
 
     def text_index_problem(self) -> str | None:
         """Why the text index disagrees with the feedback comments, or None (see `text_index_problem`)."""

@@ -209,10 +209,9 @@ def _summary(q: SessionQuery, backend: Backend, conds: list[str], params: list[A
     and duration (tables of `sessionrl.store.summary`)."""
     if q.text is not None:
         for spelt in search_terms(q.text):
-            alternatives = [backend.text_conditions(one) for one in spelt]
-            found = " OR ".join(f"({cond})" for cond, _ in alternatives)
+            found, values = backend.text_conditions(spelt)
             conds.append(f"s.session_id IN (SELECT session_id FROM session_text WHERE {found})")
-            params.extend(v for _, values in alternatives for v in values)
+            params.extend(values)
     if q.scenario_contains is not None:
         conds.append("LOWER(s.scenario) LIKE ? ESCAPE '\\'")  # ASCII case ignored on both engines
         params.append(contains_pattern(q.scenario_contains.lower()))
