@@ -55,13 +55,14 @@ def test_a_run_folder_reads_as_stages_curves_and_evaluations(tmp_path: Path) -> 
 
 def test_records_are_read_from_an_offset_and_a_half_written_line_waits(tmp_path: Path) -> None:
     append(tmp_path, {"stage": "rl", "step": 0, "loss": 1.0})
-    first, offset = runs.records_from(tmp_path)
+    first, offset, _ = runs.records_from(tmp_path)
     assert [r["loss"] for r in first] == [1.0]
     (tmp_path / "metrics.jsonl").open("a").write('{"stage": "rl", "step": 1, "loss": 0.5')
-    assert runs.records_from(tmp_path, offset) == ([], offset)  # the line is not whole yet
-    (tmp_path / "metrics.jsonl").open("a").write("}\n")
-    later, end = runs.records_from(tmp_path, offset)
-    assert ([r["loss"] for r in later], end) == ([0.5], (tmp_path / "metrics.jsonl").stat().st_size)
+    assert runs.records_from(tmp_path, offset) == ([], offset, 0)  # the line is not whole yet
+    (tmp_path / "metrics.jsonl").open("a").write('}\nnot json\n["a list"]\n')
+    later, end, unreadable = runs.records_from(tmp_path, offset)
+    assert ([r["loss"] for r in later], unreadable) == ([0.5], 2)  # two whole lines are no record: counted
+    assert end == (tmp_path / "metrics.jsonl").stat().st_size
 
 
 def test_metrics_say_which_are_shown_first_and_their_units() -> None:
@@ -143,7 +144,7 @@ def test_a_collapse_pauses_the_run_and_an_old_run_reads_as_finished(tmp_path: Pa
 
 def test_the_live_stream_sends_new_records_and_the_status(tmp_path: Path) -> None:
     rl_run(tmp_path, steps=2)
-    _, offset = runs.records_from(tmp_path)
+    offset = runs.records_from(tmp_path).offset
     rl_run(tmp_path, steps=0)
     append(tmp_path, {"stage": "rl", "step": 2, "time": 120.0, "success": 0.5})
 
@@ -197,8 +198,10 @@ def test_the_runs_list_and_the_compare_page(client: TestClient) -> None:
     assert "Tick two or more runs" in client.get("/ui/compare?run=r1").text
 
 
-def test_the_run_page_and_its_stream(client: TestClient) -> None:
+def test_the_run_page_and_its_stream(client: TestClient, tmp_path: Path) -> None:
+    (tmp_path / "runs" / "r1" / "metrics.jsonl").open("a").write("not json\n")
     page = client.get("/ui/runs/r1").text
+    assert "1 line(s) of metrics.jsonl are no JSON record" in page
     assert 'data-run-live="/ui/runs/r1/live?after=' in page
     assert page.count('class="run-chart"') == 4  # sft loss, rl reward, success and kl
     with client.stream("GET", "/ui/runs/r1/live") as stream:

@@ -155,10 +155,10 @@ async def run_events(
         if size < max(offset, read):
             yield b"event: reset\ndata: {}\n\n"
             return
-        new, offset = await asyncio.to_thread(records_from, folder, offset)
+        new, offset, _ = await asyncio.to_thread(records_from, folder, offset)
         if new:
             yield b"event: records\nid: %d\ndata: " % offset + orjson.dumps(new) + b"\n\n"
-        more, read = await asyncio.to_thread(records_from, folder, read)
+        more, read, _ = await asyncio.to_thread(records_from, folder, read)
         found += more
         now = summary(folder, config, found, time.time()).as_dict()
         if now != last:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import yaml
@@ -43,6 +43,8 @@ class Run:
     metrics: list[Metric]
     evaluations: list[dict[str, Any]]
     offset: int
+    unreadable: int
+    """Whole lines of metrics.jsonl that are no record (the page says how many were left out)."""
 
 
 def run_names(runs_dir: Path) -> list[str]:
@@ -55,30 +57,40 @@ def run_names(runs_dir: Path) -> list[str]:
     return [p.name for p in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)]
 
 
-def records_from(folder: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The metrics records of a run from byte `offset` on, and the offset after the last whole line (a
-    line still being written is read next time); a line that does not parse is skipped."""
+class Chunk(NamedTuple):
+    """Whole metrics records read from a byte offset, the offset after them, and how many whole lines were
+    left out for not being a JSON record with a `stage`."""
+
+    records: list[dict[str, Any]]
+    offset: int
+    unreadable: int
+
+
+def records_from(folder: Path, offset: int = 0) -> Chunk:
+    """The metrics records of a run from byte `offset` on (a line still being written is read next time)."""
     path = folder / "metrics.jsonl"
     if not path.is_file():
-        return [], 0
+        return Chunk([], 0, 0)
     with path.open("rb") as file:
         file.seek(offset)
         data = file.read()
     whole = data[: data.rfind(b"\n") + 1]
-    found = []
+    found, unreadable = [], 0
     for line in whole.splitlines():
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError:
-            continue
+            record = None
         if isinstance(record, dict) and "stage" in record:
             found.append(record)
-    return found, offset + len(whole)
+        elif line.strip():
+            unreadable += 1
+    return Chunk(found, offset + len(whole), unreadable)
 
 
 def records(folder: Path) -> list[dict[str, Any]]:
     """Every whole metrics record of a run (`records_from` the start)."""
-    return records_from(folder)[0]
+    return records_from(folder).records
 
 
 def read_run(runs_dir: Path, name: str) -> Run | None:
@@ -88,13 +100,13 @@ def read_run(runs_dir: Path, name: str) -> Run | None:
         return None
     config_text = (folder / "config.yaml").read_text("utf-8") if (folder / "config.yaml").is_file() else ""
     config = yaml.safe_load(config_text) if config_text else {}
-    found, offset = records_from(folder)
+    found, offset, unreadable = records_from(folder)
     stages: dict[str, int] = {}
     for record in found:
         stages[str(record["stage"])] = stages.get(str(record["stage"]), 0) + 1
     evaluations = [r for r in found if r["stage"] == EVAL_STAGE]
     config = config if isinstance(config, dict) else {}
-    return Run(name, config_text, config, found, stages, metrics(found), evaluations, offset)
+    return Run(name, config_text, config, found, stages, metrics(found), evaluations, offset, unreadable)
 
 
 def failures(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
