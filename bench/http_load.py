@@ -96,11 +96,13 @@ async def fixed_rate(
     requests due inside the measured window. A request that fails (not 2xx) is counted, never dropped.
     Returns `rate` (asked), `rps` (requests due in the window, every one answered, per second),
     `p50_ms`, `p99_ms`, `max_ms`, `late_share` (requests sent 1 ms or more after they were due: the
-    client or the server fell behind) and `failed`.
+    client or the server fell behind), `p99_sent_ms` (the p99 timed from the actual send instead, what a
+    closed loop would report) and `failed`.
     """
     start = time.perf_counter() + 0.05
     t0, t1 = start + warmup_s, start + warmup_s + seconds
     latencies: list[float] = []
+    from_send: list[float] = []
     late = failed = 0
 
     async def connection(c: int) -> None:
@@ -115,7 +117,8 @@ async def fixed_rate(
             sent = time.perf_counter()
             status, _ = await conn.request("POST", mine[(k // target.repeat) % len(mine)], body)
             if due >= t0:
-                latencies.append(time.perf_counter() - due)
+                latencies.append((answered := time.perf_counter()) - due)
+                from_send.append(answered - sent)
                 late += sent - due >= 0.001
                 failed += not 200 <= status < 300
             k += 1
@@ -130,5 +133,6 @@ async def fixed_rate(
         "p99_ms": 1000 * percentile(latencies, 0.99),
         "max_ms": 1000 * latencies[-1],
         "late_share": late / len(latencies),
+        "p99_sent_ms": 1000 * percentile(sorted(from_send), 0.99),
         "failed": float(failed),
     }

@@ -562,6 +562,7 @@ def at_fixed_rate(
             f"{name}p50_ms_at_70pct": run["p50_ms"],
             f"{name}rps_at_70pct": run["rps"],
             f"{name}late_share_at_70pct": run["late_share"],
+            f"{name}p99_sent_ms_at_70pct": run["p99_sent_ms"],
         }
     return figures
 

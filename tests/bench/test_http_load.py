@@ -66,6 +66,7 @@ async def test_a_server_slower_than_the_rate_is_charged_its_queue() -> None:
         )
     assert run["max_ms"] >= 1500
     assert run["late_share"] == 1.0
+    assert run["p99_sent_ms"] >= 100  # timed from the send, each answer takes the server's 100 ms
 
 
 async def test_failed_answers_are_counted() -> None:
