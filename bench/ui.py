@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -178,6 +179,7 @@ def main() -> None:
         started = time.perf_counter()
         server = serve(app, args.port)
         result: dict[str, Any] = {"n_sessions": args.n, "steps": args.steps}
+        result["load_avg"] = round(os.getloadavg()[0], 1)  # other work on the machine slows every figure
         result["start_s"] = round(time.perf_counter() - started, 1)
         base = f"http://127.0.0.1:{args.port}"
         try:

@@ -90,9 +90,10 @@ class Backend(Protocol):
         ignored; either may be None), and their parameters, spelled for this engine."""
         ...
 
-    def text_conditions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
-        """A condition on `session_text` rows whose text contains any of `needles` (case ignored), and
-        its parameters, spelled for this engine (through its text index where a needle is long enough)."""
+    def text_sessions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
+        """A query (one `session_id` column) of the sessions whose text contains any of `needles` (case
+        ignored), and its parameters, spelled for this engine (through its text index where a needle is
+        long enough)."""
         ...
 
     def text_index_problem(self) -> str | None:

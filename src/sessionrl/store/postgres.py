@@ -401,11 +401,11 @@ class PostgresBackend:
             params.append(contains_pattern(needle))
         return conds, params
 
-    def text_conditions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
-        """A condition on `session_text` rows whose text contains any of `needles` (`ILIKE`, which the
-        trigram index `session_text_trgm` serves for three characters or more), and its values."""
+    def text_sessions(self, needles: Sequence[str]) -> tuple[str, list[Any]]:
+        """A query of the sessions whose text contains any of `needles` (`ILIKE`, which the trigram index
+        `session_text_trgm` serves for three characters or more), and its values."""
         conds = " OR ".join("(body ILIKE ? ESCAPE '\\')" for _ in needles)
-        return conds, [contains_pattern(n) for n in needles]
+        return f"SELECT session_id FROM session_text WHERE {conds}", [contains_pattern(n) for n in needles]
 
     def text_index_problem(self) -> str | None:
         """Why the trigram index cannot serve searches (missing, or left invalid), or None.

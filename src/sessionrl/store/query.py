@@ -209,8 +209,8 @@ def _summary(q: SessionQuery, backend: Backend, conds: list[str], params: list[A
     and duration (tables of `sessionrl.store.summary`)."""
     if q.text is not None:
         for spelt in search_terms(q.text):
-            found, values = backend.text_conditions(spelt)
-            conds.append(f"s.session_id IN (SELECT session_id FROM session_text WHERE {found})")
+            found, values = backend.text_sessions(spelt)
+            conds.append(f"s.session_id IN ({found})")
             params.extend(values)
     if q.scenario_contains is not None:
         conds.append("LOWER(s.scenario) LIKE ? ESCAPE '\\'")  # ASCII case ignored on both engines
