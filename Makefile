@@ -13,7 +13,8 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 # torch is pinned first so the CPU build on this machine is used, not a multi-GB CUDA download. The demo
-# needs the package alone; the test and lint tools (the `dev` extra) take longer to install than it does.
+# needs the package alone (not the dashboard's `ui` extra); the test and lint tools (the `dev` extra, with
+# `ui` among others) take longer to install than it does.
 $(RUN): pyproject.toml | $(PY)
 	@echo "== installing torch 2.13.0 (CPU build), then sessionrl with its train and serve extras (a few minutes)"
 	$(PY) -m pip install --progress-bar on torch==2.13.0
@@ -22,7 +23,7 @@ $(RUN): pyproject.toml | $(PY)
 	touch $@
 
 $(DEV): pyproject.toml $(RUN)
-	@echo "== installing the test and lint tools, Ray, PostgreSQL's driver and the trace formats (a few minutes)"
+	@echo "== installing the test and lint tools, the dashboard, Ray, PostgreSQL's driver and the trace formats (a few minutes)"
 	$(PY) -m pip install -q -e '.[dev,cluster]'
 	touch $@
 

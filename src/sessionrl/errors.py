@@ -6,6 +6,8 @@ parsing its text.
 
 from __future__ import annotations
 
+import importlib.util
+
 
 class SessionRLError(Exception):
     """Base class of every error sessionrl raises on purpose."""
@@ -77,3 +79,30 @@ class InvalidQuery(SessionRLError):
     def __init__(self, rule: str) -> None:
         super().__init__(f"sql: {rule}")
         self.rule = rule
+
+
+class MissingExtra(SessionRLError):
+    """A feature needs packages of an extra that is not installed; the message says which to install."""
+
+    def __init__(self, feature: str, extra: str, missing: list[str]) -> None:
+        super().__init__(
+            f"{feature} needs the {extra} extra ({', '.join(missing)} missing): "
+            f"pip install 'sessionrl[{extra}]'"
+        )
+        self.extra = extra
+        self.missing = missing
+
+
+def require_extra(feature: str, extra: str, *modules: str) -> None:
+    """Raise `MissingExtra` when any of `modules` (top-level names) cannot be imported.
+
+    >>> require_extra("the dashboard", "ui", "json")
+    >>> try:
+    ...     require_extra("the dashboard", "ui", "no_such_module_x")
+    ... except MissingExtra as missing:
+    ...     print(missing)
+    the dashboard needs the ui extra (no_such_module_x missing): pip install 'sessionrl[ui]'
+    """
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        raise MissingExtra(feature, extra, missing)

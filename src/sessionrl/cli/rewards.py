@@ -14,7 +14,7 @@ from rich.table import Table
 
 from sessionrl.cli.sessions import DEFAULT_DB, Db, err, open_store, reporting
 from sessionrl.episodes.progress import progress
-from sessionrl.errors import SessionRLError
+from sessionrl.errors import SessionRLError, require_extra
 from sessionrl.rewards.engine import RewardConfig, RewardEngine, StoredReward
 from sessionrl.rewards.judge.runner import Backend, JudgeConfig
 from sessionrl.rewards.vector import LayerValue, RewardVector
@@ -163,11 +163,10 @@ def queue(
 ) -> None:
     """Fit the reward model on the ended sessions people rated, report its held-out error, and list the
     unrated ones whose rating it is least sure of (widest 10-90% interval): the most useful to rate next."""
-    try:
-        from sessionrl.rewards.sparse import RewardModel, RewardModelConfig, uncertainty_queue
-    except ImportError as exc:  # scikit-learn
-        err.print(f"error: the reward model needs the train extra: pip install 'sessionrl[train]' ({exc})")
-        raise typer.Exit(1) from exc
+    with reporting():
+        require_extra("the reward model", "train", "sklearn")
+    from sessionrl.rewards.sparse import RewardModel, RewardModelConfig, uncertainty_queue  # scikit-learn
+
     with reporting(), open_store(db, create=False) as store:
         ended = [s for s in store.iter_sessions() if s.state in TERMINAL]
         model = RewardModel(RewardModelConfig(min_rated=min_rated))

@@ -11,9 +11,9 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from sessionrl.cli.sessions import DEFAULT_DB, Db, open_store, store_url
+from sessionrl.cli.sessions import DEFAULT_DB, Db, open_store, reporting, store_url
+from sessionrl.errors import require_extra
 from sessionrl.service.config import TOKENS_ENV, parse_tokens
-from sessionrl.ui import UIConfig, create_ui_app
 
 
 def ui(
@@ -32,6 +32,10 @@ def ui(
     ] = None,
 ) -> None:
     """Browse sessions, rewards and training runs at http://HOST:PORT/ui (log in with a read token)."""
+    with reporting():
+        require_extra("the dashboard", "ui", "jinja2")
+    from sessionrl.ui import UIConfig, create_ui_app  # needs jinja2
+
     open_store(db, create=False).close()  # a store that does not exist is an error, not a new empty one
     text = tokens if tokens is not None else os.environ.get(TOKENS_ENV)
     table = parse_tokens(text) if text else {}

@@ -10,6 +10,7 @@ process's collector) and times the collector's pauses for `/metrics`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp
 
 from sessionrl import __version__
 from sessionrl.access import TokenTable
+from sessionrl.errors import MissingExtra, require_extra
 from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
 from sessionrl.gateway.ending import sweep_idle
 from sessionrl.ops.serving import Operations
@@ -34,8 +36,8 @@ from sessionrl.service.routers import ROUTERS, gateway, policies, traces
 from sessionrl.service.shortcut import Shortcut
 from sessionrl.skills import ExecutorConfig, Skill, SkillExecutor, load_contracts, simulated_skill
 from sessionrl.store import SessionStore
-from sessionrl.ui import app as dashboard
-from sessionrl.ui.config import UIConfig
+
+_log = logging.getLogger(__name__)
 
 
 def simulated_skills(config: ServiceConfig) -> list[Skill]:
@@ -115,9 +117,22 @@ def create_app(
     app.include_router(traces.router)  # OTLP /v1/traces; its lifespan opens the trace receiver
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(_Measured, metrics=metrics)
-    dashboard.mount(app, UIConfig(skills_dir=config.skills_dir))
+    _mount_dashboard(app, config)
     _document_problems(app)
     return app
+
+
+def _mount_dashboard(app: FastAPI, config: ServiceConfig) -> None:
+    """The dashboard (`/ui`) and the offline `/docs`, when the ui extra is installed; else a warning that
+    says how to get them, and the API alone."""
+    try:
+        require_extra("the dashboard (/ui) and the API docs (/docs)", "ui", "jinja2")
+    except MissingExtra as missing:
+        _log.warning("%s; serving the API without them", missing)
+        return
+    from sessionrl.ui import UIConfig, mount  # needs jinja2
+
+    mount(app, UIConfig(skills_dir=config.skills_dir))
 
 
 def default_chat(config: ServiceConfig, backends: Sequence[PolicyBackend]) -> ChatBackend | None:
