@@ -307,6 +307,7 @@ def main() -> None:
         "--stream-requests", type=int, default=400, help="Streamed requests per round and path (ttft_ms)."
     )
     parser.add_argument("--stream-agents", type=int, default=4, help="Agents streaming at once (ttft_ms).")
+    parser.add_argument("--slow-agents", type=int, default=8, help="Agents at once on the 200 ms upstream.")
     parser.add_argument(
         "--slow-requests", type=int, default=320, help="Requests per round and path on the 200 ms upstream."
     )
