@@ -48,8 +48,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "std": {"refit_std": True},
     "std+warmup5": {"refit_std": True, "critic_warmup": 5},
     "std+ent0": {"refit_std": True, "entropy_coef": 0.0},
+    "std+anchor0.3": {"refit_std": True, "anchor_coef": 0.3},
     "std+anchor1": {"refit_std": True, "anchor_coef": 1.0},
     "std+lr1e-3": {"refit_std": True, "lr": 1e-3},
+    "std+anchor1+lr1e-3": {"refit_std": True, "anchor_coef": 1.0, "lr": 1e-3},
     "std+warmup5+anchor1": {"refit_std": True, "critic_warmup": 5, "anchor_coef": 1.0},
     "std+warmup5+anchor1+lr1e-3": {"refit_std": True, "critic_warmup": 5, "anchor_coef": 1.0, "lr": 1e-3},
 }

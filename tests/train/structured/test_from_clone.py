@@ -53,7 +53,7 @@ def test_warmup_rounds_train_the_critics_alone(env: OrdersEnv, start: Structured
 
 def test_the_anchor_needs_a_start_and_a_weight(start: StructuredPolicy) -> None:
     assert Anchor.of(None, UpdateConfig(anchor_coef=1.0)) is None
-    assert Anchor.of(start, UpdateConfig()) is None
+    assert Anchor.of(start, UpdateConfig(anchor_coef=0.0)) is None
     anchor = Anchor.of(start, UpdateConfig(anchor_coef=2.0, anchor_decay=0.5))
     assert anchor is not None
     assert (anchor.weight(0), anchor.weight(3)) == (2.0, 0.25)  # 2 · 0.5³

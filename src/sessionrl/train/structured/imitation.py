@@ -12,7 +12,9 @@ bounded parameters (`ParamSpec`), the value written back into the policy's coord
 The plan ends with *finish*. With ``run.prototypes`` the replay runs on the same macro-action view as the
 trainers, so the layouts agree, but the demonstrations stay atomic calls: a macro's later steps may have
 bounds that only its earlier steps settle. `clone` then fits a policy to those actions by maximum likelihood
-(``-mean log π(a|s)``), which is the imitation stage that RL (`ppo`, `aaac`) continues from.
+(``-mean log π(a|s)``), which is the imitation stage that RL (`ppo`, `aaac`) continues from. Last,
+`refit_log_std` sets each number head's σ to its error on the demonstrations, so the clone samples (as RL
+does) nearly as well as it acts greedily.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Each round: sample ``num_envs × rollout_steps`` steps, estimate advantages with
 ``epochs × minibatches`` Adam steps on the clipped surrogate, the reward critic's squared error and an
 entropy bonus. Advantages are normalised per minibatch. The risk critic is not trained (see `aaac`).
 
+From a given start policy (a clone of the expert), each step also pays an `Anchor`: a decaying
+``KL(π_start ‖ π_θ)`` that keeps RL from trading what imitation gave for noise in its first rounds
+(``update.anchor_coef``, on by default; docs/structured-rl.md has the measurements). Optionally the first
+``update.critic_warmup`` rounds train the critics alone.
+
 `train_clipped` is that round loop with the advantage estimate passed in, and optionally a KL penalty and
 the risk critic's targets: `train_ppo` runs it with plain GAE, `aaac.train_aaac` with its own estimate.
 `UpdateConfig` holds the loop's update settings, which both trainers' configs carry.
@@ -62,7 +67,7 @@ class UpdateConfig:
         metadata={"help": "first rounds that train the critics alone, on the starting policy's rollouts"},
     )
     anchor_coef: float = field(
-        default=0.0,
+        default=1.0,
         metadata={"help": "weight of KL(start ‖ π) at the first step, when RL starts from a given policy"},
     )
     anchor_decay: float = field(
