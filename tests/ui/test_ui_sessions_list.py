@@ -9,10 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from sessions_support import SEED_ID, fill
+from sessions_support import SEED_ID, episode, fill, import_seed
 from ui_support import READER, TOKENS
 
 from sessionrl.service import parse_tokens
+from sessionrl.store import SessionStore
 from sessionrl.ui import UIConfig, create_ui_app
 
 
@@ -113,3 +114,24 @@ def test_the_docs_of_the_dashboard_alone_list_its_api(client: TestClient) -> Non
     spec = client.get("/openapi.json").json()
     assert "/ui/api/sessions" in spec["paths"]
     assert data(client, "q=chronic+disease")["total"] == 1
+
+
+def test_the_list_answers_alike_over_postgresql(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from pg_support import local_postgres
+
+    root = tmp_path_factory.mktemp("pg-list")
+    with local_postgres("ui_list") as server:
+        url = server.url("ui_list")
+        import_seed(url)
+        with SessionStore.open(url) as store:
+            episode(store, "failed-1", scenario="orders-address", solved=False, error="UNAVAILABLE")
+            episode(store, "judged-1", scenario="clinic-triage", solved=None, unparseable=True, policy=4)
+            store.save_reward("failed-1", {"session_reward": -0.5}, "r1")
+        app = create_ui_app(url, UIConfig(runs_dir=root), parse_tokens(TOKENS))
+        with TestClient(app, headers={"Authorization": f"Bearer {READER}"}) as pg:
+            assert listed(pg, "outcome=failed") == ["failed-1"]
+            assert listed(pg, "q=chronic+disease") == [SEED_ID]
+            assert listed(pg, "q=anemia") == [SEED_ID]
+            assert listed(pg, "error=UNPARSEABLE_ACTION&policy=4") == ["judged-1"]
+            assert listed(pg, "max_reward=0&scenario=ADDR") == ["failed-1"]
+            assert "finished · failed" in pg.get("/ui/sessions?outcome=failed").text
