@@ -148,3 +148,14 @@ def test_a_drifted_session_text_index_is_named_and_rebuilt(db_url: str) -> None:
         store.backend.rebuild_text_index()
         assert store.backend.text_index_problem() is None
         assert ids(store, text="chronic disease") == []  # the index now reads the edited text
+
+
+@pytest.mark.parametrize("store_backend", ["postgresql"])
+def test_a_missing_session_text_index_is_named_and_made_again_on_postgresql(db_url: str) -> None:
+    with SessionStore.open(db_url) as store:
+        fill(store)
+        RawDB(db_url).run("DROP INDEX session_text_trgm")
+        assert store.backend.text_index_problem() == "index session_text_trgm is missing"
+        store.backend.rebuild_text_index()
+        assert store.backend.text_index_problem() is None
+        assert ids(store, text="chronic disease") == ["cn"]
