@@ -20,12 +20,16 @@
     window.addEventListener("pagehide", function () { source.close(); });
   }
 
-  // The list's table follows the live counts: fetch this page again and swap its results in.
-  var refreshing = false;
+  // The list's table follows the live counts: fetch this page again and swap its results in, at most
+  // once every few seconds however fast the counts move (a change meanwhile is fetched after).
+  var refreshing = false, lastRefresh = 0, pending = null, SPACING_MS = 3000;
   function refreshResults() {
     var results = document.getElementById("results");
-    if (!results || refreshing) return;
+    if (!results || refreshing || pending) return;
+    var wait = lastRefresh + SPACING_MS - Date.now();
+    if (wait > 0) { pending = setTimeout(function () { pending = null; refreshResults(); }, wait); return; }
     refreshing = true;
+    lastRefresh = Date.now();
     fetch(window.location.href, { credentials: "same-origin" })
       .then(function (answer) { return answer.ok ? answer.text() : null; })
       .then(function (html) {
