@@ -66,12 +66,15 @@ class ToolAccuracy:
     """Every scored turn's verdict, and the turns and tasks left out with their reason.
 
     `answers`: gold turns that answer the user (not scored). `missing`: held-out tasks without a gold
-    trajectory (their expert episode did not solve them), so without scored turns.
+    trajectory (their expert episode did not solve them), so without scored turns. `unanswered`: scored
+    turns whose conversation the policy could not take (a prompt too long for it), scored as replies
+    that did not parse, as an episode counts them.
     """
 
     turns: tuple[TurnScore, ...]
     answers: int = 0
     missing: int = 0
+    unanswered: int = 0
 
     @property
     def accuracy(self) -> float:
@@ -102,7 +105,7 @@ class ToolAccuracy:
 
     def as_dict(self) -> dict[str, float | int]:
         """The record keys: `tool_acc` (exact), `tool_name_acc`, `tool_parse_rate`, `tool_turns`,
-        `tool_tasks`, `tool_answer_turns`, `tool_missing_tasks`."""
+        `tool_tasks`, `tool_answer_turns`, `tool_missing_tasks`, `tool_unanswered_turns`."""
         return {
             "tool_acc": round(self.accuracy, 4),
             "tool_name_acc": round(self.tool_rate, 4),
@@ -111,6 +114,7 @@ class ToolAccuracy:
             "tool_tasks": len(self.by_task()),
             "tool_answer_turns": self.answers,
             "tool_missing_tasks": self.missing,
+            "tool_unanswered_turns": self.unanswered,
         }
 
 

@@ -1,25 +1,39 @@
 """A run's final evaluation measures per-turn tool accuracy on the gold trajectories of its held-out tasks:
-one scored turn per expert tool call, recorded beside the task metrics in the run's `eval` records."""
+one scored turn per expert tool call, recorded beside the task metrics in the run's `eval` records; a turn
+whose prompt the policy cannot take is counted, and scored as a reply that did not parse."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+import pytest
 
 from sessionrl.envs.base import Split
+from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.store import SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.dispatch import run_trainer
+from sessionrl.train.llm.accuracy import measure_tool_accuracy
 from sessionrl.train.llm.loop import TrainResult
+from sessionrl.train.llm.run import open_run
 from tiny_run_support import SFT_SECTION, tiny_run
 
 
-def test_the_report_scores_one_turn_per_gold_tool_call_and_records_it(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, TrainResult]:
+    folder = tmp_path_factory.mktemp("accuracy")
     rollout = {"full_schemas": False, "domain_policy": False}  # a prompt the tiny model's context holds
-    data = tiny_run(run_dir=str(tmp_path), trainer="sft", sft=SFT_SECTION, rollout=rollout)
+    data = tiny_run(run_dir=str(folder), trainer="sft", sft=SFT_SECTION, rollout=rollout)
     config = RunConfig.model_validate(data)
     result = run_trainer(config)
     assert isinstance(result, TrainResult)
+    return config, result
+
+
+def test_the_report_scores_one_turn_per_gold_tool_call_and_records_it(
+    trained: tuple[RunConfig, TrainResult],
+) -> None:
+    config, result = trained
     tools = result.report["sft"].tools
     assert tools is not None
     with SessionStore.open(config.store_url) as store:
@@ -28,8 +42,22 @@ def test_the_report_scores_one_turn_per_gold_tool_call_and_records_it(tmp_path: 
     assert all(s.metadata["split"] == Split.TEST for s in gold)
     assert len(tools.turns) == sum(len(s.tool_calls) for s in gold) > 0
     assert tools.answers == sum(s.final_output is not None for s in gold)
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert tools.unanswered == 0
+    records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     (logged,) = [r for r in records if r["stage"] == "eval" and r["label"] == "sft"]
     assert logged["tool_turns"] == len(tools.turns)
     assert logged["tool_acc"] == round(tools.accuracy, 4)
     assert 0.0 <= logged["tool_acc"] <= logged["tool_name_acc"] <= logged["tool_parse_rate"] <= 1.0
+
+
+def test_a_turn_too_long_for_the_policy_counts_as_unanswered_and_unparsed(
+    trained: tuple[RunConfig, TrainResult],
+) -> None:
+    config, result = trained
+    cramped = HFPolicy.load(config.run_dir / "sft_policy", SamplingConfig(max_prompt_tokens=8))
+    with open_run(config) as run:
+        tools = measure_tool_accuracy(run, cramped, Split.TEST, config.evaluation.tasks)
+    before = result.report["sft"].tools
+    assert before is not None
+    assert tools.unanswered == len(tools.turns) == len(before.turns)
+    assert tools.parse_rate == 0.0

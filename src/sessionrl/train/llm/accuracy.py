@@ -11,11 +11,13 @@ missing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from sessionrl.envs.base import Split, stream_seed
 from sessionrl.episodes import EpisodeSpec, expert, run_episodes
 from sessionrl.eval.tool_accuracy import ToolAccuracy, tool_accuracy
+from sessionrl.orchestrator.policy import PolicyError
 from sessionrl.policy.llm import HFPolicy
 from sessionrl.session.model import Message, Session
 from sessionrl.train.llm.data import Reply, demonstration_replies
@@ -59,14 +61,32 @@ def measure_tool_accuracy(run: Run, policy: HFPolicy, split: Split, n_tasks: int
     most `evaluation.max_new_tokens` tokens a reply."""
     sessions, missing = gold_sessions(run, split, n_tasks)
     view = evaluation_view(policy, run.config.evaluation.max_new_tokens)
+    unanswered = 0
 
     def answer(conversations: Sequence[Sequence[Message]]) -> list[str]:
-        return [reply.text for reply in view.generate_now(conversations)]
+        nonlocal unanswered
+        fits = [i for i, c in enumerate(conversations) if takes(view, c)]
+        unanswered += len(conversations) - len(fits)
+        texts = [""] * len(conversations)  # an empty reply does not parse, as in an episode
+        replies = view.generate_now([conversations[i] for i in fits]) if fits else []
+        for i, reply in zip(fits, replies, strict=True):
+            texts[i] = reply.text
+        return texts
 
     replies = gold_replies(run, policy, sessions)
-    return tool_accuracy(
+    measured = tool_accuracy(
         replies, policy.tool_format, answer, batch=policy.batching.max_batch, missing=missing
     )
+    return dataclasses.replace(measured, unanswered=unanswered)
 
 
-__all__ = ["gold_replies", "gold_sessions", "measure_tool_accuracy"]
+def takes(policy: HFPolicy, conversation: Sequence[Message]) -> bool:
+    """Whether `policy` can take `conversation` as a prompt (not too long even without its history)."""
+    try:
+        policy.encode_prompt(conversation)
+    except PolicyError:
+        return False
+    return True
+
+
+__all__ = ["gold_replies", "gold_sessions", "measure_tool_accuracy", "takes"]
