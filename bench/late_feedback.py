@@ -15,6 +15,9 @@ interval of the change. From the late arm's updates: the share of tokens whose i
 cut (`is_truncated`) and the mean importance weight (`is_weight`), token-weighted over all updates and
 over the updates that trained late sessions.
 
+`--jobs 2` runs the two arms at once, each in its own process. `--reuse` starts the arms from the
+imitation run already in `--out` (its gate passed) instead of training it again.
+
 Last line: one JSON object.
 """
 
@@ -24,6 +27,8 @@ import argparse
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ import torch
 from rich.console import Console
 
 from sessionrl.train.config import RunConfig
+from sessionrl.train.llm.checkpoint import Stage, read_state
 from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config
 from sessionrl.train.llm.loop import Evaluation, TrainResult, train
 
@@ -51,11 +57,37 @@ def arm(
     return imitation.model_copy(update={"run_dir": folder, "rl": rl})
 
 
-def run_arm(imitation: RunConfig, config: RunConfig, console: Console) -> TrainResult:
+def run_arm(imitation: RunConfig, config: RunConfig, threads: int, quiet: bool) -> TrainResult:
     """GRPO for `config`, resumed from a copy of the imitation run (its gate passed, RL not started)."""
+    torch.set_num_threads(threads)
     shutil.rmtree(config.run_dir, ignore_errors=True)
     shutil.copytree(imitation.run_dir, config.run_dir)
-    return train(config, resume=True, console=console)
+    return train(config, resume=True, console=Console(stderr=True, quiet=quiet))
+
+
+def imitate(base: RunConfig, reuse: bool, console: Console) -> None:
+    """The imitation run both arms start from: trained (and its policy evaluated) unless `reuse` finds
+    one whose gate passed."""
+    saved = read_state(base.run_dir / "checkpoint") if reuse else None
+    if saved is not None and saved.stage is Stage.RL and saved.step == 0:
+        return
+    shutil.rmtree(base.run_dir, ignore_errors=True)
+    train(base, console=console)
+
+
+def arms(args: argparse.Namespace, base: RunConfig) -> tuple[TrainResult, TrainResult]:
+    """The arm that drops late sessions and the arm that trains on them, one after the other or at once."""
+    shared = {"iterations": args.rl_iterations, "late_share": args.late_share, "late_after": args.late_after}
+    configs = (
+        arm(base, args.out / "drop", **shared, max_lag=0),
+        arm(base, args.out / "late", **shared, max_lag=args.late_after),
+    )
+    if args.jobs <= 1:
+        drop, late = (run_arm(base, c, args.threads, not args.verbose) for c in configs)
+        return drop, late
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_arm, base, c, args.threads, not args.verbose) for c in configs]
+        return futures[0].result(), futures[1].result()
 
 
 def weighted(curve: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -80,10 +112,9 @@ def correction(curve: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summary(
-    args: argparse.Namespace, sft: Evaluation, drop: TrainResult, late: TrainResult
-) -> dict[str, Any]:
+def summary(args: argparse.Namespace, drop: TrainResult, late: TrainResult) -> dict[str, Any]:
     """The comparison's figures (late arm against drop arm, paired by task)."""
+    sft: Evaluation = drop.report["sft"]
     drop_rl, late_rl = drop.report["rl"], late.report["rl"]
     paired = compare(drop_rl, late_rl)
     s = paired.success
@@ -120,6 +151,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-late"), help="run folders")
     parser.add_argument("--verbose", action="store_true", help="show the runs' own output on stderr")
+    parser.add_argument("--jobs", type=int, default=1, help="2: run the two arms at once")
+    parser.add_argument("--reuse", action="store_true", help="start from the imitation run in --out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     console = Console(stderr=True, quiet=not args.verbose)
@@ -133,18 +166,23 @@ def main() -> None:
         rl_iterations=0,
         eval_tasks=args.eval_tasks,
     )
-    shutil.rmtree(base.run_dir, ignore_errors=True)
-    sft = train(base, console=console).report["sft"]
-    print(f"imitation: success {sft.metrics.success:.3f} on {sft.metrics.n_tasks} test tasks", flush=True)
-    shared = {"iterations": args.rl_iterations, "late_share": args.late_share, "late_after": args.late_after}
-    drop = run_arm(base, arm(base, args.out / "drop", **shared, max_lag=0), console)
-    print(f"drop late sessions: success {drop.report['rl'].metrics.success:.3f}", flush=True)
-    late = run_arm(base, arm(base, args.out / "late", **shared, max_lag=args.late_after), console)
-    print(f"train on late sessions: success {late.report['rl'].metrics.success:.3f}", flush=True)
+    imitate(base, args.reuse, console)
+    drop, late = arms(args, base)
+    sft = drop.report["sft"]
+    print(f"imitation: success {sft.metrics.success:.3f} on {sft.metrics.n_tasks} test tasks")
+    print(f"drop late sessions: success {drop.report['rl'].metrics.success:.3f}")
+    print(f"train on late sessions: success {late.report['rl'].metrics.success:.3f}")
 
-    result = summary(args, sft, drop, late)
+    result = summary(args, drop, late)
     result["minutes"] = round((time.monotonic() - started) / 60, 2)
-    print(compare(drop.report["rl"], late.report["rl"]).describe())
+    result["imitation_reused"] = args.reuse  # then `minutes` leaves out the imitation run
+    low, high = result["success_ci"]
+    print(
+        f"success {result['drop_success']:.3f} (drop) -> {result['late_success']:.3f} (late) on "
+        f"{result['n_eval']} tasks: the late arm alone solved {result['late_only']}, the drop arm alone "
+        f"{result['drop_only']}; exact McNemar p = {result['p_success']:.3g}; change 95% CI "
+        f"[{low:+.3f}, {high:+.3f}]"
+    )
     print(
         f"late sessions trained on: {result['late_trained']}; dropped in the other arm: {result['dropped']}; "
         f"tokens truncated {result['is_truncated']}, mean importance weight {result['is_weight']} "
