@@ -29,7 +29,7 @@ from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo
 from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
 
-BENCH_UPDATE = UpdateConfig(lr=3e-4)
+BENCH_UPDATE = UpdateConfig(lr=3e-4, anchor_coef=0.0)
 """The update `bench/aaac_vs_ppo.py` ran before this study (its ``--lr`` default; the rest as the trainer's
 defaults then: entropy 0.01, no warm-up, no anchor)."""
 
