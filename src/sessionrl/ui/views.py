@@ -59,7 +59,7 @@ def fit(text: str, width: int = NODE_W - 16) -> str:
     """`text` cut (with an ellipsis) to what fits `width` pixels of the DAG's label font.
 
     >>> fit("lookup_order_status_for_customer", 100)
-    'lookup_order_…'
+    'lookup_order…'
     """
     room = int(width // CHAR_W)
     return text if len(text) <= room else text[: max(1, room - 1)] + "…"
