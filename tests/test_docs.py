@@ -414,6 +414,8 @@ def test_every_block_is_run_checked_or_shown_on_purpose() -> None:
             assert block.language in (*RUNNABLE, *SHOWN), f"docs/{page}:{block.line}: ```{block.language}"
             if block.language in RUNNABLE:
                 assert block.kind != "shown", f"docs/{page}:{block.line}"
+            if block.check is not None:  # commands are checked: a Python block is run or skipped
+                assert block.language in ("console", *SCRIPTS), f"docs/{page}:{block.line}: check a command"
 
 
 def test_console_continuations_and_scripts() -> None:
