@@ -210,6 +210,7 @@ CREATE TABLE IF NOT EXISTS session_errors (
     PRIMARY KEY (session_id, code)
 );
 CREATE INDEX IF NOT EXISTS session_errors_code ON session_errors (code, session_id);
+CREATE INDEX IF NOT EXISTS rewards_ruleset ON rewards (ruleset_version, session_id);
 CREATE TABLE IF NOT EXISTS session_text (
     id INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL UNIQUE,
@@ -230,7 +231,8 @@ CREATE TRIGGER IF NOT EXISTS session_text_update AFTER UPDATE OF id, body ON ses
     INSERT INTO session_text_index (rowid, body) VALUES (new.id, new.body);
 END;
 """
-"""The session list's query tables (`sessionrl.store.summary`), filled by the projector like the others.
+"""The session list's query tables (`sessionrl.store.summary`), filled by the projector like the others,
+and an index of the rewards by rule-set version (the list's choice of versions, and its reward filter).
 `session_text_index` is a trigram FTS5 index over `session_text.body`, kept in step by triggers as
 `feedback_text` is over the comments: the free-text search of the list (`SessionQuery.text`)."""
 
