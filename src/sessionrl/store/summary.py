@@ -31,6 +31,49 @@ _CODE = re.compile(r"^([A-Z][A-Z0-9_]{2,63}):")
 
 Row = tuple[Any, ...]
 
+SQLITE_DDL = """
+CREATE TABLE IF NOT EXISTS session_facts (
+    session_id TEXT PRIMARY KEY,
+    outcome INTEGER,
+    failed_calls INTEGER NOT NULL,
+    duration_ms REAL,
+    policy_version INTEGER,
+    stage TEXT
+);
+CREATE INDEX IF NOT EXISTS session_facts_outcome ON session_facts (outcome, session_id);
+CREATE INDEX IF NOT EXISTS session_facts_stage ON session_facts (stage, session_id);
+CREATE TABLE IF NOT EXISTS session_errors (
+    session_id TEXT NOT NULL,
+    code TEXT NOT NULL,
+    PRIMARY KEY (session_id, code)
+);
+CREATE INDEX IF NOT EXISTS session_errors_code ON session_errors (code, session_id);
+CREATE INDEX IF NOT EXISTS rewards_ruleset ON rewards (ruleset_version, session_id);
+CREATE TABLE IF NOT EXISTS session_text (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL UNIQUE,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS session_text_session ON session_text (id, session_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS session_text_index USING fts5 (
+    body, content = 'session_text', content_rowid = 'id', tokenize = 'trigram'
+);
+CREATE TRIGGER IF NOT EXISTS session_text_insert AFTER INSERT ON session_text BEGIN
+    INSERT INTO session_text_index (rowid, body) VALUES (new.id, new.body);
+END;
+CREATE TRIGGER IF NOT EXISTS session_text_delete AFTER DELETE ON session_text BEGIN
+    INSERT INTO session_text_index (session_text_index, rowid, body) VALUES ('delete', old.id, old.body);
+END;
+CREATE TRIGGER IF NOT EXISTS session_text_update AFTER UPDATE OF id, body ON session_text BEGIN
+    INSERT INTO session_text_index (session_text_index, rowid, body) VALUES ('delete', old.id, old.body);
+    INSERT INTO session_text_index (rowid, body) VALUES (new.id, new.body);
+END;
+"""
+"""These tables on SQLite (`sessionrl.store.dialect` runs it on every open; PostgreSQL's are in
+`sessionrl.store.postgres`), and an index of the rewards by rule-set version (the list's choice of
+versions, and its reward filter). `session_text_index` is a trigram FTS5 index over `session_text.body`, kept in step by triggers as
+`feedback_text` is over the comments: the free-text search of the list (`SessionQuery.text`)."""
+
 
 def _time(value: Any) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
