@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sessionrl.store.documents import Doc
+if TYPE_CHECKING:  # documents imports the backends, whose SQLite one reads this module's DDL
+    from sessionrl.store.documents import Doc
 
 FAILED_VERDICT = "auto_validation"
 """Feedback type whose score of 0 marks an LLM call as failed (its comment may lead with an error code)."""
@@ -71,8 +72,9 @@ END;
 """
 """These tables on SQLite (`sessionrl.store.dialect` runs it on every open; PostgreSQL's are in
 `sessionrl.store.postgres`), and an index of the rewards by rule-set version (the list's choice of
-versions, and its reward filter). `session_text_index` is a trigram FTS5 index over `session_text.body`, kept in step by triggers as
-`feedback_text` is over the comments: the free-text search of the list (`SessionQuery.text`)."""
+versions, and its reward filter). `session_text_index` is a trigram FTS5 index over `session_text.body`,
+kept in step by triggers as `feedback_text` is over the comments: the list's free-text search
+(`SessionQuery.text`)."""
 
 
 def _time(value: Any) -> datetime:
