@@ -88,33 +88,41 @@ def test_a_strong_anchor_keeps_the_policy_nearer_its_start(env: OrdersEnv, start
     assert 0.0 < drift[1] < drift[0]
 
 
-def test_refit_sets_each_number_heads_sigma_to_its_rms_error(start: StructuredPolicy) -> None:
-    """Means forced to 0. The first number head's demonstrations ask for 0.3 and -0.4: σ = √((0.09 + 0.16)
-    / 2) = √0.125, log σ = -1.039721. A row of another skill (its draw 9 is not the head's) does not
-    count, and the second number head, which no row uses, keeps its log σ."""
-    policy = _copy(start)
+def _zero_means(start: StructuredPolicy) -> StructuredPolicy:
+    """A copy of `start` whose number heads' means are 0 in every state."""
+    policy = copy.deepcopy(start)
     with torch.no_grad():
         policy.mean_head.weight.zero_()
         policy.mean_head.bias.zero_()
-    owner = int(policy.layout.numeric[0][0])
-    other = next(s for s in range(policy.layout.actions) if s not in {k for k, _ in policy.layout.numeric})
-    heads = len(policy.layout.numeric)
-    raw = torch.zeros((3, heads))
-    raw[:, 0] = torch.tensor([0.3, -0.4, 9.0])
-    demos = Demonstrations(
-        obs=torch.zeros((3, policy.obs_dim)),
-        text=torch.zeros((3, policy.text_dim)),
-        mask=torch.ones((3, policy.layout.actions), dtype=torch.long),
+    return policy
+
+
+def _demos(policy: StructuredPolicy, skills: list[int], raw: torch.Tensor) -> Demonstrations:
+    """Demonstrations of `skills` with number draws `raw` ``[S, H_num]`` (states and choices all 0)."""
+    rows = len(skills)
+    return Demonstrations(
+        obs=torch.zeros((rows, policy.obs_dim)),
+        text=torch.zeros((rows, policy.text_dim)),
+        mask=torch.ones((rows, policy.layout.actions), dtype=torch.long),
         action=StructuredAction(
-            torch.tensor([owner, owner, other]),
-            raw,
-            torch.zeros((3, len(policy.layout.choices)), dtype=torch.long),
+            torch.tensor(skills), raw, torch.zeros((rows, len(policy.layout.choices)), dtype=torch.long)
         ),
         solved=0,
         tasks=1,
     )
+
+
+def test_refit_sets_each_number_heads_sigma_to_its_rms_error(start: StructuredPolicy) -> None:
+    """Means forced to 0. The first number head's demonstrations ask for 0.3 and -0.4: σ = √((0.09 + 0.16)
+    / 2) = √0.125, log σ = -1.039721. A row of another skill (its draw 9 is not the head's) does not
+    count, and the other number heads, which no row uses, keep their log σ."""
+    policy = _zero_means(start)
+    owner = int(policy.layout.numeric[0][0])
+    other = next(s for s in range(policy.layout.actions) if s not in {k for k, _ in policy.layout.numeric})
+    raw = torch.zeros((3, len(policy.layout.numeric)))
+    raw[:, 0] = torch.tensor([0.3, -0.4, 9.0])
     before = policy.log_std.detach().clone()
-    log_std = refit_log_std(policy, demos)
+    log_std = refit_log_std(policy, _demos(policy, [owner, owner, other], raw))
     assert log_std[0].item() == pytest.approx(math.log(math.sqrt(0.125)), abs=1e-6)
     assert log_std[0].item() == pytest.approx(-1.039721, abs=1e-6)
     torch.testing.assert_close(log_std[1:], before[1:])
@@ -123,26 +131,7 @@ def test_refit_sets_each_number_heads_sigma_to_its_rms_error(start: StructuredPo
 
 def test_refit_clamps_a_perfect_fit_to_the_smallest_sigma(start: StructuredPolicy) -> None:
     """Demonstrations the means hit exactly would give σ = 0; log σ stops at the range's floor."""
-    policy = _copy(start)
-    with torch.no_grad():
-        policy.mean_head.weight.zero_()
-        policy.mean_head.bias.zero_()
+    policy = _zero_means(start)
     owner = int(policy.layout.numeric[0][0])
-    heads = len(policy.layout.numeric)
-    demos = Demonstrations(
-        obs=torch.zeros((2, policy.obs_dim)),
-        text=torch.zeros((2, policy.text_dim)),
-        mask=torch.ones((2, policy.layout.actions), dtype=torch.long),
-        action=StructuredAction(
-            torch.tensor([owner, owner]),
-            torch.zeros((2, heads)),
-            torch.zeros((2, len(policy.layout.choices)), dtype=torch.long),
-        ),
-        solved=0,
-        tasks=1,
-    )
+    demos = _demos(policy, [owner, owner], torch.zeros((2, len(policy.layout.numeric))))
     assert refit_log_std(policy, demos)[0].item() == LOG_STD_RANGE[0]
-
-
-def _copy(policy: StructuredPolicy) -> StructuredPolicy:
-    return copy.deepcopy(policy)
