@@ -122,8 +122,9 @@ def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[s
     cloning = time.perf_counter() - started
     prototypes = expert_prototypes(env, base.prototypes) if base.prototypes else ()
     with torch_threads(1):
+        # every training ticket, as the rollouts draw them (the first `demos` alone were imitated: higher)
         sampled = evaluate(
-            cloned.policy, cloned.encoder, env, Split.TRAIN, greedy=False, limit=200, prototypes=prototypes
+            cloned.policy, cloned.encoder, env, Split.TRAIN, greedy=False, prototypes=prototypes
         )
     update = UpdateConfig(lr=options["lr"])
     results = []
