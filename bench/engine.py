@@ -41,6 +41,7 @@ from sessionrl.envs import build
 from sessionrl.envs.base import Split
 from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
+from sessionrl.policy.engine import Engine
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
 from sessionrl.policy.sampling import KVStore, TorchEngine
 from sessionrl.policy.sources import ModelSourceError, locate_gguf, materialise
@@ -57,6 +58,7 @@ class Played:
     label: str
     replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]]]
     seconds: float
+    cpu_seconds: float
     prefilled: int
     reused: int
 
@@ -67,6 +69,12 @@ class Played:
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def tok_cpu_s(self) -> float:
+        """Tokens per CPU-second (every thread of this process and of the engine's server): on a
+        machine shared with other work, a measure its load moves less than wall time."""
+        return self.tokens / self.cpu_seconds
 
 
 def load(model: str, texts: Sequence[str], folder: Path, sampling: SamplingConfig) -> HFPolicy:
@@ -92,19 +100,15 @@ def tool_result(turn: int) -> Message:
 def play(
     label: str,
     policy: HFPolicy,
-    store: KVStore,
+    engine: Engine,
     starts: Sequence[Sequence[Message]],
     turns: int,
-    *,
-    in_place: bool,
 ) -> Played:
-    """The episodes from `starts`, `turns` turns each, sampled by a torch engine keeping `store`."""
-    pad = int(policy.tokenizer.pad_token_id)
-    engine = TorchEngine(policy.model, pad_id=pad, stop_ids=policy.stop_ids, store=store, in_place=in_place)
+    """The episodes from `starts`, `turns` turns each, sampled by `engine`."""
     player = HFPolicy(policy.model, policy.tokenizer, policy.sampling, engine=engine)
     conversations = [list(c) for c in starts]
     replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]]] = []
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds(engine)
     for turn in range(turns):
         answered = player.generate_now(conversations)
         replies.append([(r.token_ids or (), r.logprobs or ()) for r in answered])
@@ -113,8 +117,26 @@ def play(
         print(
             f"{label}: turn {turn + 1} at {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True
         )
-    seconds = time.perf_counter() - started
-    return Played(label, replies, seconds, store.prefilled_tokens, store.reused_tokens)
+    seconds, cpu = time.perf_counter() - started, cpu_seconds(engine) - cpu
+    store = getattr(engine, "store", None)
+    prefilled = store.prefilled_tokens if isinstance(store, KVStore) else -1
+    reused = store.reused_tokens if isinstance(store, KVStore) else -1
+    return Played(label, replies, seconds, cpu, prefilled, reused)
+
+
+def cpu_seconds(engine: Engine) -> float:
+    """CPU time of this process so far, plus that of the engine's server process when it has one."""
+    server = getattr(engine, "server_cpu_seconds", None)
+    return time.process_time() + (server() if server is not None else 0.0)
+
+
+def torch_engine(policy: HFPolicy, *, turns: bool) -> TorchEngine:
+    """Today's sampler (`turns=False`: the shared prefix only, a cache that concatenates) or the torch
+    engine (turns kept, an in-place cache) over the policy's module."""
+    pad = int(policy.tokenizer.pad_token_id)
+    return TorchEngine(
+        policy.model, pad_id=pad, stop_ids=policy.stop_ids, store=KVStore(turns=turns), in_place=turns
+    )
 
 
 def agreement(a: Played, b: Played) -> tuple[float, float, float]:
@@ -149,7 +171,26 @@ def smollm2_available() -> bool:
     return True
 
 
-def main() -> None:
+def external(name: str, policy: HFPolicy, args: argparse.Namespace) -> tuple[Engine, float]:
+    """The external engine `name` (bench/research/cpu_engines.py) on the GGUF file the policy was
+    converted from, and how long it took to load (what a merge-and-reload refresh costs at least)."""
+    from research.cpu_engines import LlamaServerEngine, OpenVINOEngine, OrtGenAIEngine
+
+    gguf = locate_gguf(SMOLLM2)
+    threads = torch.get_num_threads()
+    if name == "ortgenai":
+        ort = OrtGenAIEngine(Path(args.ort_model), stop_ids=policy.stop_ids)
+        return ort, ort.load_seconds
+    if name == "openvino":
+        ov = OpenVINOEngine(gguf, stop_ids=policy.stop_ids, threads=threads, faithful=not args.fast)
+        return ov, ov.load_seconds
+    server = LlamaServerEngine(
+        Path(args.llama_server), gguf, stop_ids=policy.stop_ids, slots=args.batch, threads=threads
+    )
+    return server, server.load_seconds
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="which policy model")
     parser.add_argument("--data", default=None, help="retail data folder (else $SESSIONRL_RETAIL_DATA)")
@@ -158,7 +199,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48, help="longest reply, in tokens")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--engines",
+        default="torch",
+        help="comma-separated engines played after today's sampler: torch, openvino, llamacpp (the first"
+        " is the JSON's `engine`; the external ones are measurements, bench/research/cpu_engines.py)",
+    )
+    parser.add_argument("--llama-server", default="", help="the llama-server binary (for llamacpp)")
+    parser.add_argument("--ort-model", default="", help="onnxruntime-genai model folder (for ortgenai)")
+    parser.add_argument("--fast", action="store_true", help="openvino: its default int8 KV cache")
+    parser.add_argument("--no-ours", action="store_true", help="skip today's sampler (no ratio)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model = args.model if args.model == "tiny" or smollm2_available() else "tiny"
@@ -171,6 +226,9 @@ def main() -> None:
     sampling = SamplingConfig(
         max_new_tokens=args.new_tokens, temperature=args.temperature, max_prompt_tokens=1 << 16, seed=7
     )
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    played: dict[str, Played] = {}
+    refresh: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         texts: list[str] = []
         if model == "tiny":
@@ -186,10 +244,19 @@ def main() -> None:
         ]
         warm = HFPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=2))
         warm.sample_prompts([policy.encode_prompt(s)[-16:] for s in starts[:2]])  # one-time set-up costs
-        ours = play("ours", policy, KVStore(turns=False), starts, args.turns, in_place=False)
-        engine = play("engine", policy, KVStore(), starts, args.turns, in_place=True)
-        refresh_s = refresh_seconds(policy)
-    mae, worst, same = agreement(engine, ours)
+        if not args.no_ours:
+            played["ours"] = play("ours", policy, torch_engine(policy, turns=False), starts, args.turns)
+        for name in names:
+            if name == "torch":
+                engine: Engine = torch_engine(policy, turns=True)
+                played[name] = play(name, policy, engine, starts, args.turns)
+                refresh[name] = refresh_seconds(policy)
+                continue
+            engine, refresh[name] = external(name, policy, args)
+            played[name] = play(name, policy, engine, starts, args.turns)
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
     lengths = [len(policy.encode_prompt(s)) for s in starts]
     size = sum(p.numel() for p in policy.model.parameters()) / 1e6
     print(
@@ -198,29 +265,58 @@ def main() -> None:
         f" {args.new_tokens} new tokens at most, temperature {args.temperature};"
         f" {torch.get_num_threads()} threads"
     )
-    print(f"{'sampler':<34}{'seconds':>9}{'tokens':>8}{'tokens/s':>10}{'prefilled':>11}{'reused':>9}")
-    for played, label in [(ours, "ours (shared prefix only)"), (engine, "engine (turns kept)")]:
+    report(played, refresh, names[0], args, [min(lengths), max(lengths)], model)
+
+
+def report(
+    played: dict[str, Played],
+    refresh: dict[str, float],
+    chosen: str,
+    args: argparse.Namespace,
+    lengths: list[int],
+    model: str,
+) -> None:
+    """The table (tokens/s, prefill, agreement with the reference) and the JSON summary line."""
+    reference = played.get("ours") or played.get("torch")
+    print(
+        f"{'sampler':<12}{'seconds':>9}{'tokens':>8}{'tokens/s':>10}{'prefilled':>11}{'reused':>9}"
+        f"{'cpu s':>8}{'tok/cpu-s':>10}{'lp mae':>10}{'lp max':>10}{'same':>6}{'refresh s':>11}"
+    )
+    rows: dict[str, dict[str, float]] = {}
+    for name, run in played.items():
+        mae, worst, same = agreement(run, reference) if reference is not None else (0.0, 0.0, 1.0)
+        rows[name] = {
+            "tok_s": round(run.tok_s, 2),
+            "seconds": round(run.seconds, 1),
+            "cpu_s": round(run.cpu_seconds, 1),
+            "tok_cpu_s": round(run.tok_cpu_s, 3),
+            "mae": mae,
+            "max": worst,
+            "same": round(same, 3),
+            "refresh_s": refresh.get(name, 0.0),
+        }
         print(
-            f"{label:<34}{played.seconds:>9.2f}{played.tokens:>8}{played.tok_s:>10.1f}"
-            f"{played.prefilled:>11}{played.reused:>9}"
+            f"{name:<12}{run.seconds:>9.2f}{run.tokens:>8}{run.tok_s:>10.1f}{run.prefilled:>11}{run.reused:>9}"
+            f"{run.cpu_seconds:>8.1f}{run.tok_cpu_s:>10.2f}{mae:>10.2e}{worst:>10.2e}{same:>6.0%}"
+            f"{refresh.get(name, 0.0):>11.4f}"
         )
-    print(f"logprob |Δ| on common tokens: mean {mae:.2e}, max {worst:.2e}; identical replies {same:.0%}")
-    print(f"refresh (new policy version): {refresh_s * 1e3:.3f} ms")
+    engine = played[chosen]
+    ours = played.get("ours")
     summary: dict[str, Any] = {
-        "engine": "torch-kv-turns",
+        "engine": "torch-kv-turns" if chosen == "torch" else chosen,
         "engine_tok_s": round(engine.tok_s, 2),
-        "ours_tok_s": round(ours.tok_s, 2),
-        "ratio": round(engine.tok_s / ours.tok_s, 2),
-        "logprob_mae": mae,
-        "logprob_max": worst,
-        "same_replies": round(same, 3),
-        "refresh_s": refresh_s,
+        "ours_tok_s": round(ours.tok_s, 2) if ours else None,
+        "ratio": round(engine.tok_s / ours.tok_s, 2) if ours else None,
+        "logprob_mae": rows[chosen]["mae"],
+        "logprob_max": rows[chosen]["max"],
+        "same_replies": rows[chosen]["same"],
+        "refresh_s": refresh.get(chosen, 0.0),
         "model": model,
-        "batch": len(starts),
+        "batch": args.batch,
         "turns": args.turns,
         "new_tokens": args.new_tokens,
-        "first_prompt_tokens": [min(lengths), max(lengths)],
-        "prefilled": {"engine": engine.prefilled, "ours": ours.prefilled},
+        "first_prompt_tokens": lengths,
+        "engines": rows,
     }
     print(orjson.dumps(summary).decode())
 
