@@ -13,7 +13,7 @@ import torch
 
 from sessionrl.orchestrator.policy import PolicyError
 from sessionrl.policy.llm import LoRAConfig, SamplingConfig, with_lora
-from sessionrl.policy.ortgenai import OrtGenAIEngine
+from sessionrl.policy.ortgenai import OrtGenAIEngine, pick_pad
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 
 pytestmark = pytest.mark.slow  # the builder converts the model in a subprocess (torch, transformers, onnx)
@@ -128,3 +128,23 @@ def test_new_full_weights_without_lora_are_refused(
     with pytest.raises(PolicyError, match="without LoRA adapters"):
         engine.sample(PROMPTS, GREEDY, torch.Generator().manual_seed(3))
     engine.refresh(model, engine.version)  # leave the module's engine serving the adapters again
+
+
+def test_the_pad_token_is_never_one_that_stops_replies() -> None:
+    class Tokenizer:
+        pad_token_id = 2  # SmolLM2 pads with <|im_end|>, which ends every message
+
+        def __len__(self) -> int:
+            return 100
+
+    assert pick_pad(Tokenizer(), frozenset({2})) == 0
+    assert pick_pad(Tokenizer(), frozenset({0, 2})) == 99
+    assert pick_pad(Tokenizer(), frozenset({1})) == 2
+
+
+def test_the_config_asks_for_lora_with_the_ortgenai_engine() -> None:
+    from sessionrl.train.config import ModelSection
+
+    assert ModelSection(engine="ortgenai", lora=LoRAConfig()).engine == "ortgenai"
+    with pytest.raises(ValueError, match=r"ortgenai needs model\.lora"):
+        ModelSection(engine="ortgenai")

@@ -40,7 +40,7 @@ from sessionrl.orchestrator.policy import PolicyError
 from sessionrl.policy.engine import Completion
 
 if TYPE_CHECKING:
-    from sessionrl.policy.llm import SamplingConfig
+    from sessionrl.policy.llm import HFPolicy, SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,13 @@ LORA_INPUTS = "lora_inputs.json"
 """The converted folder's list of LoRA weights declared as graph inputs."""
 
 
-def convert(checkpoint: Path, folder: Path, *, adapters: Path | None = None, threads: int = 0) -> Path:
+def convert(
+    checkpoint: Path, folder: Path, *, pad_id: int, adapters: Path | None = None, threads: int = 0
+) -> Path:
     """The onnxruntime-genai float32 model of `checkpoint`, built into `folder` (kept: a folder already
     built is returned as it is). With `adapters` (a peft adapter folder over that checkpoint) its LoRA
-    weights become run-time inputs. `threads`: intra-op threads of the session (0: onnxruntime's)."""
+    weights become run-time inputs. `pad_id` pads batches (`pick_pad`); `threads`: intra-op threads of
+    the session (0: onnxruntime's)."""
     if (folder / "genai_config.json").is_file():
         return folder
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint)]
@@ -68,6 +71,7 @@ def convert(checkpoint: Path, folder: Path, *, adapters: Path | None = None, thr
     if adapters is not None:
         declare_lora_inputs(folder / "model.onnx")
     settings = json.loads((folder / "genai_config.json").read_text())
+    settings["model"]["pad_token_id"] = pad_id
     if threads:
         settings["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
     (folder / "genai_config.json").write_text(json.dumps(settings, indent=2))
@@ -126,6 +130,13 @@ def write_adapter(values: dict[str, np.ndarray[Any, Any]], path: Path) -> Path:
     return path
 
 
+def pick_pad(tokenizer: Any, stop_ids: frozenset[int]) -> int:
+    """A token id to pad batches with: the tokenizer's pad token unless it stops replies (chat models
+    often pad with their end-of-turn token, which every prompt holds), else the first id that does not."""
+    candidates = [tokenizer.pad_token_id, 0, len(tokenizer) - 1]
+    return next(int(c) for c in candidates if c is not None and int(c) not in stop_ids)
+
+
 def converted_folder(checkpoint: Path, cache: Path, *, lora: bool) -> Path:
     """Where `checkpoint`'s conversion is kept: named by its path and its weights' sizes and times."""
     stamp = [str(checkpoint.resolve()), str(lora)]
@@ -139,18 +150,19 @@ def converted_folder(checkpoint: Path, cache: Path, *, lora: bool) -> Path:
 class OrtGenAIEngine:
     """An `Engine` over an onnxruntime-genai model (see the module doc)."""
 
-    def __init__(self, folder: Path, *, stop_ids: frozenset[int], pad_id: int, version: int = 0) -> None:
+    def __init__(self, folder: Path, *, stop_ids: frozenset[int], version: int = 0) -> None:
         import onnxruntime_genai as og
 
         self.folder = folder
         self.model = og.Model(og.Config(str(folder)))
-        self.vocab_size = int(json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"])
+        settings = json.loads((folder / "genai_config.json").read_text())["model"]
+        self.vocab_size, self.pad_id = int(settings["vocab_size"]), int(settings["pad_token_id"])
         self.adapters = og.Adapters(self.model)
         lora_file = folder / LORA_INPUTS
         self.lora_inputs = (
             frozenset(json.loads(lora_file.read_text())) if lora_file.is_file() else frozenset()
         )
-        self.stop_ids, self.pad_id = stop_ids, pad_id
+        self.stop_ids = stop_ids
         self._policy_version = version
         self._active: str | None = None
         self._pending: tuple[Any, int] | None = None
@@ -170,8 +182,8 @@ class OrtGenAIEngine:
         pad_id: int,
         version: int = 0,
     ) -> OrtGenAIEngine:
-        """The engine over `checkpoint` (converted into `cache` on first use) serving `model` (the
-        checkpoint's module, with LoRA adapters or not) as `version`."""
+        """The engine over `checkpoint` (converted into `cache` on first use, padding with `pad_id`)
+        serving `model` (the checkpoint's module, with LoRA adapters or not) as `version`."""
         lora = hasattr(model, "peft_config")
         folder = converted_folder(checkpoint, cache, lora=lora)
         with tempfile.TemporaryDirectory() as tmp:
@@ -179,8 +191,8 @@ class OrtGenAIEngine:
             if lora and not (folder / "genai_config.json").is_file():
                 adapters = Path(tmp)
                 model.save_pretrained(adapters)
-            convert(checkpoint, folder, adapters=adapters, threads=torch.get_num_threads())
-        engine = cls(folder, stop_ids=stop_ids, pad_id=pad_id, version=version)
+            convert(checkpoint, folder, pad_id=pad_id, adapters=adapters, threads=torch.get_num_threads())
+        engine = cls(folder, stop_ids=stop_ids, version=version)
         engine.refresh(model, version)
         return engine
 
@@ -277,6 +289,21 @@ class OrtGenAIEngine:
         return rows
 
 
+def for_policy(policy: HFPolicy, checkpoint: Path, cache: Path | None = None) -> OrtGenAIEngine:
+    """The engine serving `policy` (whose base weights are `checkpoint`'s) at its current version; the
+    conversion is kept in `cache` (default: the model cache, `sessionrl.policy.sources`)."""
+    from sessionrl.policy.sources import default_cache
+
+    return OrtGenAIEngine.for_checkpoint(
+        checkpoint,
+        policy.model,
+        cache or default_cache(),
+        stop_ids=policy.stop_ids,
+        pad_id=pick_pad(policy.tokenizer, policy.stop_ids),
+        version=policy.version,
+    )
+
+
 def log_softmax(logits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """Log-softmax over the last axis, computed stably.
 
@@ -293,7 +320,9 @@ __all__ = [
     "convert",
     "converted_folder",
     "declare_lora_inputs",
+    "for_policy",
     "log_softmax",
     "lora_values",
+    "pick_pad",
     "write_adapter",
 ]

@@ -118,6 +118,12 @@ class ModelSection(Section):
         description="Sample through this vLLM server, its weights refreshed by LoRA hot-loading (needs "
         "`lora`); none: the torch engine in this process.",
     )
+    engine: Literal["torch", "ortgenai"] = Field(
+        default="torch",
+        description="The CPU engine without `vllm`: torch (our sampler over the trained module) or ortgenai "
+        "(onnxruntime-genai over the checkpoint converted once, LoRA hot-loaded; needs `lora` and the ort "
+        "extra); docs/engines.md compares them.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -125,6 +131,8 @@ class ModelSection(Section):
             raise ValueError("model: give `path` (a checkpoint folder) or `gguf` (a GGUF file), not both")
         if self.vllm is not None and self.lora is None:
             raise ValueError("model.vllm needs model.lora: vLLM takes the trained weights as LoRA adapters")
+        if self.engine == "ortgenai" and (self.lora is None or self.vllm is not None):
+            raise ValueError("model.engine: ortgenai needs model.lora (its refresh) and no model.vllm")
         return self
 
     def checkpoint(self) -> Path | None:
@@ -243,7 +251,7 @@ class RFTSection(Section):
     """Rejection-sampling fine-tuning after imitation (`sessionrl.train.llm.rft`): sample, keep what the
     judge accepts, imitate it."""
 
-    rounds: int = Field(default=1, ge=1, description="Sample-judge-train rounds, each with the newest policy.")
+    rounds: int = Field(default=1, ge=1, description="Rounds of sampling, judging and training.")
     tasks: int = Field(default=32, ge=1, description="Training tasks drawn for each round.")
     samples: int = Field(default=4, ge=1, description="Episodes sampled per task (K).")
     accept: Literal["task", "dense"] = Field(

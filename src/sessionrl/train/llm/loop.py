@@ -706,4 +706,8 @@ def resumed_policy(run: Run) -> HFPolicy:
         policy.model = with_lora(policy.model, cfg.model.lora)
     if cfg.model.vllm is not None:
         policy.use(VLLMEngine(cfg.model.vllm, stop_ids=policy.stop_ids, version=policy.version))
+    if cfg.model.engine == "ortgenai":
+        from sessionrl.policy.ortgenai import for_policy  # the ort extra, needed only when chosen
+
+        policy.use(for_policy(policy, run.folder / "sft_policy", cfg.model.cache))
     return policy

@@ -183,6 +183,10 @@ def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPol
         policy.model = with_lora(policy.model, config.model.lora)
     if config.model.vllm is not None:
         policy.use(VLLMEngine(config.model.vllm, stop_ids=policy.stop_ids, version=policy.version))
+    if config.model.engine == "ortgenai":
+        from sessionrl.policy.ortgenai import for_policy  # the ort extra, needed only when chosen
+
+        policy.use(for_policy(policy, checkpoint or folder, config.model.cache))
     torch.manual_seed(config.seed)
     return policy
 
