@@ -16,7 +16,7 @@ from sessionrl.train.losses import gae
 from sessionrl.train.structured.aaac import AAACConfig, adaptive_gae, episode_rows, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import UpdateConfig, risk_loss
-from sessionrl.train.structured.rollout import StructuredRunConfig, build_run, evaluate
+from sessionrl.train.structured.rollout import IterationLog, StructuredRunConfig, build_run, evaluate
 
 
 def test_episode_rows_cut_after_each_done_and_align_right() -> None:
@@ -87,7 +87,7 @@ def test_a_short_run_trains_both_critics_and_decays_beta() -> None:
     env = OrdersEnv(DomainConfig(train=24, dev=0, test=0, time_factor=0, transient_failures=False))
     run = StructuredRunConfig(iterations=2, num_envs=2, rollout_steps=16, seed=3)
     update = UpdateConfig(epochs=1, minibatches=2)
-    logs = []
+    logs: list[IterationLog] = []
     result = train_aaac(env, AAACConfig(run=run, update=update, beta0=0.2), on_log=logs.append)
     initial, _, _ = build_run(env, run)  # the same seed builds the same starting policy
     assert [log.env_steps for log in logs] == [32, 64]

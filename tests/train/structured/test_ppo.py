@@ -8,7 +8,13 @@ import torch
 from sessionrl.envs.base import Split
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo
-from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, build_run, evaluate
+from sessionrl.train.structured.rollout import (
+    IterationLog,
+    StructuredRunConfig,
+    Summary,
+    build_run,
+    evaluate,
+)
 
 
 def test_a_short_run_improves_completion_over_a_random_policy() -> None:
@@ -17,7 +23,7 @@ def test_a_short_run_improves_completion_over_a_random_policy() -> None:
     fewer steps. The sparse reward is first found on stock inquiries (one inventory check, then finish)."""
     env = OrdersEnv(DomainConfig(train=120, dev=0, test=60, time_factor=0, transient_failures=False))
     run = StructuredRunConfig(iterations=8, seed=0)
-    logs = []
+    logs: list[IterationLog] = []
     trained = train_ppo(env, PPOConfig(run=run), on_log=logs.append)
     untrained, encoder, _ = build_run(env, run)
     random = Summary.of(evaluate(untrained, encoder, env, Split.TEST, greedy=False))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sessionrl.envs.base import Split
+from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.policy.structured import StructuredAction
 from sessionrl.train.structured.imitation import ImitationConfig, clone, demonstrations, expert_action
@@ -64,7 +65,9 @@ def test_a_rollout_is_scored_as_its_steps_were_seen() -> None:
 def test_summary_by_hand() -> None:
     """2 episodes, 1 solved: completion 1/2; steps (3 + 5)/2 = 4; risky calls 1 of 2 + 4 calls = 1/6."""
     episodes = [EpisodeStats("a", True, 3, 2, 0), EpisodeStats("b", False, 5, 4, 1)]
-    assert Summary.of(episodes) == Summary(2, 0.5, 4.0, pytest.approx(1 / 6))
+    summary = Summary.of(episodes)
+    assert (summary.episodes, summary.completion, summary.mean_steps) == (2, 0.5, 4.0)
+    assert summary.risk_share == pytest.approx(1 / 6)
     assert Summary.of([]) == Summary(0, 0.0, 0.0, 0.0)
 
 
@@ -92,6 +95,7 @@ def test_a_refund_is_written_back_exactly() -> None:
     run = StructuredRunConfig(num_envs=1)
     policy, _, collector = build_run(ENV, run)
     gym_env = collector.envs[0]
+    assert isinstance(gym_env, DecisionGymEnv)  # no prototypes: the atomic view
     task = next(t for t in ENV.tasks(Split.TRAIN) if t.payload["issue"] == "damaged_item")
     gym_env.reset(options={"task_id": task.task_id})
     bounds = gym_env.episode.param_bounds()["refund_trigger"]["amount"]
