@@ -70,6 +70,7 @@ SMALL_RFT: dict[str, Any] = {
         "rounds": 1,
         "tasks": 4,
         "samples": 2,
+        "min_kept": 1,  # 8 episodes a round at this size: train on whatever the judge keeps
         "sampling": {"max_new_tokens": 32},
         "trainer": {"steps": 10},
     },

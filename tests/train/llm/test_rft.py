@@ -26,6 +26,7 @@ ROLLOUT = {"full_schemas": False, "domain_policy": False}
 RFT = {
     "tasks": 2,
     "samples": 2,
+    "min_kept": 1,
     "sampling": {"max_new_tokens": 16},
     "trainer": {"steps": 2, "batch_sessions": 2},
 }
@@ -86,3 +87,19 @@ def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: py
     before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
     after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_round_that_keeps_too_few_trains_on_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
+        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
+
+    monkeypatch.setattr(rft, "judge", keep_all)
+    rounds = RFT | {"min_kept": 5}  # 2 tasks x 2 episodes kept: 4
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
+    run_trainer(RunConfig.model_validate(data))
+    assert records(tmp_path, "rft_update") == []
+    (judged,) = records(tmp_path, "rft")
+    assert judged["kept"] == 4
+    before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)

@@ -15,8 +15,10 @@ The judge (`rft.accept`):
 The K episodes of a task share their environment seed, so they meet the same faults. The kept episodes
 train through the imitation trainer (`SFTTrainer`, the one SFT implementation) on the tokens the policy
 sampled (the turns' recorded ids: nothing is tokenised again). Every round counts what it sampled, kept
-and rejected, by reason, prints it and logs it (the `rft` record of metrics.jsonl); a round that keeps
-nothing trains on nothing and says so.
+and rejected, by reason, prints it and logs it (the `rft` record of metrics.jsonl). A round that keeps
+fewer than `rft.min_kept` episodes trains on none and says so: imitating a handful of episodes for many
+steps teaches them by rote (measured on SmolLM2: one episode kept of 16, 12 steps, took the parse rate of
+its replies from 0.97 to 0.38 and tool accuracy from 0.25 to 0.13).
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`.
@@ -153,11 +155,15 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
         )
         rounds.append(judged)
         # imitate
-        sequences = kept_sequences(judged.kept)
-        if not sequences:
-            console.print(f"rft round {round_ + 1}: nothing kept, so nothing trained", markup=False)
+        if len(judged.kept) < section.min_kept:
+            console.print(
+                f"rft round {round_ + 1}: {len(judged.kept)} kept, under rft.min_kept={section.min_kept},"
+                " so nothing trained (sample more tasks or episodes, or lower the bar)",
+                markup=False,
+                highlight=False,
+            )
             continue
-        imitate(run, section, sequences, round_)
+        imitate(run, section, kept_sequences(judged.kept), round_)
     return rounds
 
 
