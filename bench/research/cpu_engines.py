@@ -202,7 +202,14 @@ class LlamaServerEngine(_Served):
         port = free_port()
         command = [str(binary), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1"]
         command += ["-np", str(slots), "-c", str(context * slots), "-t", str(threads), "-tb", str(threads)]
-        command += ["--cache-reuse", "0", "-b", "2048", "-ub", "512", "--no-webui"]
+        command += [
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "--no-webui",
+            "--no-repack",
+        ]  # its repacked AMX path crashed here
         started = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600.0)
