@@ -2,10 +2,12 @@
 
 An `Engine` continues encoded prompts and says, for every completion, which tokens it drew, the
 log-probability of each under the distribution it was drawn from, and the policy version whose weights
-drew them. Two engines implement it:
+drew them. Three engines implement it:
 
-- `sessionrl.policy.sampling.TorchEngine` (the CPU default): our batched torch sampler over the trainer's
+- `sessionrl.policy.sampling.TorchEngine` (the default): our batched torch sampler over the trainer's
   own module, which keeps each conversation's key/value cache across its turns;
+- `sessionrl.policy.ortgenai.OrtGenAIEngine` (CPU, LoRA runs, `model.engine: ortgenai`): onnxruntime-genai
+  over the checkpoint converted once to float32 ONNX, its LoRA weights hot-loaded after each update;
 - `sessionrl.policy.vllm.VLLMEngine` (GPUs): an OpenAI-compatible vLLM server asked for token ids and
   logprobs, whose weights follow the trainer through LoRA hot-loading.
 
