@@ -1,9 +1,9 @@
 """Episodes: any agent attempts one task as one Decision Session, through the orchestrator into the store.
 
 One driver (`run_episode`, `run_episodes`) runs every kind of agent: a scripted plan (`scripted.expert`,
-`scripted.gold`), a language-model policy (`sessionrl.episodes.llm.PolicyAgent`) and a structured policy
-(`sessionrl.episodes.structured.StructuredAgent`; both import torch, so they are imported from their
-modules). Every session opens with the same metadata (`metadata`), ends with the same verdict (`verdict`),
+`scripted.gold`), a language-model policy (`sessionrl.episodes.llm.PolicyAgent`, which imports torch, so
+it is imported from its module) and, in research code, a structured one (bench/research/structured_agent.py).
+Every session opens with the same metadata (`metadata`), ends with the same verdict (`verdict`),
 and an unsolved one says why (`why_unsolved`); `Tally` counts the demonstrations a batch failed to give.
 """
 

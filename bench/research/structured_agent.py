@@ -1,5 +1,8 @@
 """The structured policy as an agent, so its episodes are ordinary Decision Sessions.
 
+Research code, not part of the package: the structured trainers and their evaluation step `DecisionGymEnv`,
+and nothing in the product runs a structured policy through the engine yet (tests/bench exercise this).
+
 The trainers step `DecisionGymEnv` directly for speed; this agent runs the same policy the way every other
 agent runs, through the engine, the session store and the reward engine:
 

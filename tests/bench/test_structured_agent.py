@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from research.structured_agent import PLAN, SUBGOAL, Progress, StructuredAgent, observe
 from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.episodes import EpisodeSpec, run_episodes
-from sessionrl.episodes.structured import PLAN, SUBGOAL, Progress, StructuredAgent, observe
 from sessionrl.episodes.verdict import task_success
 from sessionrl.rewards.engine import RewardEngine
 from sessionrl.session.model import FeedbackType, SessionState
