@@ -1,13 +1,12 @@
-"""The CPU engine against today's sampler on the same multi-turn episodes, side by side in one run.
+"""CPU engines against today's sampler on the same multi-turn episodes, side by side in one run.
 
-Both are `TorchEngine`s over the same module (`sessionrl.policy.sampling`); what differs is what they keep
-between batches:
-
-- `ours` (the sampler as it was before the engine boundary): the batch's shared system prompt only, so
-  every turn prefills the whole conversation after it, and a cache that copies itself to append each
-  decoded token (`DynamicCache`);
-- `engine` (the CPU default): the shared prompt and every episode's last prompt and reply, so a turn
-  prefills only the tool result that followed, and a cache with room for the new tokens (`RoomyCache`).
+- `ours` (the sampler as it was before the engine boundary): a `TorchEngine` keeping the batch's shared
+  system prompt only, so every turn prefills the whole conversation after it, with a cache that copies
+  itself to append each decoded token (`DynamicCache`);
+- `--engines`, played after it in the order given: `torch` (the torch engine: the shared prompt and every
+  episode's last prompt and reply kept, an in-place cache), `ortgenai` (`sessionrl.policy.ortgenai` on a
+  model its builder converted, `--ort-model`), and, as measurements only (`bench/research/cpu_engines.py`),
+  `openvino` (OpenVINO GenAI on the GGUF file) and `llamacpp` (a `llama-server` binary, `--llama-server`).
 
 The episodes: `--batch` concurrent episodes (the env's first test tasks: one domain's system prompt, each
 task's request) of `--turns` turns. Each turn samples every episode's reply in one batch, then appends it
@@ -15,12 +14,14 @@ and a scripted tool result (the same JSON for every episode, a little longer eac
 does. Each engine plays its own episodes from the same start with the same seed; greedy by default, so
 they write the same replies as long as their logprobs agree.
 
-Prints tokens/s for each (tokens written, up to and including each stop token, over wall time, prefill
-included), the prompt tokens each prefilled, the logprob agreement on the tokens both wrote (mean and
-max |Δ| over rows' common reply prefixes), and what a refresh (a new policy version) costs. Last line:
-one JSON object with `engine`, `engine_tok_s`, `ours_tok_s`, `ratio`, `logprob_mae`, `refresh_s` and the
-shapes measured. The model is SmolLM2-135M-Instruct (`make model`) on τ-bench retail, or, with
-`--model tiny` (or when SmolLM2 is not installed), a freshly built tiny model on orders.
+Prints, for each, tokens written (up to and including each stop token) over wall time, prefill included,
+and over CPU time (this process's threads and an engine server's: on a shared machine, load moves it
+less), the prompt tokens the torch engines prefilled, and the logprob agreement with today's sampler on
+the tokens both wrote (mean and max |Δ| over rows' common reply prefixes). Last line: one JSON object with
+`engine` (the first of `--engines`), `engine_tok_s`, `ours_tok_s`, `ratio`, `logprob_mae`, `refresh_s`
+(the torch engine's new-version cost; an external engine's load time) and every engine's row. The model
+is SmolLM2-135M-Instruct (`make model`) on τ-bench retail, or, with `--model tiny` (or when SmolLM2 is
+not installed), a freshly built tiny model on orders.
 """
 
 from __future__ import annotations
