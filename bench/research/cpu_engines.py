@@ -10,6 +10,8 @@ neither is the product's CPU engine (docs/engines.md gives the figures and the r
   each request pinned to its row's slot with `cache_prompt`, so an episode's next turn prefills only
   what follows its kept prompt and reply; token ids and logprobs from `/completion` with `n_probs: 1`.
 
+Neither is in an extra: `pip install openvino-genai` (201 MB) to measure the first; the second needs
+`llama-server` built from llama.cpp's source (see docs/engines.md for the flags used).
 Neither can load the trainer's new weights in place: refreshing either means writing the weights out
 (a GGUF file) and loading them again, which `refresh` here does not attempt (it raises for a version
 other than the one served).
