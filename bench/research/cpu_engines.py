@@ -277,7 +277,7 @@ class LlamaServerEngine(_Served):
         ids = tuple(int(p["id"]) for p in probs)
         logprobs = tuple(float(p["logprob"]) for p in probs)
         if sampling.temperature not in (0.0, 1.0):
-            raise NotImplementedError("llama-server logprobs are before temperature; measure greedy")
+            raise ValueError("llama-server gives logprobs before temperature: use temperature 0 or 1")
         if math.isnan(sum(logprobs)):
             raise RuntimeError("NaN logprob from llama-server")
         return ids, logprobs
