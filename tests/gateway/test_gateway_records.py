@@ -121,6 +121,18 @@ def test_the_same_key_replays_the_first_answer_and_another_body_under_it_is_a_42
     assert len(backend.asked) == 2
 
 
+def test_a_keyed_request_passing_on_an_integer_past_64_bits_is_answered_and_replayed(tmp_path: Path) -> None:
+    backend = Counting()
+    huge = -(2**63) - 1  # JSON has no integer bound, and neither has a field the gateway passes on
+    with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend)) as root:
+        body = {"model": "m", "messages": [USER], "tools": [TOOL], "vendor": {"seed": huge}}
+        first = post(root, "big-1", body, **{"Idempotency-Key": "turn-1"})
+        again = post(root, "big-1", body, **{"Idempotency-Key": "turn-1"})
+        assert (first.status_code, again.status_code) == (200, 200), first.text
+        assert again.json()["id"] == first.json()["id"]
+    assert [asked.model_extra for asked in backend.asked] == [{"vendor": {"seed": huge}}]
+
+
 def test_concurrent_requests_under_one_key_share_one_turn_or_are_refused(tmp_path: Path) -> None:
     backend = Counting(delay_s=0.3)  # both requests arrive while the first is with the model
     with serving_on_loopback(gateway_app(f"sqlite:///{tmp_path / 'g.db'}", chat=backend)) as root:

@@ -261,8 +261,9 @@ async def chat(
 
 def digest(body: ChatRequest) -> str:
     """A digest of a request: concurrent retries of one keyed request share one turn, while another
-    request under the same key runs on its own, to be refused (`idempotency_key_reused`) as it records."""
-    return hashlib.blake2b(orjson.dumps(body.model_dump(mode="json")), digest_size=12).hexdigest()
+    request under the same key runs on its own, to be refused (`idempotency_key_reused`) as it records.
+    Pydantic writes the JSON, as it reads it: a field passed on with an integer past 64 bits digests too."""
+    return hashlib.blake2b(body.model_dump_json().encode(), digest_size=12).hexdigest()
 
 
 def answer_turn(turn: Turn, body: ChatRequest) -> Response:
