@@ -149,10 +149,26 @@ def test_watch_a_running_run_update(page: Any, board: str, runs_dir: Path, tmp_p
     expect(panel.locator("[data-field=progress]")).to_have_text("rl step 5 of 10")
     expect(panel.locator("[data-field=eta]")).to_have_text("50s")  # 10 s an iteration, 5 left
     expect(page.locator("[data-live-note]")).to_be_hidden()
+    # a new stage and an evaluation: their chart and table are swapped in without a reload, and the
+    # controls keep what was chosen (tokens still shown)
+    assert page.locator("table.evaluation").count() == 0
+    page.evaluate("window.unreloaded = true")
     append(
-        runs_dir / "running", {"stage": "eval", "step": 5, "time": 1.7e9 + 55, "label": "rl", "success": 0.5}
+        runs_dir / "running",
+        {"stage": "dpo", "step": 0, "time": 1.7e9 + 52, "loss": 0.7},
+        {"stage": "dpo", "step": 1, "time": 1.7e9 + 53, "loss": 0.6},
+        {"stage": "eval", "step": 5, "time": 1.7e9 + 55, "label": "rl", "success": 0.5},
     )
-    expect(page.locator("[data-live-note]")).to_be_visible(timeout=15_000)
+    dpo = page.locator('.run-chart[data-stage="dpo"][data-metric="loss"]')
+    expect(dpo).to_be_visible(timeout=15_000)
+    expect(dpo.locator("[data-latest=value]")).to_have_text("0.6")
+    expect(page.locator("table.evaluation tbody tr td").first).to_have_text("rl", timeout=15_000)
+    expect(tokens).to_be_visible()
+    expect(page.locator("input[name=more]")).to_be_checked()
+    expect(page.locator("[data-live-note]")).to_be_hidden()
+    assert page.evaluate("window.unreloaded") is True  # the same page, not a reload
+    append(runs_dir / "running", rl_record(5))  # the swapped-in charts follow the live records too
+    expect(success.locator("[data-latest=step]")).to_have_text("5", timeout=15_000)
 
     record = StatusRecord(
         RunStatus.FINISHED, 1.7e9 - 5, os.getpid(), socket.gethostname(), ended_at=1.7e9 + 60

@@ -1,5 +1,6 @@
 // The run pages' script: one small uPlot chart per metric (own axis, k/M units), smoothing, a step or
-// wall-time x axis, the toggle for tokens and timings, and a running run followed over server-sent events.
+// wall-time x axis, the toggle for tokens and timings, and a running run followed over server-sent events
+// (new points drawn as they come; a new stage, metric or evaluation fetches the page's curves and tables).
 (function () {
   "use strict";
   var COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -108,20 +109,25 @@
     });
   }
 
+  // binds the chart controls; they start from `view`, so a swapped-in copy keeps what was chosen
   function controls() {
     var bar = document.querySelector(".chart-controls");
     if (!bar) return;
     bar.querySelectorAll("input[name=axis]").forEach(function (radio) {
+      radio.checked = radio.value === view.axis;
       radio.addEventListener("change", function () { view.axis = radio.value; redraw(); });
     });
     var slider = bar.querySelector("input[name=smooth]");
     var shown = bar.querySelector("output[name=smooth-value]");
+    slider.value = String(view.smooth);
+    shown.textContent = String(view.smooth);
     slider.addEventListener("input", function () {
       view.smooth = Number(slider.value);
       shown.textContent = slider.value;
       redraw();
     });
     var more = bar.querySelector("input[name=more]");
+    more.checked = view.more;
     more.addEventListener("change", function () { view.more = more.checked; redraw(); });
   }
 
@@ -161,13 +167,38 @@
     });
   }
 
+  // A record that no chart or table on the page shows (a new stage or metric, an evaluation): fetch the
+  // page again and swap in its curves and tables, at most once every few seconds however fast records
+  // come (one arriving meanwhile is fetched after). Only when that fails does a note ask for a reload.
+  var fetching = false, lastFetch = 0, queued = null, FETCH_SPACING_MS = 3000;
+  function refetch() {
+    if (fetching || queued) return;
+    var wait = lastFetch + FETCH_SPACING_MS - Date.now();
+    if (wait > 0) { queued = setTimeout(function () { queued = null; refetch(); }, wait); return; }
+    fetching = true;
+    lastFetch = Date.now();
+    fetch(window.location.pathname, { credentials: "same-origin" })
+      .then(function (answer) { return answer.ok ? answer.text() : null; })
+      .then(function (html) {
+        var body = document.querySelector("[data-run-body]");
+        var fresh = html && new DOMParser().parseFromString(html, "text/html").querySelector("[data-run-body]");
+        if (!body || !fresh) throw new Error("no run page");
+        charts.forEach(function (entry) { if (entry.plot) entry.plot.destroy(); });
+        body.replaceWith(document.adoptNode(fresh));
+        setUp(fresh);
+        document.body.setAttribute("data-run-refreshed", String(Date.now()));
+      })
+      .catch(function () {
+        var note = document.querySelector("[data-live-note]");
+        if (note) note.hidden = false;
+      })
+      .finally(function () { fetching = false; });
+  }
+
   function addRecords(records, start) {
     var touched = [];
     countStages(records);
-    if (records.some(unseen)) {
-      var note = document.querySelector("[data-live-note]");
-      if (note) note.hidden = false;
-    }
+    if (records.some(unseen)) refetch();
     records.forEach(function (record) {
       charts.forEach(function (entry) {
         var y = record[entry.spec.metric];
@@ -234,24 +265,32 @@
     window.addEventListener("pagehide", function () { source.close(); });
   }
 
-  function durations() {
-    document.querySelectorAll("[data-seconds]").forEach(function (cell) {
+  // durations and figures as the page rendered them, under `root` (the status line is not touched again
+  // after a swap: the live status has moved on from what the page held)
+  function durations(root) {
+    root.querySelectorAll("[data-seconds]").forEach(function (cell) {
       var s = cell.getAttribute("data-seconds");
       if (s !== "") cell.textContent = duration(Number(s));
     });
-    document.querySelectorAll("[data-latest]").forEach(function (cell) {
+    root.querySelectorAll("[data-latest]").forEach(function (cell) {
       cell.textContent = fmt(Number(cell.getAttribute("data-value")));
     });
   }
 
-  document.addEventListener("DOMContentLoaded", function () {
+  // reads the chart specs the page holds and draws them (at load, and after a swap brought new ones)
+  function setUp(root) {
+    charts = [];
     document.querySelectorAll("script.run-chart-data").forEach(function (node) {
       var box = node.parentNode;
       charts.push({ spec: JSON.parse(node.textContent), box: box, fig: box.closest("figure") || box, plot: null });
     });
-    durations();
+    durations(root);
     controls();
     redraw();
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    setUp(document);
     follow();
     followList();
   });
