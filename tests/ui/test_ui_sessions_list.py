@@ -97,6 +97,20 @@ def test_a_runs_sessions_by_stage(client: TestClient) -> None:
     assert client.get("/ui/sessions?run=nosuch").status_code == 404
 
 
+def test_the_list_links_the_same_filters_in_each_runs_store(client: TestClient) -> None:
+    # no failed evaluation in the dashboard's store, but the run's store holds one: the link to
+    # it keeps the filters, so the failed evaluation is one click away
+    page = client.get("/ui/sessions?outcome=failed&stage=eval&page=1").text
+    assert re.search(r'<b id="found">0</b>', page)
+    link = re.search(r'<a href="/ui/sessions\?([^"]+)" data-run="r1">run r1</a>', page)
+    assert link is not None
+    assert listed(client, link.group(1).replace("&amp;", "&")) == ["eval-0"]
+    assert "page=" not in link.group(1)
+    back = client.get("/ui/sessions?outcome=failed&run=r1").text
+    assert '<a href="/ui/sessions?outcome=failed">the dashboard\'s store</a>' in back
+    assert "<b>run r1</b>" in back
+
+
 def test_state_counts_link_to_the_list_of_that_state(client: TestClient) -> None:
     page = client.get("/ui/sessions?run=r1").text
     assert 'href="/ui/sessions?run=r1&amp;state=finished"' in page

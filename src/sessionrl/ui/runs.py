@@ -210,6 +210,11 @@ class FailedTask:
     failures: dict[str, int]
 
 
+def runs_with_stores(runs_dir: Path) -> list[str]:
+    """The runs under `runs_dir` that keep their own session store, newest first."""
+    return [name for name in run_names(runs_dir) if (runs_dir / name / STORE_FILE).is_file()]
+
+
 def run_store_url(runs_dir: Path, name: str) -> str | None:
     """The URL of a run's own session store (LLM runs keep their episodes there), or None."""
     path = runs_dir / name / STORE_FILE

@@ -60,6 +60,7 @@ def session_list(request: Request, who: Viewer) -> Response:
             return page(request, "sessions.html", context)  # the form again, naming what to fix
         context = _list_context(params, rows, total, query.offset // size + 1, size, who, None)
         context["rulesets"] = listing.rulesets(store)
+        context["stores"] = runs.runs_with_stores(request.app.state.ui.config.runs_dir)
         return page(request, "sessions.html", context)
 
 
@@ -111,6 +112,8 @@ def _list_context(
         "outcomes": listing.OUTCOMES,
         "orders": listing.ORDERS,
         "rulesets": [],
+        "stores": [],
+        "filters": {k: v for k, v in params.items() if v.strip() and k not in ("run", "page")},
         "problem": problem,
         "nav": "sessions",
         "run": run,
