@@ -1,7 +1,7 @@
-// The dashboard's own script: live session counts (server-sent events) and the learning-curve charts.
+// The dashboard's own script on every page: the session list's live counts (server-sent events), the table
+// that follows them, and the filter form's short links. The run charts are runs.js's.
 (function () {
   "use strict";
-  var COLOURS = ["#2b5797", "#d9534f", "#5cb85c", "#f0ad4e", "#8e44ad", "#16a085", "#7f8c8d", "#c0392b"];
 
   function liveCounts() {
     var panel = document.querySelector("[data-live]");
@@ -40,22 +40,6 @@
       .finally(function () { refreshing = false; });
   }
 
-  function chart(node) {
-    var spec = JSON.parse(node.textContent);
-    var names = Object.keys(spec.series);
-    var data = [spec.x].concat(names.map(function (n) { return spec.series[n]; }));
-    var series = [{}].concat(names.map(function (n, i) {
-      var dashed = n === "threshold";
-      return { label: n, stroke: dashed ? "#999" : COLOURS[i % COLOURS.length], dash: dashed ? [6, 4] : undefined,
-               spanGaps: true, width: 1.5 };
-    }));
-    var box = node.parentNode;
-    var opts = { title: spec.title, width: 520, height: 240, series: series,
-                 scales: { x: { time: node.getAttribute("data-time") === "1" } } };
-    box.setAttribute("data-chart", spec.title);
-    new window.uPlot(opts, data, box);
-  }
-
   // The list's form puts only the filters that are set in the address, so a shared link stays readable.
   function shortLinks() {
     var form = document.querySelector("form.filters");
@@ -73,6 +57,5 @@
   document.addEventListener("DOMContentLoaded", function () {
     shortLinks();
     liveCounts();
-    document.querySelectorAll("script.chart-data").forEach(chart);
   });
 })();
