@@ -1,6 +1,7 @@
-"""Both ways of serving the dashboard project a store's pending changes before they serve, so that the first
-page neither waits for them nor misses them: `sessionrl ui` projects at start, and `sessionrl serve` drains the
-outbox at start through the OTLP receiver's first query (it adopts the trace groups a restart left open)."""
+"""Both ways of serving the dashboard project a store's pending changes before they serve, so that the
+first page neither waits for them nor misses them: `sessionrl ui` projects at start, and `sessionrl serve`
+drains the outbox at start through the OTLP receiver's first query (it adopts the trace groups a restart
+left open)."""
 
 from __future__ import annotations
 
