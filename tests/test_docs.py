@@ -1,24 +1,13 @@
 """The pages of `docs/`, run as a reader runs them: every Python block and every command, in order, in a
 fresh folder per page, each command's output checked against what the page shows under it.
 
-A page marks its blocks with HTML comments just before them (invisible once rendered):
-
-- `<!-- file: PATH -->`: the block is the content of PATH (relative to the page's folder); several blocks
-  for one path are joined in order. A file of Python is run when a later block imports it.
-- `<!-- check: REASON -->`: the block's commands need what a test cannot have (a long training run, a
-  server, a cluster, data of one's own); they are not run but checked as far as can be without running
-  them: every `sessionrl` command line parses (its `--help` is asked with the same arguments), every file
-  of the repository it names exists, `python SCRIPT` declares the options it is given, `make TARGET` is a
-  target, and an extra in `pip install 'sessionrl[EXTRA]'` is one pyproject.toml declares. The reason
-  says why.
-- `<!-- skip: REASON -->`: the block is not run; its test is skipped with the reason.
-
-Then a ```python block runs as a script in the page's folder, or as a doctest when it starts with `>>> `
-(its outputs are checked). A ```console block is commands: each `$ ` line (with the lines it continues
-onto with a trailing backslash) runs in bash in the page's folder and must exit 0, and every line under it
-must appear in what it printed (spaces collapsed). A ```bash or ```sh block runs as one bash script that
-stops at the first failing command. Any other block (a folder tree, a config shown for reading) is not
-run. So every block a reader could run is run, checked, or skipped with its reason in the page.
+`markdown_support` reads the pages (the same reader as the README's test) and says what their markers
+(`file`, `check`, `skip`) mean. A file of Python is run when a later block imports it. A ```python block
+runs as a script in the page's folder, or as a doctest (its outputs checked). Each command of a ```console
+block runs in bash in the page's folder and must exit 0, and every line under it must appear in what it
+printed (spaces collapsed). A ```bash or ```sh block runs as one bash script that stops at the first
+failing command. The commands of a `check` block are checked, not run. So every block a reader could run
+is run, checked, or skipped with its reason in the page.
 
 A page runs in a virtual environment of its own that sees this interpreter's packages (sessionrl included)
 and puts its own `python`, `pip` and `sessionrl` first on PATH, so what a page installs never reaches the
@@ -30,199 +19,45 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-REPO = Path(__file__).resolve().parents[1]
+from markdown_support import (
+    REPO,
+    Block,
+    check_command,
+    commands,
+    parse_blocks,
+    read_blocks,
+    run_command,
+    squeeze,
+    unaccounted,
+)
+
 RUN_ELSEWHERE = {
     "http.md": "tests/service/test_http_doc.py runs its curl examples in order against sessionrl serve",
 }
 """Pages whose blocks another test runs, and which."""
 PAGES = tuple(sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name not in RUN_ELSEWHERE))
 """The pages of docs/ whose blocks this module runs: all the others."""
-SHOWN = ("", "yaml", "json", "toml", "sql", "markdown", "text", "http")
-"""Languages of blocks shown for reading (configs, data, queries, trees), never run."""
-SCRIPTS = ("bash", "sh", "shell")
-"""Languages of blocks that run as one bash script."""
-RUNNABLE = ("python", "console", *SCRIPTS)
-"""Languages of blocks a reader could run: each one is run, checked or skipped with a reason."""
-REPO_FILE = re.compile(r"^(examples|bench|docs|src|tests)/")
-"""A command's argument that names a file of the repository (checked to exist)."""
-COMMAND_TIMEOUT_S = 300
 OFFLINE_PIP = ("--no-deps", "--no-build-isolation")
 """Added to every `pip install` a page runs: the test installs what the page builds, never from an index."""
 
 
-@dataclass(frozen=True)
-class Block:
-    """One fenced block of a page, with what its marker comment says."""
-
-    page: str
-    line: int
-    language: str
-    text: str
-    file: str | None = None
-    skip: str | None = None
-    check: str | None = None
-
-    @property
-    def kind(self) -> str:
-        """`skip`, `check`, `file`, `doctest`, `python`, `console`, `script` (a bash block), or `shown` (a
-        block that is not run)."""
-        if self.skip is not None:
-            return "skip"
-        if self.check is not None:
-            return "check"
-        if self.file is not None:
-            return "file"
-        if self.language == "python":
-            return "doctest" if self.text.lstrip().startswith(">>> ") else "python"
-        if self.language == "console":
-            return "console"
-        return "script" if self.language in SCRIPTS else "shown"
-
-    def command_lines(self) -> list[str]:
-        """The commands of a console or bash block, each on one line (continuations joined)."""
-        if self.language == "console":
-            return [command for command, _ in commands(self.text)]
-        return joined(self.text.splitlines())
-
-    @property
-    def name(self) -> str:
-        """A short id: the file it writes, its first command, or its first line that does something."""
-        if self.file is not None:
-            return f"file {self.file}"
-        lines = [line.removeprefix(">>> ").removeprefix("$ ") for line in self.text.splitlines()]
-        body = [line for line in lines if line.strip() and not line.startswith(("from ", "import ", "#"))]
-        return f"{self.language}: {body[0][:60]}" if body else self.language
-
-
-BLOCK = re.compile(r"(?:<!--\s*(file|skip|check):\s*(.*?)\s*-->\s*\n)?^```(\w*)\n(.*?)^```", re.S | re.M)
-
-
 def page_blocks(page: str) -> list[Block]:
     """The fenced blocks of `docs/<page>` in reading order."""
-    return parse_blocks(page, (REPO / "docs" / page).read_text(encoding="utf-8"))
-
-
-def parse_blocks(page: str, markdown: str) -> list[Block]:
-    """The fenced blocks of `markdown`, each with its marker comment, in reading order."""
-    blocks = []
-    for match in BLOCK.finditer(markdown):
-        marker, value, language, text = match.groups()
-        line = markdown.count("\n", 0, match.start(3)) + 1
-        blocks.append(
-            Block(
-                page,
-                line,
-                language,
-                text,
-                file=value if marker == "file" else None,
-                skip=value if marker == "skip" else None,
-                check=value if marker == "check" else None,
-            )
-        )
-    return blocks
-
-
-def joined(lines: list[str]) -> list[str]:
-    """`lines`, each one ending in a backslash joined to the next; blank and comment lines left out."""
-    out: list[str] = []
-    carry = ""
-    for line in lines:
-        text = f"{carry} {line.strip()}".strip() if carry else line
-        carry = text[:-1].rstrip() if text.endswith("\\") else ""
-        if not carry and text.strip() and not text.lstrip().startswith("#"):
-            out.append(text)
-    return out
-
-
-def commands(text: str) -> list[tuple[str, list[str]]]:
-    """A console block's commands (a `$ ` line and the lines it continues onto with a trailing backslash),
-    each with the output lines shown under it."""
-    steps: list[tuple[str, list[str]]] = []
-    continued = False
-    for line in text.splitlines():
-        if continued:
-            steps[-1] = (f"{steps[-1][0][:-1].rstrip()} {line.strip()}", [])
-        elif line.startswith("$ "):
-            steps.append((line[2:], []))
-        elif line.strip():
-            if not steps:
-                raise ValueError(f"console output {line!r} comes before any `$ ` command")
-            steps[-1][1].append(line)
-        continued = bool(steps) and not steps[-1][1] and steps[-1][0].endswith("\\")
-    return steps
-
-
-def squeeze(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
+    return read_blocks(REPO / "docs" / page)
 
 
 def offline(command: str) -> str:
     """`command` with `OFFLINE_PIP` added when it is a `pip install`."""
     return re.sub(r"\bpip install\b", f"pip install {' '.join(OFFLINE_PIP)}", command)
-
-
-def declared_extras() -> set[str]:
-    """The extras pyproject.toml declares."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return set(project["optional-dependencies"])
-
-
-def check_command(command: str) -> str | None:
-    """What is wrong with `command`, as far as can be told without running it (None: nothing found); see
-    the module doc for what is checked."""
-    words = [w for w in shlex.split(command, comments=True) if w != "&"]
-    while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
-        words.pop(0)
-    missing = [w for w in words if REPO_FILE.match(w) and not (REPO / w).exists()]
-    if missing:
-        return f"names files the repository does not have: {missing}"
-    extras = {e for w in words for group in re.findall(r"^sessionrl\[(.*)\]$", w) for e in group.split(",")}
-    if extras - declared_extras():
-        return f"installs extras pyproject.toml does not declare: {sorted(extras - declared_extras())}"
-    cli = [i for i, w in enumerate(words) if w in ("sessionrl", "$(command -v sessionrl)")]
-    if cli:
-        result = CliRunner().invoke(cli_app(), [*words[cli[0] + 1 :], "--help"], terminal_width=200)
-        return None if result.exit_code == 0 else f"exit status {result.exit_code}\n{result.output}"
-    if words[:1] == ["python"] and len(words) > 1 and words[1].endswith(".py"):
-        return script_options(REPO / words[1], [w.split("=")[0] for w in words[2:] if w.startswith("--")])
-    if words[:1] == ["make"]:
-        return answers(["make", "-n", *words[1:]])
-    return None
-
-
-def cli_app() -> typer.Typer:
-    from sessionrl.cli import app  # imported when a page asks, not when the tests are collected
-
-    return app
-
-
-def script_options(script: Path, options: list[str]) -> str | None:
-    """None when `script` declares every one of `options` (as the string its argument parser is given),
-    else which it lacks; read, not run, since a bench imports the model stack before it parses."""
-    source = script.read_text(encoding="utf-8")
-    unknown = [o for o in options if f'"{o}"' not in source and f"'{o}'" not in source]
-    return f"{script.name} declares no option {unknown}" if unknown else None
-
-
-def answers(argv: list[str]) -> str | None:
-    """None when `argv` exits 0 in the repository, else what it said."""
-    done = subprocess.run(
-        argv, cwd=REPO, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
-    )
-    return None if done.returncode == 0 else f"exit status {done.returncode}\n{done.stdout}\n{done.stderr}"
 
 
 def console_script(bin_dir: Path, python: Path, name: str) -> None:
@@ -312,15 +147,7 @@ class PageRun:
         return None
 
     def execute(self, argv: list[str], shown: list[str]) -> str | None:
-        done = subprocess.run(
-            argv,
-            cwd=self.root,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-            check=False,
-        )
+        done = run_command(argv, self.root, self.env())
         said = f"exit status {done.returncode}\n{done.stdout}\n{done.stderr}"
         if done.returncode != 0:
             return said
@@ -407,15 +234,21 @@ def test_console_blocks_read_as_commands_and_their_output() -> None:
 
 
 def test_every_block_is_run_checked_or_shown_on_purpose() -> None:
-    """A block in a language this module does not know would pass unrun: each is a runnable one (run,
+    """A block in a language the reader does not know would pass unrun: each is a runnable one (run,
     checked or skipped with a reason) or one shown for reading."""
-    for page in (*PAGES, *RUN_ELSEWHERE):
-        for block in page_blocks(page):
-            assert block.language in (*RUNNABLE, *SHOWN), f"docs/{page}:{block.line}: ```{block.language}"
-            if block.language in RUNNABLE:
-                assert block.kind != "shown", f"docs/{page}:{block.line}"
-            if block.check is not None:  # commands are checked: a Python block is run or skipped
-                assert block.language in ("console", *SCRIPTS), f"docs/{page}:{block.line}: check a command"
+    assert [w for page in (*PAGES, *RUN_ELSEWHERE) for w in unaccounted(page_blocks(page))] == []
+
+
+def test_a_block_that_would_pass_unrun_is_named() -> None:
+    markdown = (
+        "```ruby\nputs 1\n```\n```yaml\na: 1\n```\n"
+        "<!-- check: needs a GPU -->\n```python\nimport torch\n```\n"
+        "<!-- check: needs a GPU -->\n```console\n$ nvidia-smi\n```\n"
+    )
+    assert unaccounted(parse_blocks("p.md", markdown)) == [
+        "p.md:1: ```ruby: a language neither run nor shown",
+        "p.md:8: ```python: a check marker is for commands",
+    ]
 
 
 def test_console_continuations_and_scripts() -> None:

@@ -1,10 +1,11 @@
 """The README, run as a new user runs it: every Python example and every command, in order, in a fresh copy
 of the repository (its git-tracked files, no `runs/`), each one's output checked.
 
-The steps share one copy, so each sees what the steps before it left (the tour is one story on one store).
-A test asks for its step; the steps before it run first if they have not yet. Commands that take many
-minutes, or that this suite cannot run, are skipped with the reason (`SKIPPED`); so are the commands that
-read `../shared/` when that data is not beside the repository.
+`markdown_support` reads the README (the same reader as the docs' test). The steps share one copy, so each
+sees what the steps before it left (the tour is one story on one store). A test asks for its step; the
+steps before it run first if they have not yet. A block marked `check` (a command that takes many minutes,
+or that this suite cannot run) has its command lines checked, not run; one marked `skip` is skipped with
+its reason; so are the commands that read `../shared/` when that data is not beside the repository.
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ import httpx
 import orjson
 import pytest
 
+from markdown_support import REPO, Block, check_command, parse_blocks, read_blocks, run_command, unaccounted
+
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BIN = Path(sys.executable).parent
-COMMAND_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
 class Step:
-    """One runnable piece of the README: a Python example, or one line of a bash block."""
+    """One runnable piece of the README: a Python example (`python`), or one command line of a block
+    (`bash`); `marker` is `check` or `skip` when its block's marker says it is not run, for reason `why`."""
 
     kind: str
     text: str
+    marker: str | None = None
+    why: str | None = None
 
     @property
     def name(self) -> str:
@@ -49,26 +53,21 @@ class Step:
         return f"python: {body[0]}" if body else "python"
 
 
-def readme_steps(markdown: str) -> list[Step]:
+def readme_steps(blocks: list[Block]) -> list[Step]:
     """The README's Python examples and command lines, in reading order."""
     steps: list[Step] = []
-    for language, body in re.findall(r"```(python|bash)\n(.*?)```", markdown, re.S):
-        if language == "python":
-            steps.append(Step("python", body))
-        else:
-            steps += [Step("bash", line.strip()) for line in body.splitlines() if line.strip()]
+    for block in blocks:
+        marker = block.kind if block.kind in ("check", "skip") else None
+        why = block.check or block.skip
+        if block.language == "python":
+            steps.append(Step("python", block.text, marker, why))
+        elif block.kind in ("script", "console") or marker:
+            steps += [Step("bash", line.strip(), marker, why) for line in block.command_lines()]
     return steps
 
 
-STEPS = readme_steps((REPO / "README.md").read_text(encoding="utf-8"))
-
-SKIPPED = {
-    "make demo": "trains for about ten minutes on 2 cores; its config and its pieces have their own tests",
-    "make test": "runs this very suite",
-    "sessionrl train": "a full training run takes 30-60 minutes or more on 2 cores; tests/train run it small",
-    "sessionrl eval": "needs the run folder that a full `sessionrl train` makes",
-}
-"""Command lines (their start, after any NAME=value) that are not run, and why."""
+BLOCKS = read_blocks(REPO / "README.md")
+STEPS = readme_steps(BLOCKS)
 
 
 @dataclass
@@ -96,13 +95,16 @@ class Tour:
         return env | {"COLUMNS": "200", "NO_COLOR": "1"} | extra
 
     def result(self, index: int) -> Result | str:
-        """The result of step `index` (a skip reason for a skipped one), running earlier steps first."""
+        """The result of step `index` (why it was not run, for one that was not), running earlier steps
+        first."""
         for i in range(index + 1):
             if i not in self.results:
                 self.results[i] = self.run(i, STEPS[i])
         return self.results[index]
 
     def run(self, index: int, step: Step) -> Result | str:
+        if step.marker is not None:
+            return f"{step.why} (not run)"
         if step.kind == "python":
             script = self.root.parent / f"readme_example_{index}.py"
             script.write_text(step.text, encoding="utf-8")
@@ -112,31 +114,16 @@ class Tour:
         while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
             name, value = words.pop(0).split("=", 1)
             extra[name] = value
-        line = " ".join(words)
-        quick = "--quick" in words or any(w.endswith("-small.yaml") for w in words)
-        reason = (
-            None if quick else next((why for start, why in SKIPPED.items() if line.startswith(start)), None)
-        )
         shared = [w for w in [*words, *extra.values()] if w.startswith("../shared/")]
-        if reason is None and shared and not all((self.root / w).exists() for w in shared):
-            reason = f"the shared data ({', '.join(shared)}) is not beside the repository"
-        if reason is not None:
-            return reason
+        if shared and not all((self.root / w).exists() for w in shared):
+            return f"the shared data ({', '.join(shared)}) is not beside the repository"
         words = [self.ids.get("rated", w) if w == "<session-id>" else w for w in words]
         if words[:2] == ["sessionrl", "serve"]:
             return self.serve(words, extra)
         return self.execute(words, extra)
 
     def execute(self, argv: list[str], extra: dict[str, str]) -> Result:
-        done = subprocess.run(
-            argv,
-            cwd=self.root,
-            env=self.env(extra),
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-            check=False,
-        )
+        done = run_command(argv, self.root, self.env(extra))
         return Result(done.returncode, done.stdout, done.stderr)
 
     def serve(self, argv: list[str], extra: dict[str, str]) -> Result:
@@ -196,7 +183,8 @@ def tour(tmp_path_factory: pytest.TempPathFactory) -> Tour:
 
 def one_line_json(out: str) -> dict[str, object]:
     """The JSON object on the last line of a command's output."""
-    return orjson.loads(out.strip().splitlines()[-1])
+    loaded: dict[str, object] = orjson.loads(out.strip().splitlines()[-1])
+    return loaded
 
 
 def check_rated(tour: Tour, r: Result) -> None:
@@ -287,21 +275,44 @@ CHECKS: list[tuple[str, Callable[[Tour, Result], None]]] = [
 @pytest.mark.timeout(900)  # a step runs the steps before it first; the small training run takes minutes
 @pytest.mark.parametrize("index", range(len(STEPS)), ids=[f"{i:02d} {s.name}" for i, s in enumerate(STEPS)])
 def test_readme_step(index: int, tour: Tour) -> None:
+    step = STEPS[index]
+    if step.marker == "check":  # checked where it stands, without the steps before it
+        problem = check_command(step.text)
+        assert problem is None, f"{step.name} ({step.why}): {problem}"
+        return
     result = tour.result(index)
     if isinstance(result, str):
         pytest.skip(result)
-    name = STEPS[index].name
-    stopped = 130 if name.startswith("sessionrl serve") else 0  # Ctrl-C (SIGINT) stops the server
-    assert result.code in (0, stopped), f"{name} exited {result.code}\n{result.out}\n{result.err}"
-    check = next((check for start, check in CHECKS if name.startswith(start)), None)
+    stopped = 130 if step.name.startswith("sessionrl serve") else 0  # Ctrl-C (SIGINT) stops the server
+    assert result.code in (0, stopped), f"{step.name} exited {result.code}\n{result.out}\n{result.err}"
+    check = next((check for start, check in CHECKS if step.name.startswith(start)), None)
     if check is None:
-        assert result.out.strip() or result.err.strip(), f"{name} printed nothing"
+        assert result.out.strip() or result.err.strip(), f"{step.name} printed nothing"
     else:
         check(tour, result)
 
 
 def test_the_tour_is_all_there() -> None:
-    """Every check above meets its step, so a README edit cannot drop a step of the tour unnoticed."""
-    names = [s.name for s in STEPS]
+    """Every check above meets a step that runs, so a README edit cannot drop a step of the tour
+    unnoticed, nor mark it as only checked."""
+    names = [s.name for s in STEPS if s.marker is None]
     for start, _ in CHECKS:
-        assert any(n.startswith(start) for n in names), f"no README step starts with {start!r}"
+        assert any(n.startswith(start) for n in names), f"no README step that runs starts with {start!r}"
+
+
+def test_every_block_is_run_checked_or_shown_on_purpose() -> None:
+    assert unaccounted(BLOCKS) == []
+
+
+def test_marked_blocks_are_checked_or_skipped_line_by_line() -> None:
+    markdown = (
+        "<!-- check: trains for an hour -->\n```bash\nmake demo   # the demo\nsessionrl train x.yaml\n```\n"
+        "```bash\nsessionrl sessions list\n```\n<!-- skip: a fragment -->\n```python\nagent.run()\n```\n"
+    )
+    steps = readme_steps(parse_blocks("README.md", markdown))
+    assert [(s.name, s.marker, s.why) for s in steps] == [
+        ("make demo", "check", "trains for an hour"),
+        ("sessionrl train x.yaml", "check", "trains for an hour"),
+        ("sessionrl sessions list", None, None),
+        ("python: agent.run()", "skip", "a fragment"),
+    ]

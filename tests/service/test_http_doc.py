@@ -7,7 +7,6 @@ from the store, so the test checks what was recorded, not only that the routes a
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from markdown_support import read_blocks
 from sessionrl.session import CallStatus, FeedbackType
 from sessionrl.store import SessionStore
 
@@ -26,9 +26,10 @@ TOKEN = "docs-token"
 pytestmark = pytest.mark.slow
 
 
-def bash_blocks(markdown: str) -> list[str]:
-    """The page's ```bash blocks in order (```console blocks show what a person types, and are not run)."""
-    return re.findall(r"```bash\n(.*?)```", markdown, re.S)
+def bash_blocks() -> list[str]:
+    """The page's ```bash blocks in order (its ```console block starts the service, which the fixture
+    does)."""
+    return [block.text for block in read_blocks(DOC) if block.language == "bash"]
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_every_example_runs_and_is_recorded(service: tuple[str, Path], tmp_path: Path) -> None:
     base, db = service
-    blocks = bash_blocks(DOC.read_text(encoding="utf-8"))
+    blocks = bash_blocks()
     assert len(blocks) >= 8  # create, plan, tool, llm, recorded tool, finish, feedback, read
     script = tmp_path / "doc.sh"
     script.write_text("set -euo pipefail\n" + "\n".join(blocks), encoding="utf-8")
