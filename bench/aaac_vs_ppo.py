@@ -5,12 +5,14 @@ from scratch, the sparse reward is only ever found on stock inquiries, about one
 AAAC then continue from that same cloned policy (cloned once per seed) for the same number of environment
 steps; AAAC on the graph state continues from a clone of its own.
 
-Reported per variant (``clone`` is the imitated policy PPO and AAAC start from, without RL; its risky
-share is that of its test episodes), as mean ± std over the seeds:
+Reported per variant (``clone`` is the imitated policy PPO and AAAC start from, without RL), as mean ± std
+over the seeds; every variant is measured the same way in each column:
 - held-out completion: share of the test tickets solved, greedy;
 - mean steps per task: policy steps (finish included) per test ticket, greedy;
-- risky share: risky calls over all calls of the training episodes, averaged over the rounds (a risky call
-  raised a risk flag: a refund before the return was confirmed, a second refund, an unconfirmed reshipment);
+- risky share: risky calls over all calls of the test episodes, greedy (a risky call raised a risk flag: a
+  refund before the return was confirmed, a second refund, an unconfirmed reshipment);
+- training risky share: the same share over sampled episodes on training tickets: an RL run's rollouts,
+  averaged over the rounds, and for the clone one sampled pass over every training ticket;
 - steps to 80%: environment steps until the training completion, averaged over three rounds, first reached
   0.8 (a run that never got there is left out of the mean and counted).
 
@@ -26,8 +28,8 @@ action-space sizes are printed); ``--risk-quantiles K`` gives AAAC a quantile ri
 
 Runs go to two worker processes (one per core). Rich tables and a PNG of the learning curves
 (`runs/bench/aaac_vs_ppo.png`, or ``--png``) come out; the last line is one JSON object: per variant
-``<v>_completion``, ``<v>_steps``, ``<v>_risk_share`` (training), ``<v>_test_risk_share`` (greedy, test)
-and ``<v>_steps_to_80``, plus ``steps_to_80`` (variant to steps),
+``<v>_completion``, ``<v>_steps``, ``<v>_risk_share`` (greedy, test), ``<v>_train_risk_share`` (sampled,
+training tickets) and ``<v>_steps_to_80``, plus ``steps_to_80`` (variant to steps),
 ``expert_completion``, for each variant beside PPO ``<v>_vs_ppo_p`` and for each RL variant
 ``<v>_vs_clone_p`` (exact McNemar on the pooled (seed, test task) pairs), ``<v>_minus_clone_ci`` (95%
 bootstrap interval of the pooled completion difference) and ``<v>_below_clone`` (seeds more than 0.01
@@ -80,7 +82,8 @@ class Result:
     test: Summary
     solved: dict[str, bool]
     """Each test task, solved or not (greedy)."""
-    risk_share: float
+    train_risk_share: float
+    """Risky calls over calls of sampled episodes on training tickets (see the module doc)."""
     curve: tuple[tuple[int, float], ...]
     seconds: float
     clone_train: float
@@ -126,6 +129,7 @@ def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[s
         sampled = evaluate(
             cloned.policy, cloned.encoder, env, Split.TRAIN, greedy=False, prototypes=prototypes
         )
+    clone = Summary.of(sampled)
     update = UpdateConfig(lr=options["lr"])
     results = []
     for variant in ("clone_graph", "aaac_graph") if state == "graph" else ("clone", "ppo", "aaac"):
@@ -142,12 +146,11 @@ def run_seed(state: str, seed: int, iterations: int, demos: int, options: dict[s
             episodes = evaluate(trained.policy, trained.encoder, env, Split.TEST, prototypes=prototypes)
         test = Summary.of(episodes)
         history = trained.history
-        risky = statistics.fmean(log.train.risk_share for log in history) if history else test.risk_share
+        risky = statistics.fmean(log.train.risk_share for log in history) if history else clone.risk_share
         curve = tuple((log.env_steps, log.train.completion) for log in history)
         seconds = cloning + time.perf_counter() - started
         solved = {e.task_id: e.success for e in episodes}
-        clone_train = Summary.of(sampled).completion
-        results.append(Result(variant, seed, test, solved, risky, curve, seconds, clone_train))
+        results.append(Result(variant, seed, test, solved, risky, curve, seconds, clone.completion))
     return results
 
 
@@ -279,7 +282,15 @@ def arguments() -> argparse.Namespace:
 def variant_table(results: list[Result], names: tuple[str, ...], title: str) -> tuple[Table, dict[str, Any]]:
     """The mean ± std table per variant and its JSON fields (see the module doc)."""
     table = Table(title=title)
-    columns = ("variant", "test completion", "steps / task", "risky share", "steps to 80%", "below clone")
+    columns = (
+        "variant",
+        "test completion",
+        "steps / task",
+        "risky share",
+        "training risky share",
+        "steps to 80%",
+        "below clone",
+    )
     for column in (*columns, "s / run"):
         table.add_column(column, justify="right")
     flagged = below_clone(results)
@@ -289,7 +300,8 @@ def variant_table(results: list[Result], names: tuple[str, ...], title: str) -> 
         runs = [r for r in results if r.variant == variant]
         completion = mean_std([r.test.completion for r in runs])
         steps = mean_std([r.test.mean_steps for r in runs])
-        risk = mean_std([r.risk_share for r in runs])
+        risk = mean_std([r.test.risk_share for r in runs])
+        train_risk = mean_std([r.train_risk_share for r in runs])
         reached = [r.steps_to_target for r in runs if r.steps_to_target is not None]
         to_target = statistics.fmean(reached) if reached else None
         below = sum(flagged.get((variant, r.seed), False) for r in runs)
@@ -298,6 +310,7 @@ def variant_table(results: list[Result], names: tuple[str, ...], title: str) -> 
             f"{completion[0]:.3f} ± {completion[1]:.3f}",
             f"{steps[0]:.2f} ± {steps[1]:.2f}",
             f"{risk[0]:.4f} ± {risk[1]:.4f}",
+            f"{train_risk[0]:.4f} ± {train_risk[1]:.4f}",
             f"{to_target:.0f} ({len(reached)}/{len(runs)})"
             if to_target is not None
             else f"not reached (0/{len(runs)})",
@@ -309,7 +322,7 @@ def variant_table(results: list[Result], names: tuple[str, ...], title: str) -> 
             f"{variant}_completion": round(completion[0], 4),
             f"{variant}_steps": round(steps[0], 3),
             f"{variant}_risk_share": round(risk[0], 5),
-            f"{variant}_test_risk_share": round(statistics.fmean(r.test.risk_share for r in runs), 5),
+            f"{variant}_train_risk_share": round(train_risk[0], 5),
             f"{variant}_steps_to_80": to_80[variant],
         }
     return table, summary | {"steps_to_80": to_80}

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.policy.structured import LOG_STD_RANGE, StructuredAction, StructuredPolicy
+from sessionrl.train.structured.aaac import AAACConfig, kl_penalised, train_aaac
 from sessionrl.train.structured.imitation import Demonstrations, refit_log_std
 from sessionrl.train.structured.ppo import Anchor, PPOConfig, UpdateConfig, train_ppo
 from sessionrl.train.structured.rollout import IterationLog, StructuredRunConfig, build_run
@@ -135,3 +137,23 @@ def test_refit_clamps_a_perfect_fit_to_the_smallest_sigma(start: StructuredPolic
     owner = int(policy.layout.numeric[0][0])
     demos = _demos(policy, [owner, owner], torch.zeros((2, len(policy.layout.numeric))))
     assert refit_log_std(policy, demos)[0].item() == LOG_STD_RANGE[0]
+
+
+def test_aaac_from_an_anchored_start_pays_the_anchor_not_the_kl_to_the_previous_policy(
+    env: OrdersEnv, start: StructuredPolicy
+) -> None:
+    """From a start policy the anchor takes the place of AAAC's KL penalty (β logged 0); without an anchor,
+    or from scratch, the penalty stays."""
+    anchored = AAACConfig(run=RUN, update=UpdateConfig(epochs=1, minibatches=2), beta0=2.0)
+    loose = AAACConfig(run=RUN, update=UpdateConfig(epochs=1, minibatches=2, anchor_coef=0.0), beta0=2.0)
+    assert not kl_penalised(anchored, start)
+    assert kl_penalised(anchored, None)
+    assert kl_penalised(loose, start)
+    assert not kl_penalised(replace(loose, beta0=0.0), start)
+    logs: dict[str, list[IterationLog]] = {"anchored": [], "loose": []}
+    train_aaac(env, anchored, policy=start, on_log=logs["anchored"].append)
+    train_aaac(env, loose, policy=start, on_log=logs["loose"].append)
+    assert [log.kl_beta for log in logs["anchored"]] == [0.0, 0.0]
+    assert all(log.anchor_coef > 0 for log in logs["anchored"])
+    assert logs["loose"][-1].kl_beta == pytest.approx(2.0 * 0.999**3)
+    assert all(log.anchor_coef == 0 for log in logs["loose"])
