@@ -19,7 +19,7 @@ What it adds to PPO (`sessionrl.train.structured.ppo`), round by round:
 From a start policy with an anchor (``update.anchor_coef > 0``, see `ppo.Anchor`), the anchor is AAAC's
 KL term and the penalty to the previous policy is off (`kl_penalised`). Both are decaying KL terms, and in
 the first rounds ``π_old ≈ π_start``, so together they paid the same KL twice over: at ``β_0 = 2`` and an
-anchor of 1 AAAC's rounds moved half as far as PPO's (mean KL(π_old ‖ π_θ) 0.018 against 0.037) and it
+anchor of 1 AAAC's rounds moved half as far as PPO's (mean KL(π_old ‖ π_θ) 0.017 against 0.036) and it
 gained less from a weak clone (docs/structured-rl.md has the measurements).
 """
 
