@@ -26,10 +26,10 @@ TOKEN = "docs-token"
 pytestmark = pytest.mark.slow
 
 
-def bash_blocks() -> list[str]:
-    """The page's ```bash blocks in order (its ```console block starts the service, which the fixture
-    does)."""
-    return [block.text for block in read_blocks(DOC) if block.language == "bash"]
+def blocks(language: str) -> list[str]:
+    """The page's blocks in `language`, in order (its ```console block starts the service, which the
+    fixture does)."""
+    return [block.text for block in read_blocks(DOC) if block.language == language]
 
 
 @pytest.fixture
@@ -61,10 +61,10 @@ def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_every_example_runs_and_is_recorded(service: tuple[str, Path], tmp_path: Path) -> None:
     base, db = service
-    blocks = bash_blocks()
-    assert len(blocks) >= 8  # create, plan, tool, llm, recorded tool, finish, feedback, read
+    curls = blocks("bash")
+    assert len(curls) >= 8  # create, plan, tool, llm, recorded tool, finish, feedback, read
     script = tmp_path / "doc.sh"
-    script.write_text("set -euo pipefail\n" + "\n".join(blocks), encoding="utf-8")
+    script.write_text("set -euo pipefail\n" + "\n".join(curls), encoding="utf-8")
     done = subprocess.run(
         ["bash", str(script)],
         env=os.environ | {"BASE": base, "TOKEN": TOKEN},
@@ -84,3 +84,30 @@ def test_every_example_runs_and_is_recorded(service: tuple[str, Path], tmp_path:
     assert llm.tool_calls[0].arguments == '{"order_id": "O-1"}'
     ratings = sorted((f.annotator, f.score) for f in session.feedback if f.type is FeedbackType.HUMAN_RATING)
     assert ratings == [("doc_007", 4.0), ("doc_012", 2.0)]
+
+
+def test_the_client_example_runs_and_is_recorded(service: tuple[str, Path]) -> None:
+    """The page's Python example: the typed client, on the same service, as a reader runs it after the
+    curl examples (BASE and TOKEN exported)."""
+    base, db = service
+    (example,) = blocks("python")
+    done = subprocess.run(
+        [sys.executable, "-c", example],
+        env=os.environ | {"BASE": base, "TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    sid, ok, state, feedback = done.stdout.split()
+    assert (ok, state, feedback) == ("True", "finished", "1")
+    with SessionStore.open(f"sqlite:///{db}") as store:
+        session = store.get(sid)
+    assert [(c.tool, c.status) for c in session.tool_calls] == [
+        ("crp_test_request", CallStatus.SUCCESS),
+        ("lookup_order", CallStatus.SUCCESS),
+    ]
+    assert [(f.annotator, f.score) for f in session.feedback if f.type is FeedbackType.HUMAN_RATING] == [
+        ("doc_007", 5.0)
+    ]
