@@ -189,7 +189,7 @@ def test_the_runs_list_and_the_compare_page(client: TestClient) -> None:
     assert re.search(r'data-run="r2".*?status-unknown', listing, re.S)
     page = client.get("/ui/compare?run=r1&run=r2&run=nope").text
     assert "No such run: nope." in page
-    assert re.findall(r"<th>(r\d / \w+)</th>", page) == ["r1 / sft", "r1 / rl"]
+    assert re.findall(r'<th class="num">(r\d / \w+)</th>', page) == ["r1 / sft", "r1 / rl"]
     assert "<td>rl.iterations</td><td>—</td><td>10</td>" in page
     success = [
         m for m in re.findall(r'class="run-chart-data">(.*?)</script>', page) if '"metric": "success"' in m
