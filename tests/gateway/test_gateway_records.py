@@ -16,9 +16,13 @@ from gateway_support import WRITER, gateway_app, serving_on_loopback
 from typer.testing import CliRunner
 
 from sessionrl.cli import app as cli
+from sessionrl.errors import NotFound
 from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
+from sessionrl.gateway.capture import take_turn
 from sessionrl.gateway.config import GatewayConfig
+from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.session.model import ToolRequest
+from sessionrl.skills import ExecutorConfig, SkillExecutor
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.captured import stored_sessions
 
@@ -224,3 +228,57 @@ def test_every_error_under_the_gateway_s_paths_is_in_openai_s_shape(tmp_path: Pa
             assert answer.headers["content-type"] == "application/json"
             assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
         assert stored(root, "big-1").status_code == 404
+
+
+class WaitingForTheOpen:
+    """A backend that answers only once the store holds the session it answers for, or gives up after
+    `patience_s`; it records whether it saw the session."""
+
+    def __init__(self, store: SessionStore, patience_s: float = 10.0) -> None:
+        self.store = store
+        self.patience_s = patience_s
+        self.saw_session: list[bool] = []
+
+    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        deadline = time.monotonic() + self.patience_s
+        while not self.stored(session_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        self.saw_session.append(self.stored(session_id))
+        return ChatReply(text="ok", usage={"prompt_tokens": 3, "completion_tokens": 1})
+
+    def stored(self, session_id: str) -> bool:
+        try:
+            self.store.get(session_id)
+        except NotFound:
+            return False
+        return True
+
+    async def models(self) -> list[str]:
+        return ["scripted"]
+
+
+async def test_a_new_session_is_opened_while_the_backend_answers_and_each_turn_after_is_one_commit(
+    tmp_path: Path,
+) -> None:
+    """The durable open of a session's first request runs beside the backend's call, not after it: a
+    backend that waits for the session to be stored answers. Every later turn is one store transaction."""
+    with SessionStore.open(f"sqlite:///{tmp_path / 'open.db'}") as store:
+        backend = WaitingForTheOpen(store)
+        async with Orchestrator(store, SkillExecutor([], ExecutorConfig())) as engine:
+            messages: list[dict[str, Any]] = [USER]
+            for turn in range(3):
+                request = ChatRequest.model_validate({"model": "m", "messages": messages})
+                before = engine.committer.batches
+                answered = await take_turn(engine, backend, "s-open", request, f"chatcmpl-{turn}")
+                assert answered.reply is not None
+                assert answered.reply.text == "ok"
+                assert engine.committer.batches - before == (2 if turn == 0 else 1)
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "more"},
+                ]
+        assert backend.saw_session == [True, True, True]
+        session = store.get("s-open")
+        assert [c.call_id for c in session.llm_calls] == ["chatcmpl-0", "chatcmpl-1", "chatcmpl-2"]
+        assert session.metadata["captured_by"] == "gateway"

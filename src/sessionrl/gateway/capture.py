@@ -12,6 +12,7 @@ it, or a tool call's id, later.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -44,6 +45,15 @@ async def open_session(
         return await engine.session(session_id)
     await create_session(engine, session_id, request, token_source)
     return await engine.session(session_id)
+
+
+async def open_if_new(
+    engine: Orchestrator, session_id: str, request: ChatRequest, token_source: str = RETOKENISED
+) -> None:
+    """Open `session_id` (`create_session`) unless this engine has it or the store holds it (a session
+    the engine's cache holds costs no read)."""
+    if not await engine.writer.exists(session_id):
+        await create_session(engine, session_id, request, token_source)
 
 
 async def create_session(
@@ -166,18 +176,30 @@ async def take_turn(
             return replay
     source = token_source(backend)
     await record_sent_tools(engine, session_id, request, source)
+    # a new session is opened while the backend answers: its durable commit is off the reply's path, and
+    # the session is open (committed) before the call is recorded and the agent answered
+    opening = asyncio.create_task(open_if_new(engine, session_id, request, source))
     started = time.perf_counter()
     try:
-        reply: ChatReply | None = await backend.complete(request, session_id)
-        error = None
-    except UpstreamError as exc:
-        reply, error = None, exc
-    latency_ms = (time.perf_counter() - started) * 1000
+        reply, error = await ask(backend, request, session_id)
+        latency_ms = (time.perf_counter() - started) * 1000
+    finally:
+        await opening
     outcome = reply if reply is not None else error.message if error is not None else ""
     await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key, token_source=source)
     if reply is not None and finish_on_answer and not reply.tool_calls:
         await finish_answered(engine, session_id, reply.text)
     return Turn(call_id, reply, error)
+
+
+async def ask(
+    backend: ChatBackend, request: ChatRequest, session_id: str
+) -> tuple[ChatReply | None, UpstreamError | None]:
+    """The backend's answer to `request`, or why there is none."""
+    try:
+        return await backend.complete(request, session_id), None
+    except UpstreamError as exc:
+        return None, exc
 
 
 async def replayed(
