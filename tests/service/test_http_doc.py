@@ -32,6 +32,14 @@ def blocks(language: str) -> list[str]:
     return [block.text for block in read_blocks(DOC) if block.language == language]
 
 
+def as_reader(argv: list[str], base: str) -> str:
+    """What `argv` printed, run as the page's reader runs it (BASE and TOKEN exported); it must exit 0."""
+    env = os.environ | {"BASE": base, "TOKEN": TOKEN}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """`sessionrl serve` on a free port with the tour's skills, its token from $SESSIONRL_TOKENS."""
@@ -65,16 +73,7 @@ def test_every_example_runs_and_is_recorded(service: tuple[str, Path], tmp_path:
     assert len(curls) >= 8  # create, plan, tool, llm, recorded tool, finish, feedback, read
     script = tmp_path / "doc.sh"
     script.write_text("set -euo pipefail\n" + "\n".join(curls), encoding="utf-8")
-    done = subprocess.run(
-        ["bash", str(script)],
-        env=os.environ | {"BASE": base, "TOKEN": TOKEN},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    sid = done.stdout.splitlines()[0].strip()
+    sid = as_reader(["bash", str(script)], base).splitlines()[0].strip()
     with SessionStore.open(f"sqlite:///{db}") as store:
         session = store.get(sid)
     assert session.state.value == "finished"
@@ -91,16 +90,7 @@ def test_the_client_example_runs_and_is_recorded(service: tuple[str, Path]) -> N
     curl examples (BASE and TOKEN exported)."""
     base, db = service
     (example,) = blocks("python")
-    done = subprocess.run(
-        [sys.executable, "-c", example],
-        env=os.environ | {"BASE": base, "TOKEN": TOKEN},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    sid, ok, state, feedback = done.stdout.split()
+    sid, ok, state, feedback = as_reader([sys.executable, "-c", example], base).split()
     assert (ok, state, feedback) == ("True", "finished", "1")
     with SessionStore.open(f"sqlite:///{db}") as store:
         session = store.get(sid)
