@@ -11,6 +11,7 @@ The shapes follow Gymnasium's core: keyword-only options, one frozen result type
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,6 +208,21 @@ class NamesEntities(Protocol):
     def expected_entities(self, task: Task) -> Sequence[str]:
         """Ids or values a solution's tool calls must mention."""
         ...
+
+
+def entities_named(task: Task, plan: ExpertPlan) -> list[str]:
+    """String parameters of `plan` that the task's request names word for word (order numbers, SKUs,
+    phones, waybills, addresses), in plan order, each once: the entities a correct solution uses, for an
+    environment that does not say (`NamesEntities`).
+
+    >>> task = Task("t", Split.TRAIN, "Where is order #W42? My phone is 555-0100.")
+    >>> steps = (ExpertStep("a", "", "get_order", {"order_id": "#W42", "note": "x"}),)
+    >>> entities_named(task, ExpertPlan("g", steps, "done"))
+    ['#W42']
+    """
+    values = [v for step in plan.steps for v in step.params.values() if isinstance(v, str)]
+    named = (v for v in values if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", task.instruction))
+    return list(dict.fromkeys(named))
 
 
 @runtime_checkable

@@ -7,10 +7,11 @@ Every session opens with the same metadata (`metadata`), ends with the same verd
 and an unsolved one says why (`why_unsolved`); `Tally` counts the demonstrations a batch failed to give.
 """
 
+from sessionrl.envs.base import entities_named
 from sessionrl.episodes.batch import RunSummary, run_many
 from sessionrl.episodes.config import RolloutConfig, guards_for_plans
 from sessionrl.episodes.driver import Agent, Attempt, EpisodeSpec, Ran, run_episode, run_episodes, settle
-from sessionrl.episodes.metadata import entities_named, expected_entities, session_create
+from sessionrl.episodes.metadata import expected_entities, session_create
 from sessionrl.episodes.progress import Bar, progress
 from sessionrl.episodes.scripted import NoGoldPlans, ScriptedAgent, expert, gold, session_plan
 from sessionrl.episodes.skills import EpisodeSkills

@@ -14,27 +14,11 @@ Each session is created with `scenario` = the env's name, tags (env, split, agen
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from sessionrl.envs.base import DecisionEnv, ExpertPlan, NamesEntities, Task
+from sessionrl.envs.base import DecisionEnv, NamesEntities, Task, entities_named
 from sessionrl.session.model import SessionCreate
-
-
-def entities_named(task: Task, plan: ExpertPlan) -> list[str]:
-    """String parameters of `plan` that the task's request names word for word (order numbers, SKUs,
-    phones, waybills, addresses), in plan order, each once.
-
-    >>> from sessionrl.envs.base import ExpertStep, Split
-    >>> task = Task("t", Split.TRAIN, "Where is order #W42? My phone is 555-0100.")
-    >>> steps = (ExpertStep("a", "", "get_order", {"order_id": "#W42", "note": "x"}),)
-    >>> entities_named(task, ExpertPlan("g", steps, "done"))
-    ['#W42']
-    """
-    values = [v for step in plan.steps for v in step.params.values() if isinstance(v, str)]
-    named = (v for v in values if re.search(rf"(?<!\w){re.escape(v)}(?!\w)", task.instruction))
-    return list(dict.fromkeys(named))
 
 
 def expected_entities(env: DecisionEnv, task: Task) -> list[str]:

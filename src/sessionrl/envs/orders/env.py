@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sessionrl.envs.base import ErrorKind, ExpertPlan, Outcome, Split, Task
+from sessionrl.envs.base import ErrorKind, ExpertPlan, Outcome, Split, Task, entities_named
 from sessionrl.envs.faults import Faults
 from sessionrl.envs.orders import structured
 from sessionrl.envs.orders.expert import expert_plan
@@ -72,8 +72,6 @@ class OrdersEnv(SimulatedEnv):
     def expected_entities(self, task: Task) -> list[str]:
         """Entities the request names that the expert passes to its tools, then those a follow-up must
         remember from its first turn."""
-        from sessionrl.episodes.metadata import entities_named  # episodes imports envs: import at use
-
         named = entities_named(task, self.expert(task))
         conversation = Conversation.of(task)
         remembered = conversation.remembered if conversation is not None else ()
