@@ -77,7 +77,8 @@ def test_explain_shows_raw_and_normalised_values_and_the_normaliser(db: str, tmp
         vector = RewardVector.model_validate(store.reward("f3").vector)
     experience = vector.layers["experience"]
     assert experience.seen == 3  # f0, f1, f2 were scored before f3 (in id order)
-    assert experience.mean == pytest.approx((0.0 + 0.25 + 0.75) / 3)  # ratings (r - 1) / 4
+    # the centre: the mean of the ratings' (r - 3) / 2, -1, -0.5 and 0.5, shrunk by 10 pseudo-sessions
+    assert experience.mean == pytest.approx((-1.0 - 0.5 + 0.5) / (3 + 10))
     output = rewards("explain", "f3", "--db", db, stats=tmp_path / "stats.json")
     row = next(line for line in output.splitlines() if line.strip("│ ").startswith("experience"))
     cells = [cell.strip() for cell in row.strip("│").split("│")]
@@ -88,17 +89,17 @@ def test_explain_shows_raw_and_normalised_values_and_the_normaliser(db: str, tmp
         f"{experience.scale:.3f}",
         f"{experience.normalised:+.3f}",
     ]
-    assert (
-        f"normaliser: the running mean and scale of each layer under rules {vector.ruleset_version}" in output
-    )
+    rules = vector.ruleset_version
+    said = "normaliser: the running mean (shrunk towards 0) and scale (at least 1) of each layer under rules"
+    assert f"{said} {rules}" in " ".join(output.split())
     first = rewards("explain", "f0", "--db", db, stats=tmp_path / "stats.json")
     assert "normaliser: not started" in first
 
 
 def test_a_clipped_layer_is_marked() -> None:
     clipped = LayerValue(
-        raw=0.0, normalised=-5.0, weight=1.0, scale=0.1, contribution=-5.0, mean=0.9, seen=40
+        raw=0.0, normalised=-5.0, weight=1.0, scale=1.5, contribution=-5.0, mean=9.0, seen=40
     )
     assert is_clipped(clipped)
-    assert not is_clipped(clipped.model_copy(update={"normalised": -9.0}))  # (0 - 0.9) / 0.1 exactly
-    assert not is_clipped(clipped.model_copy(update={"seen": 1}))  # not normalised at all yet
+    assert not is_clipped(clipped.model_copy(update={"normalised": -6.0}))  # (0 - 9) / 1.5 exactly
+    assert not is_clipped(clipped.model_copy(update={"mean": None}))  # stored before the centre was kept

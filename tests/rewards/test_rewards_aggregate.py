@@ -53,9 +53,9 @@ def term(vector: RewardVector, name: str) -> tuple[float, str]:
 def test_the_default_is_the_mean_and_names_each_source() -> None:
     vector = RewardEngine(clock=lambda: T0 + timedelta(days=1)).score(two_raters())
     value, why = term(vector, "human_rating")
-    assert value == pytest.approx(0.5)  # mean of (4 - 1) / 4 = 0.75 and (2 - 1) / 4 = 0.25
-    assert "doc_007 +0.75" in why
-    assert "doc_012 +0.25" in why
+    assert value == pytest.approx(0.0)  # mean of (4 - 3) / 2 = 0.5 and (2 - 3) / 2 = -0.5
+    assert "doc_007 +0.5" in why
+    assert "doc_012 -0.5" in why
     assert "mean" in why
     assert vector.rating == pytest.approx(3.0)  # mean of 4 and 2
     assert vector.rated_by == ("doc_007", "doc_012")
@@ -65,7 +65,7 @@ def test_median_resists_one_outlier(tmp_path: Path) -> None:
     engine = engine_with(tmp_path, "aggregate: median\nsource_weights: {}\n")
     session = two_raters(rated("nurse_chen", 5, 200))
     value, why = term(engine.score(session), "human_rating")
-    assert value == pytest.approx(0.75)  # median of 0.75, 0.25, 1.0
+    assert value == pytest.approx(0.5)  # median of 0.5, -0.5, 1.0
     assert "median of" in why
     assert "nurse_chen +1" in why
     assert engine.score(session).rating == pytest.approx(4.0)  # median of 4, 2, 5
@@ -74,16 +74,16 @@ def test_median_resists_one_outlier(tmp_path: Path) -> None:
 def test_weighted_by_source(tmp_path: Path) -> None:
     engine = engine_with(tmp_path, "aggregate: weighted\nsource_weights: {doc_007: 3.0}\n")
     vector = engine.score(two_raters())
-    assert term(vector, "human_rating")[0] == pytest.approx(0.625)  # (3 * 0.75 + 1 * 0.25) / 4
+    assert term(vector, "human_rating")[0] == pytest.approx(0.25)  # (3 * 0.5 + 1 * -0.5) / 4
     assert vector.rating == pytest.approx(3.5)  # (3 * 4 + 1 * 2) / 4
 
 
 def test_ratings_on_different_anchors_still_add_up() -> None:
-    on_call = rated("doc_012", 2, 300, anchor=Anchor(call_id="t1"))
+    on_call = rated("doc_012", 5, 300, anchor=Anchor(call_id="t1"))
     vector = RewardEngine(clock=lambda: T0 + timedelta(days=1)).score(
         build([tool("t1")], [rated("doc_007", 4, 100), on_call])
     )
-    assert term(vector, "human_rating")[0] == pytest.approx(1.0)  # 0.75 (session) + 0.25 (call t1)
+    assert term(vector, "human_rating")[0] == pytest.approx(1.5)  # 0.5 (session) + 1.0 (call t1)
 
 
 def test_two_raters_asking_for_one_correction_are_charged_it_once() -> None:
@@ -129,5 +129,5 @@ def test_explain_names_both_raters_of_the_design_documents_session(tmp_path: Pat
     assert explained.exit_code == 0, explained.output
     text = " ".join(explained.output.replace("│", " ").split())
     assert "rating 3.0 by doc_007, doc_012" in text  # the mean of 4 and 2
-    assert "doc_007 +0.75" in text
-    assert "doc_012 +0.25" in text
+    assert "doc_007 +0.5" in text
+    assert "doc_012 -0.5" in text

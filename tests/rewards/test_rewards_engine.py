@@ -49,13 +49,13 @@ def term(vector: RewardVector, name: str) -> float:
 def test_worked_example(engine: RewardEngine, comment: str) -> None:
     session = build([tool("t1")], [feedback(FT.HUMAN_RATING, 4.0, comment)])
     vector = engine.score(session)
-    assert term(vector, "human_rating") == pytest.approx(0.75)  # (4 - 1) / 4
+    assert term(vector, "human_rating") == pytest.approx(0.5)  # (4 - 3) / 2
     assert term(vector, "judge_correction") == pytest.approx(-0.2)  # chronic_disease_exclusion, high
     assert vector.rating == 4.0
     assert vector.scored_at == T0 + timedelta(days=1)  # the injected clock
-    # first session seen: layers are not normalised yet, so experience = 0.75 - 0.2 = 0.55, weight 1
-    assert vector.layers["experience"].raw == pytest.approx(0.55)
-    assert vector.layers["experience"].contribution == pytest.approx(0.55)
+    # first session seen: centre 0 and scale 1, so experience = 0.5 - 0.2 = 0.3, weight 1
+    assert vector.layers["experience"].raw == pytest.approx(0.3)
+    assert vector.layers["experience"].contribution == pytest.approx(0.3)
 
 
 def test_late_feedback_makes_a_new_version_and_the_old_one_stays(
@@ -80,7 +80,7 @@ def test_late_feedback_makes_a_new_version_and_the_old_one_stays(
     )  # version 1 still readable, unchanged
     v2 = RewardVector.model_validate(store.reward("s1").vector)
     assert v2.rating == 5.0
-    assert term(v2, "human_rating") == pytest.approx(1.0)  # (5 - 1) / 4
+    assert term(v2, "human_rating") == pytest.approx(1.0)  # (5 - 3) / 2
     assert v2.session_version > v1.session_version
     assert store.reward("s1", 2).ruleset_version == engine.ruleset.version
 
@@ -117,18 +117,49 @@ def test_follow_rescores_from_the_change_feed(engine: RewardEngine, store: Sessi
 def test_stats_persist_per_ruleset_version(tmp_path: Path) -> None:
     path = tmp_path / "stats.json"
     engine = RewardEngine(RewardConfig(stats_path=path))
-    for i, score in enumerate((1.0, 3.0, 5.0)):
-        engine.score(build([tool("t1")], [feedback(FT.HUMAN_RATING, score)], session_id=f"s{i}"))
+    for i in range(3):
+        engine.score(build([tool("t1")], [feedback(FT.HUMAN_RATING, 5.0)], session_id=f"s{i}"))
     engine.save_stats()
     doc = json.loads(path.read_text())
     version = engine.ruleset.version
     count, mean, _ = doc[version]["layers"]["experience"]
-    assert (count, mean) == (3, pytest.approx(0.5))  # ratings map to 0, 0.5, 1
+    assert (count, mean) == (3, pytest.approx(1.0))  # three 5/5 ratings map to 1
     reopened = RewardEngine(RewardConfig(stats_path=path))
     assert reopened.stats.get(version).layers == engine.stats.get(version).layers
-    # the fourth session is standardised with mean 0.5 and σ = sqrt(1/6): (1 - 0.5) / 0.408 = 1.2247
-    vector = reopened.score(build([tool("t1")], [feedback(FT.HUMAN_RATING, 5.0)]))
-    assert vector.layers["experience"].normalised == pytest.approx(0.5 / (1 / 6) ** 0.5)
+    # a 4/5 next is centred on 3 · 1 / (3 + 10) and not scaled (no spread): 0.5 - 3/13 = 0.2692
+    vector = reopened.score(build([tool("t1")], [feedback(FT.HUMAN_RATING, 4.0)]))
+    assert vector.layers["experience"].normalised == pytest.approx(0.5 - 3 / 13)
+
+
+def test_a_one_star_rating_costs_and_no_rating_is_neutral(engine: RewardEngine) -> None:
+    unrated, panned = (
+        build([tool("t1")], session_id="u"),
+        build([tool("t1")], [feedback(FT.HUMAN_RATING, 1.0)]),
+    )
+    assert engine.score(panned, learn=False).session_reward == pytest.approx(-1.0)  # (1 - 3) / 2
+    assert engine.score(unrated, learn=False).session_reward == pytest.approx(0.0)
+    for i in range(50):  # however many unrated sessions the normaliser saw first
+        engine.score(build([tool("t1")], session_id=f"u{i}"))
+    assert engine.score(panned, learn=False).session_reward == pytest.approx(-1.0)
+    assert engine.score(unrated, learn=False).session_reward == pytest.approx(0.0)
+
+
+def test_a_rating_is_worth_about_the_same_whenever_the_normaliser_started() -> None:
+    """A 4/5 is worth +0.5 to the first session scored; after 200 unrated sessions it used to be worth +5
+    (0.5 over a floor scale of 0.1, clipped). Now it is still +0.5, and +0.405 after 200 sessions of which
+    20 were rated 5/5 (mean 0.1 shrunk to 200 · 0.1 / 210; their spread, 0.3, is below 1)."""
+
+    def four_after(sessions: list[Session]) -> float:
+        engine = RewardEngine(clock=lambda: T0 + timedelta(days=1))
+        for seen in sessions:
+            engine.score(seen)
+        return engine.score(build([tool("t1")], [feedback(FT.HUMAN_RATING, 4.0)])).session_reward
+
+    rated = [feedback(FT.HUMAN_RATING, 5.0)]
+    mixed = [build([tool("t1")], rated if i % 10 == 0 else [], session_id=f"m{i}") for i in range(200)]
+    assert four_after([]) == pytest.approx(0.5)
+    assert four_after([build([tool("t1")], session_id=f"u{i}") for i in range(200)]) == pytest.approx(0.5)
+    assert four_after(mixed) == pytest.approx(0.5 - 200 * 0.1 / 210)
 
 
 def test_learn_false_leaves_the_stats_alone() -> None:
@@ -153,7 +184,7 @@ class Fixed:
 
 def test_a_rating_model_fills_in_unrated_sessions() -> None:
     engine = RewardEngine(rating_model=Fixed())
-    assert term(engine.score(build([tool("t1")])), "predicted_rating") == pytest.approx((4.2 - 1) / 4)
+    assert term(engine.score(build([tool("t1")])), "predicted_rating") == pytest.approx((4.2 - 3) / 2)
 
 
 def test_contract_sla_budgets_fill_in_where_the_rule_file_has_none() -> None:

@@ -30,7 +30,7 @@ def test_late_feedback_walkthrough() -> None:
     assert outcome.before.rating is None
     assert outcome.after.rating == 4.0
     values = {t.name: t.value for t in outcome.after.terms}
-    assert values["human_rating"] == pytest.approx(0.75)
+    assert values["human_rating"] == pytest.approx(0.5)  # (4 - 3) / 2
     assert values["judge_correction"] == pytest.approx(-0.2)
     assert outcome.after.session_version > outcome.before.session_version
     assert len(outcome.queue) == 5

@@ -69,13 +69,15 @@ def test_sla_breach_compares_latency_with_the_tool_budget(rules: RuleSet, rctx: 
     assert result.steps == {"t1": -0.2, "t3": -0.2}
 
 
-@pytest.mark.parametrize(("score", "expected"), [(4.0, 0.75), (1.0, 0.0), (5.0, 1.0), (2.0, 0.25)])
-def test_human_rating_maps_one_to_five_onto_zero_to_one(
+@pytest.mark.parametrize(
+    ("score", "expected"), [(4.0, 0.5), (1.0, -1.0), (5.0, 1.0), (2.0, -0.5), (3.0, 0.0)]
+)
+def test_human_rating_maps_one_to_five_onto_minus_one_to_one(
     rules: RuleSet, rctx: ScoringContext, score: float, expected: float
 ) -> None:
     session = build(fb=[feedback(FT.HUMAN_RATING, score, delay=3600.0)])
     result = run(rules, "human_rating", session, rctx)
-    assert result.value == pytest.approx(expected)  # (score - 1) / 4, not discounted
+    assert result.value == pytest.approx(expected)  # (score - 3) / 2, not discounted
     assert result.steps == {}  # a session-level rating names no step
 
 
@@ -197,12 +199,12 @@ class Fixed:
         return self.rating
 
 
-@pytest.mark.parametrize(("predicted", "expected"), [(3.4, 0.6), (7.0, 1.0), (0.0, 0.0)])
+@pytest.mark.parametrize(("predicted", "expected"), [(3.4, 0.2), (7.0, 1.0), (0.0, -1.0)])
 def test_predicted_rating_fills_in_for_unrated_sessions(
     ctx: ScoringContext, predicted: float, expected: float
 ) -> None:
     unrated = build([tool("t1")])
-    # (clip(r̂, 1, 5) - 1) / 4
+    # (clip(r̂, 1, 5) - 3) / 2, as a person's rating
     assert predicted_rating(unrated, replace(ctx, rating_model=Fixed(predicted))).value == pytest.approx(
         expected
     )

@@ -83,14 +83,19 @@ def test_welford_is_stable_on_any_stream(values: list[float]) -> None:
     assert stats.variance == pytest.approx(float(np.var(values)), rel=1e-6, abs=1e-6)
 
 
-def test_normalise_standardises_clips_and_floors_the_scale() -> None:
-    stats = RunningStats().update(1.0).update(3.0)  # mean 2, variance ((1-2)² + (3-2)²) / 2 = 1
-    assert stats.normalise(3.5, clip=5.0) == pytest.approx(1.5)  # (3.5 - 2) / 1
-    assert stats.normalise(20.0, clip=5.0) == 5.0  # (20 - 2) / 1 = 18, clipped to 5
-    flat = RunningStats().update(0.0).update(0.0)  # variance 0: scale floored at 0.1
-    assert flat.scale == MIN_SCALE
-    assert flat.normalise(-0.2, clip=5.0) == pytest.approx(-2.0)  # -0.2 / 0.1
-    assert RunningStats().update(7.0).normalise(4.0, clip=5.0) == 4.0  # one value seen: unchanged
+def test_normalise_centres_on_the_shrunk_mean_and_divides_only_wide_spreads() -> None:
+    wide = RunningStats().update(-2.0).update(6.0)  # mean 2, variance ((-4)² + 4²) / 2 = 16: σ = 4
+    assert wide.centre == pytest.approx(1 / 3)  # n · mean / (n + 10) = 2 · 2 / 12
+    assert wide.scale == pytest.approx(4.0)
+    assert wide.normalise(5.0, clip=5.0) == pytest.approx((5.0 - 1 / 3) / 4)
+    assert wide.normalise(100.0, clip=5.0) == 5.0  # (100 - 1/3) / 4, clipped to 5
+    flat = RunningStats().update(0.0).update(0.0)  # variance 0: the scale stays at its floor of 1
+    assert flat.scale == MIN_SCALE == 1.0
+    assert flat.normalise(-0.2, clip=5.0) == pytest.approx(-0.2)  # not blown up to -2
+    assert RunningStats().normalise(4.0, clip=5.0) == 4.0  # nothing seen: centre 0, scale 1
+    assert RunningStats().normalise(-9.0, clip=5.0) == -5.0
+    one = RunningStats().update(7.0)  # one value seen moves the centre a little, not all the way to 7
+    assert one.normalise(4.0, clip=5.0) == pytest.approx(4.0 - 7 / 11)
 
 
 def test_assembly_without_normalisation(tmp_path: Path) -> None:
@@ -115,15 +120,16 @@ def test_assembly_with_normalisation(tmp_path: Path) -> None:
     rules = ruleset(tmp_path, normalise=True)
     session = build([tool("t1", status=CallStatus.ERROR)])
     results = [fixed("a", TermKind.RULE, "completion", -1.0, {"t1": -1.0})]
-    stats = {"completion": RunningStats().update(0.0).update(-2.0)}  # mean -1, variance 1
+    stats = {"completion": RunningStats().update(0.0).update(-4.0)}  # mean -2, variance 4: σ = 2
     v = assemble(session, rules, results, stats, T0)
     layer = v.layers["completion"]
     assert layer.raw == -1.0
-    assert layer.normalised == pytest.approx(0.0)  # (-1 - -1) / 1
-    assert layer.scale == pytest.approx(1.0)
-    assert v.step_rewards == pytest.approx({"t1": 2.0 * -1.0 / 1.0})  # w · a / σ, not centred
+    assert layer.mean == pytest.approx(-1 / 3)  # the centre: 2 · -2 / (2 + 10)
+    assert layer.normalised == pytest.approx((-1.0 + 1 / 3) / 2)  # (raw - centre) / σ
+    assert layer.scale == pytest.approx(2.0)
+    assert v.step_rewards == pytest.approx({"t1": 2.0 * -1.0 / 2.0})  # w · a / σ, not centred
     high = assemble(session, rules, [fixed("a", TermKind.RULE, "completion", 9.0, {})], stats, T0)
-    assert high.layers["completion"].normalised == 2.0  # (9 + 1) / 1 = 10, clipped to clip = 2
+    assert high.layers["completion"].normalised == 2.0  # (9 + 1/3) / 2 = 4.67, clipped to clip = 2
     assert high.session_reward == pytest.approx(2.0 * 2.0)
 
 

@@ -225,7 +225,7 @@ def _layers_table(vector: RewardVector) -> Table:
     for column in ("layer", "raw", "mean", "scale", "normalised", "weight", "contribution"):
         layers.add_column(column, justify="left" if column == "layer" else "right")
     for name, layer in vector.layers.items():
-        started = layer.mean is not None and (layer.seen or 0) >= 2
+        started = layer.mean is not None and (layer.seen or 0) >= 1
         layers.add_row(
             name,
             f"{layer.raw:+.3f}",
@@ -240,7 +240,7 @@ def _layers_table(vector: RewardVector) -> Table:
 
 def is_clipped(layer: LayerValue) -> bool:
     """Whether the clip bounded a layer's normalised value (it differs from (raw − mean) / scale)."""
-    if layer.mean is None or (layer.seen or 0) < 2:
+    if layer.mean is None:
         return False
     return abs((layer.raw - layer.mean) / layer.scale - layer.normalised) > 1e-9
 
@@ -251,13 +251,13 @@ def _normaliser_line(vector: RewardVector) -> str:
     rules = vector.ruleset_version
     if not seen:
         return "normaliser: not recorded (this reward was stored before sessionrl kept it)"
-    if seen[-1] < 2:
+    if seen[-1] < 1:
         return (
-            f"normaliser: not started: the statistics of rules {rules} held {seen[-1]} scored session(s), "
-            "and normalising starts at 2, so each layer's raw total was used as is"
+            f"normaliser: not started: the statistics of rules {rules} held no scored session, "
+            "so each layer's raw total was used as is"
         )
     counts = ", ".join(map(str, seen))
     return (
-        f"normaliser: the running mean and scale of each layer under rules {rules}, after {counts} scored "
-        "session(s)"
+        f"normaliser: the running mean (shrunk towards 0) and scale (at least 1) of each layer under rules "
+        f"{rules}, after {counts} scored session(s)"
     )

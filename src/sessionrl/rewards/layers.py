@@ -7,14 +7,20 @@ Two schemes group the terms of a rule-set:
 - `three_layer`: rule, model and judge; a term's layer is its kind (CEL rules and the efficiency term are
   rules, the counterfactual rating is the model, comment corrections are the judge).
 
-Each layer's raw total is standardised with the running mean and variance of the totals seen before it
-(Welford's algorithm), so layers measured on different scales can be weighted against each other.
+Each layer's raw total is centred on the running mean of the totals seen before it and divided by their
+standard deviation where that exceeds 1 (Welford's algorithm keeps both), so a layer that spreads widely
+is brought down to a unit spread while a quiet one is never blown up. The mean starts from a prior of
+`PRIOR_SESSIONS` pseudo-totals of 0, so the first sessions pass nearly unchanged and the mean moves to the
+observed one as sessions accumulate. A total is thus worth about the same whether the normaliser had seen
+two sessions or two thousand, mostly unrated ones included.
 
 >>> s = RunningStats().update(1.0).update(2.0).update(3.0)
 >>> (s.count, s.mean, round(s.variance, 4))
 (3, 2.0, 0.6667)
->>> round(s.normalise(4.0, clip=5.0), 4)  # (4 - 2) / max(sqrt(2/3), 0.1)
-2.4495
+>>> round(s.centre, 4), s.scale  # 3 · 2 / (3 + 10); the spread, sqrt(2/3), is below 1
+(0.4615, 1.0)
+>>> round(s.normalise(4.0, clip=5.0), 4)  # (4 - 0.4615) / 1
+3.5385
 """
 
 from __future__ import annotations
@@ -59,9 +65,14 @@ DEFAULT_WEIGHTS: dict[Scheme, dict[str, float]] = {
 LONG_TERM_LAYERS = frozenset({"long_term"})
 """Layers that count towards the long-term reward only, not the immediate session reward."""
 
-MIN_SCALE = 0.1
-"""Smallest scale a layer is divided by: a layer that barely varies (say, hallucinations that never
-happened) is not blown up by a near-zero standard deviation when it finally moves."""
+MIN_SCALE = 1.0
+"""Smallest scale a layer is divided by: the normaliser shrinks a layer that spreads more than this, and
+never blows up one that barely varies (ratings on a few sessions of many, hallucinations that rarely
+happen)."""
+
+PRIOR_SESSIONS = 10
+"""Pseudo-totals of 0 the running mean starts from: after n sessions of mean m it centres on n·m / (n + 10),
+so the first sessions are not judged against a mean of one or two values."""
 
 
 @dataclass(frozen=True)
@@ -85,20 +96,18 @@ class RunningStats:
         return self.m2 / self.count if self.count else 0.0
 
     @property
-    def ready(self) -> bool:
-        """Whether enough values were seen (two) for standardising to mean anything."""
-        return self.count >= 2
+    def centre(self) -> float:
+        """The mean a value is centred on: the values' mean shrunk towards 0 by `PRIOR_SESSIONS`."""
+        return self.count * self.mean / (self.count + PRIOR_SESSIONS)
 
     @property
     def scale(self) -> float:
-        """max(sqrt(variance), `MIN_SCALE`) once ready, else 1."""
-        return max(math.sqrt(self.variance), MIN_SCALE) if self.ready else 1.0
+        """max(sqrt(variance), `MIN_SCALE`)."""
+        return max(math.sqrt(self.variance), MIN_SCALE)
 
     def normalise(self, x: float, clip: float) -> float:
-        """(x - mean) / scale clipped to ±clip once ready; x itself before that."""
-        if not self.ready:
-            return x
-        return max(-clip, min(clip, (x - self.mean) / self.scale))
+        """(x - centre) / scale clipped to ±clip (x itself, clipped, before any value was seen)."""
+        return max(-clip, min(clip, (x - self.centre) / self.scale))
 
 
 def layer_of(scheme: Scheme, kind: TermKind, layer: str) -> str:

@@ -256,13 +256,14 @@ def judge_correction(session: Session, ctx: ScoringContext) -> TermResult:
 
 
 def predicted_rating(session: Session, ctx: ScoringContext) -> TermResult:
-    """(r̂ - 1) / 4 for the rating r̂ a reward model predicts, clipped to [1, 5]; only for unrated sessions."""
+    """(r̂ - 3) / 2 for the rating r̂ a reward model predicts, clipped to [1, 5], as the `human_rating` rule
+    maps a person's; only for unrated sessions."""
     if human_rating(session) is not None:
         return TermResult(0.0, {}, "rated by a person")
     if ctx.rating_model is None:
         return TermResult(0.0, {}, "no reward model")
     rating = min(5.0, max(1.0, ctx.rating_model.predict_rating(session)))
-    return TermResult((rating - 1.0) / 4.0, {}, f"predicted rating {rating:.2f}")
+    return TermResult((rating - 3.0) / 2.0, {}, f"predicted rating {rating:.2f}")
 
 
 BUILTIN_TERMS: dict[str, PythonTerm] = {

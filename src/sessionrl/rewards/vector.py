@@ -1,9 +1,10 @@
 """The reward vector: what a session earned, per step, per layer and per term, under which rules.
 
 Assembly, for layer weights w_l, layer raw totals x_l (the sum of its terms' values) and running
-statistics (mean m_l, scale σ_l = max(sqrt(var_l), 0.1)) of the totals seen before:
+statistics of the n_l totals seen before (centre m_l = n_l · mean_l / (n_l + 10), scale
+σ_l = max(sqrt(var_l), 1); `sessionrl.rewards.layers`):
 
-- normalised layer value z_l = clip((x_l - m_l) / σ_l) once two totals were seen, else x_l;
+- normalised layer value z_l = clip((x_l - m_l) / σ_l), or x_l itself under `normalise: false`;
 - layer contribution c_l = w_l · z_l;
 - session reward = Σ c_l over the immediate layers; long-term reward = session reward + Σ c_l over the
   long-term layers (only `long_term`, in the five-layer scheme);
@@ -48,9 +49,10 @@ class LayerValue(_Frozen):
     scale: float
     contribution: float
     mean: float | None = None
-    """Mean of the totals the normaliser had seen (None in vectors stored before it was kept)."""
+    """The centre the normaliser subtracted (`RunningStats.centre`; None in vectors stored before it was
+    kept)."""
     seen: int | None = None
-    """How many totals the normaliser had seen: its version. Below two the raw total is used as is."""
+    """How many totals the normaliser had seen: its version. At 0 the raw total is used as is (clipped)."""
 
 
 class RewardVector(_Frozen):
@@ -126,13 +128,13 @@ def assemble(
 
 def _layer(raw: float, weight: float, stats: RunningStats | None, normalise: bool, clip: float) -> LayerValue:
     stats = stats if normalise and stats is not None else RunningStats()
-    z = stats.normalise(raw, clip)
+    z = stats.normalise(raw, clip) if normalise else raw  # `normalise: false`: the raw total, unclipped
     return LayerValue(
         raw=raw,
         normalised=z,
         weight=weight,
         scale=stats.scale,
         contribution=weight * z,
-        mean=stats.mean,
+        mean=stats.centre,
         seen=stats.count,
     )
