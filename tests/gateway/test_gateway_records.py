@@ -230,28 +230,34 @@ def test_every_error_under_the_gateway_s_paths_is_in_openai_s_shape(tmp_path: Pa
         assert stored(root, "big-1").status_code == 404
 
 
-class WaitingForTheOpen:
-    """A backend that answers only once the store holds the session it answers for, or gives up after
-    `patience_s`; it records whether it saw the session."""
+class WaitingForTheRecord:
+    """A backend that answers (with `replies`, in turn) only once the store holds what the request
+    brought before it: the session, and a tool step for each of its `tool` messages; it gives up after
+    `patience_s`, and records whether it saw them, and whether they were stored already when it was
+    called (not when they are committed beside the call)."""
 
-    def __init__(self, store: SessionStore, patience_s: float = 10.0) -> None:
+    def __init__(self, store: SessionStore, replies: list[ChatReply], patience_s: float = 10.0) -> None:
         self.store = store
+        self.replies = replies
         self.patience_s = patience_s
-        self.saw_session: list[bool] = []
+        self.saw_record: list[bool] = []
+        self.stored_when_called: list[bool] = []
 
     async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
+        sent = {m.tool_call_id for m in request.messages if m.role == "tool"}
+        self.stored_when_called.append(self.stored(session_id, sent))
         deadline = time.monotonic() + self.patience_s
-        while not self.stored(session_id) and time.monotonic() < deadline:
+        while not self.stored(session_id, sent) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-        self.saw_session.append(self.stored(session_id))
-        return ChatReply(text="ok", usage={"prompt_tokens": 3, "completion_tokens": 1})
+        self.saw_record.append(self.stored(session_id, sent))
+        return self.replies[len(self.saw_record) - 1]
 
-    def stored(self, session_id: str) -> bool:
+    def stored(self, session_id: str, tool_call_ids: set[str | None]) -> bool:
         try:
-            self.store.get(session_id)
+            session = self.store.get(session_id)
         except NotFound:
             return False
-        return True
+        return tool_call_ids <= {c.call_id for c in session.tool_calls}
 
     async def models(self) -> list[str]:
         return ["scripted"]
@@ -263,7 +269,7 @@ async def test_a_new_session_is_opened_while_the_backend_answers_and_each_turn_a
     """The durable open of a session's first request runs beside the backend's call, not after it: a
     backend that waits for the session to be stored answers. Every later turn is one store transaction."""
     with SessionStore.open(f"sqlite:///{tmp_path / 'open.db'}") as store:
-        backend = WaitingForTheOpen(store)
+        backend = WaitingForTheRecord(store, [ChatReply(text="ok")] * 3)
         async with Orchestrator(store, SkillExecutor([], ExecutorConfig())) as engine:
             messages: list[dict[str, Any]] = [USER]
             for turn in range(3):
@@ -278,7 +284,36 @@ async def test_a_new_session_is_opened_while_the_backend_answers_and_each_turn_a
                     {"role": "assistant", "content": "ok"},
                     {"role": "user", "content": "more"},
                 ]
-        assert backend.saw_session == [True, True, True]
+        assert backend.saw_record == [True, True, True]
+        assert backend.stored_when_called == [False, True, True]
         session = store.get("s-open")
         assert [c.call_id for c in session.llm_calls] == ["chatcmpl-0", "chatcmpl-1", "chatcmpl-2"]
         assert session.metadata["captured_by"] == "gateway"
+
+
+async def test_a_request_s_tool_results_are_recorded_while_the_backend_answers(tmp_path: Path) -> None:
+    """The tool step a request brings is committed beside the backend's call (a backend that waits for
+    it answers), and comes before the model call it led to in the session."""
+    with SessionStore.open(f"sqlite:///{tmp_path / 'tools.db'}") as store:
+        backend = WaitingForTheRecord(store, [ChatReply(tool_calls=(CALL,)), ChatReply(text="Two pairs.")])
+        async with Orchestrator(store, SkillExecutor([], ExecutorConfig())) as engine:
+            first = ChatRequest.model_validate({"model": "m", "messages": [USER], "tools": [TOOL]})
+            await take_turn(engine, backend, "s-tools", first, "chatcmpl-a")
+            answer = {"role": "tool", "tool_call_id": "call_1", "content": '{"pairs": 2}'}
+            body = {
+                "model": "m",
+                "tools": [TOOL],
+                "messages": [USER, {"role": "assistant", "tool_calls": [ASKED]}, answer],
+            }
+            second = await take_turn(
+                engine, backend, "s-tools", ChatRequest.model_validate(body), "chatcmpl-b"
+            )
+        assert second.reply is not None
+        assert second.reply.text == "Two pairs."
+        assert backend.saw_record == [True, True]
+        assert backend.stored_when_called == [False, False]  # committed beside the call, not before it
+        session = store.get("s-tools")
+        assert [c.call_id for c in session.tool_calls] == ["call_1"]
+        assert session.tool_calls[0].output == {"pairs": 2}
+        steps = [e.event.type for e in store.events("s-tools")]
+        assert [t for t in steps if t in ("tool_call", "llm_call")] == ["llm_call", "tool_call", "llm_call"]

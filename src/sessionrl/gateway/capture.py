@@ -8,6 +8,10 @@ content is a JSON object with an `error` key reports a failed call (`recording.t
 rule importers share); any other content is the call's output. Then the model call
 itself becomes a recorded LLM step, answered or failed, whose id is the completion's id: feedback can name
 it, or a tool call's id, later.
+
+A durable commit costs a disk sync, so the tool steps (or a new session's opening) are committed while
+the backend answers, and only the model call's record stands between the answer and the agent: one
+sync on the reply's path per request.
 """
 
 from __future__ import annotations
@@ -45,6 +49,17 @@ async def open_session(
         return await engine.session(session_id)
     await create_session(engine, session_id, request, token_source)
     return await engine.session(session_id)
+
+
+async def record_request(
+    engine: Orchestrator, session_id: str, request: ChatRequest, token_source: str = RETOKENISED
+) -> None:
+    """What a request brings before its answer: its tool results (`record_sent_tools`), else the
+    session's opening when it is new (`open_if_new`)."""
+    if any(m.role == "tool" for m in request.messages):
+        await record_sent_tools(engine, session_id, request, token_source)
+    else:
+        await open_if_new(engine, session_id, request, token_source)
 
 
 async def open_if_new(
@@ -167,7 +182,7 @@ async def take_turn(
     key: str | None = None,
     finish_on_answer: bool = False,
 ) -> Turn:
-    """Record the request's tool results, ask the backend, record the model call (and, with
+    """Record the request's tool results while asking the backend, record the model call (and, with
     `finish_on_answer`, finish the session on an answer without a tool call). With a `key`, the
     completion `call_id` already in the session is a retry, answered as recorded (`replayed`)."""
     if key is not None:
@@ -175,16 +190,15 @@ async def take_turn(
         if replay is not None:
             return replay
     source = token_source(backend)
-    await record_sent_tools(engine, session_id, request, source)
-    # a new session is opened while the backend answers: its durable commit is off the reply's path, and
-    # the session is open (committed) before the call is recorded and the agent answered
-    opening = asyncio.create_task(open_if_new(engine, session_id, request, source))
+    # the request's tool results are recorded (a new session opened) while the backend answers: those
+    # durable commits are off the reply's path, and done before the call is recorded and answered
+    before = asyncio.create_task(record_request(engine, session_id, request, source))
     started = time.perf_counter()
     try:
         reply, error = await ask(backend, request, session_id)
         latency_ms = (time.perf_counter() - started) * 1000
     finally:
-        await opening
+        await before
     outcome = reply if reply is not None else error.message if error is not None else ""
     await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key, token_source=source)
     if reply is not None and finish_on_answer and not reply.tool_calls:
