@@ -13,7 +13,16 @@ from store_support import RawDB
 from sessionrl.errors import InvalidStoreURL, StaleState
 from sessionrl.session import Feedback, FeedbackAdded, FeedbackType, SessionCreate, StateChanged
 from sessionrl.store import SessionQuery, SessionStore
-from sessionrl.store.postgres import LAYOUT, LOCK_BUCKETS, TEXT_INDEX, translate
+from sessionrl.store.postgres import (
+    LAYOUT,
+    LOCK_BUCKETS,
+    LOCK_SPACE,
+    MAX_SESSION_LOCKS,
+    TEXT_INDEX,
+    WRITERS,
+    lock_key,
+    translate,
+)
 
 pytestmark = pytest.mark.parametrize("store_backend", ["postgresql"])
 
@@ -166,12 +175,27 @@ def test_a_store_of_a_newer_layout_is_refused(db: tuple[SessionStore, RawDB], db
         SessionStore.open(db_url)
 
 
-def test_a_transaction_over_many_sessions_holds_a_bounded_number_of_locks(
+ADVISORY = (
+    "SELECT objid::int, mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    " AND classid::int = ? ORDER BY objid::int"
+)
+
+
+def test_a_transaction_over_many_sessions_holds_one_lock_the_others_wait_for(
     db: tuple[SessionStore, RawDB],
 ) -> None:
+    """A transaction over more sessions than MAX_SESSION_LOCKS holds the writers' lock alone, exclusively;
+    a smaller one holds it shared and one exclusive lock per bucket, so each waits for the other."""
     store, _ = db
     backend = store.backend
+    space = LOCK_SPACE  # the key halves, oids in pg_locks, read back as signed by ::int
     with backend.atomic() as conn:
         backend.serialise(conn, [f"session:s{i}" for i in range(20_000)])
-        held = "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
-        assert conn.execute(held).fetchone()[0] == LOCK_BUCKETS  # 20,000 sessions fill every bucket
+        held = conn.execute(ADVISORY, (space,)).fetchall()
+    assert held == [(WRITERS, "ExclusiveLock")]
+    keys = [f"session:s{i}" for i in range(MAX_SESSION_LOCKS)]
+    with backend.atomic() as conn:
+        backend.serialise(conn, keys)
+        held = conn.execute(ADVISORY, (space,)).fetchall()
+    buckets = sorted({lock_key(k) % LOCK_BUCKETS for k in keys})
+    assert held == [(WRITERS, "ShareLock"), *((b, "ExclusiveLock") for b in buckets)]

@@ -8,11 +8,15 @@ Per-session serialisation across processes: every write transaction first takes 
 advisory locks on the sessions it touches (`serialise`). A second process appending to the same session
 waits for the first to commit and then reads the version it left, so `StaleState`, idempotent event
 ids and last-writer-wins behave as on a single writer; different sessions proceed in parallel. A
-session's lock is one of `LOCK_BUCKETS` (its id hashed), so a transaction holds at most that many
-locks however many sessions it writes (PostgreSQL's lock table is small), at the cost of two sessions
-sharing a bucket now and then waiting for each other. Locks are taken in ascending order, and the
-outbox lock below always last, so no two writers wait on each other in a cycle. The projector takes a
-lock of its own, so one process at a time drains the outbox.
+session's lock is one of `LOCK_BUCKETS` (its id hashed), at the cost of two sessions sharing a bucket
+now and then waiting for each other: the buckets are many, since a group commit writes dozens of
+sessions in one transaction, and two processes' transactions that shared any bucket would take turns,
+commit and disk sync included. PostgreSQL's lock table is small, so a transaction naming more than
+`MAX_SESSION_LOCKS` keys takes the writers' lock exclusively instead of one lock per bucket; every other
+transaction holds that lock shared, so it waits for the large one (a large import or repair), as it
+would if the large one held every bucket. The writers' lock comes first, the buckets after it in
+ascending order, and the outbox lock below always last, so no two writers wait on each other in a
+cycle. The projector takes a lock of its own, so one process at a time drains the outbox.
 
 The change feed never skips a commit: outbox cursors are not taken from the column default but by the
 trigger `outbox_commit_order`, which first takes a transaction-scoped advisory lock on the outbox (held
@@ -181,8 +185,16 @@ SESSION_TEXT_INDEX_DDL = (
 TEXT_INDEXES = {TEXT_INDEX: TEXT_INDEX_DDL, "session_text_trgm": SESSION_TEXT_INDEX_DDL}
 """The trigram indexes by name, with the statement that makes each: the text search's."""
 
-LOCK_BUCKETS = 1024
-"""How many advisory locks the sessions (and the projector) are spread over (see the module doc)."""
+LOCK_BUCKETS = 65_536
+"""How many advisory locks the sessions (and the projector) are spread over (see the module doc): two
+transactions of 64 sessions each share a bucket about once in sixteen."""
+
+MAX_SESSION_LOCKS = 256
+"""The most bucket locks one `serialise` call takes; a call naming more keys takes the writers' lock
+exclusively instead (see the module doc). A group commit writes at most `commit_batch` (256) events."""
+
+WRITERS = -1
+"""The bucket number of the writers' lock (buckets are never negative)."""
 
 LOCK_SPACE = -0x5E55
 """The first half of every `serialise` lock's two-part key, apart from the outbox lock's (its table's
@@ -366,11 +378,19 @@ class PostgresBackend:
                 _rollback(conn)
 
     def serialise(self, conn: Connection, keys: Sequence[str]) -> None:
-        """Hold the advisory lock of each key's bucket until the transaction ends, in ascending order."""
+        """Hold the writers' lock shared, then the advisory lock of each key's bucket in ascending order,
+        until the transaction ends; for more than MAX_SESSION_LOCKS buckets, the writers' lock alone,
+        exclusively."""
         buckets = sorted({lock_key(k) % LOCK_BUCKETS for k in keys})
-        if buckets:
-            sql = "SELECT pg_advisory_xact_lock(?, b) FROM unnest(?::int[]) AS t(b)"
-            conn.execute(sql, (LOCK_SPACE, buckets))
+        if len(buckets) > MAX_SESSION_LOCKS:
+            conn.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, WRITERS))
+        elif buckets:
+            sql = (
+                "SELECT CASE WHEN b = ? THEN pg_advisory_xact_lock_shared(?, b)"
+                " ELSE pg_advisory_xact_lock(?, b) END FROM unnest(?::int[]) WITH ORDINALITY AS t(b, i)"
+                " ORDER BY i"
+            )
+            conn.execute(sql, (WRITERS, LOCK_SPACE, LOCK_SPACE, [WRITERS, *buckets]))
 
     def read_only_sql(
         self, sql: str, params: tuple[object, ...] | dict[str, object]
