@@ -20,7 +20,12 @@
    Then one process, and the pair, take steps at a fixed rate, 70% of one process's saturated rate
    (`p99_ms_at_70pct`, `one_p99_ms_at_70pct`), their latency timed from each request's intended send
    time (`http_load.fixed_rate`, as wrk2 does): at saturation a p99 is mostly queueing, at a fixed rate
-   below it the p99 is what a client sees.
+   below it the p99 is what a client sees. The pair also takes 25% of that rate (`p99_ms_at_25pct`): a
+   p99 that falls with the rate was queueing for the machine's CPUs, not a tail of its own. While each
+   fixed-rate run lasts, the database's backends are sampled: the mean number waiting on a commit's
+   WAL flush, on the outbox lock that orders commits (held through the flush), on a session's lock,
+   and on the serve process between two statements of a transaction (`wal_sync_at_70pct`, ...).
+   A window that completes no step (the machine stalled) is counted in `stalled_windows`.
 
 Step load comes from `wrk` (one thread, keep-alive, one request in flight per connection); `make bench`
 installs it (Debian: `apt-get install wrk`). Without it the bench stops, unless `--without-wrk` lets a raw
@@ -520,9 +525,11 @@ def run_pg(folder: Path, rounds: int, window_s: float, url: str | None) -> dict[
 
         one = [window(1, 2 * r) for r in range(rounds + 1)]
         pair = [window(2, 2 * r + 1) for r in range(rounds + 1)]
-        steady = at_fixed_rate(ports, served, AT_SHARE * median(one[1:], "rps"), rounds * window_s)
-    speedups = [p["rps"] / o["rps"] for o, p in zip(one[1:], pair[1:], strict=True)]
+        steady = at_fixed_rate(ports, served, median(one[1:], "rps"), rounds * window_s, db)
+    # a window in which the machine stalled completes no step: it is counted, not divided by
+    speedups = [p["rps"] / o["rps"] for o, p in zip(one[1:], pair[1:], strict=True) if o["rps"]] or [0.0]
     return {
+        "stalled_windows": float(sum(not w["rps"] for w in one[1:] + pair[1:])),
         "pg_one_steps_per_s": median(one[1:], "rps"),
         "pg_one_p99_ms": median(one[1:], "p99_ms"),
         "pg_pair_steps_per_s": median(pair[1:], "rps"),
@@ -536,35 +543,99 @@ def run_pg(folder: Path, rounds: int, window_s: float, url: str | None) -> dict[
 
 AT_SHARE = 0.7
 """The fixed request rate of `--pg`'s latency figure, as a share of one process's saturated rate."""
+LOW_SHARE = 0.25
+"""A lower fixed rate the pair also takes: a p99 that falls with the rate was queueing, not a tail."""
 
 
 def at_fixed_rate(
-    ports: tuple[int, int], served: list[list[str]], rate: float, seconds: float
+    ports: tuple[int, int], served: list[list[str]], saturated: float, seconds: float, db: str
 ) -> dict[str, float]:
-    """The latency of one process, then of the pair, at `rate` steps/s (after a second's warm-up), timed
-    from each request's intended send time (`http_load.fixed_rate`): latency, not queueing, unless the
-    rate is more than they can take. CONCURRENCY connections, split evenly over the pair."""
+    """The latency of one process, then of the pair, at AT_SHARE of `saturated` steps/s, and of the pair
+    at LOW_SHARE of it (after a second's warm-up each), timed from each request's intended send time
+    (`http_load.fixed_rate`): latency, not queueing, unless the rate is more than they can take.
+    CONCURRENCY connections, split evenly over the pair. Meanwhile the database's backends are sampled
+    (`pg_waits`) to say what a slow step waited on."""
     step = {"kind": "tool", "payload": {"tool": "echo", "params": {}}}
     paths = [[f"/v1/sessions/{sid}/steps" for sid in sessions] for sessions in served]
-    figures: dict[str, float] = {"rate_at_70pct": rate}
-    for name, targets in (
-        ("one_", [Target(ports[0], paths[0], STEPS_PER_SESSION)]),
-        ("", [Target(port, mine, STEPS_PER_SESSION) for port, mine in zip(ports, paths, strict=True)]),
+    one = [Target(ports[0], paths[0], STEPS_PER_SESSION)]
+    pair = [Target(port, mine, STEPS_PER_SESSION) for port, mine in zip(ports, paths, strict=True)]
+    figures: dict[str, float] = {"rate_at_70pct": AT_SHARE * saturated}
+    for name, targets, share, suffix in (
+        ("one_", one, AT_SHARE, "70pct"),
+        ("", pair, AT_SHARE, "70pct"),
+        ("", pair, LOW_SHARE, "25pct"),
     ):
         load = fixed_rate(
-            targets, step, rate=rate, seconds=seconds, warmup_s=1.0, connections=CONCURRENCY, token=TOKEN
+            targets,
+            step,
+            rate=share * saturated,
+            seconds=seconds,
+            warmup_s=1.0,
+            connections=CONCURRENCY,
+            token=TOKEN,
         )
-        run = asyncio.run(load)
+        with pg_waits(db) as waits:
+            run = asyncio.run(load)
         if run["failed"]:
             raise RuntimeError(f"{run['failed']:.0f} steps failed at the fixed rate")
         figures |= {
-            f"{name}p99_ms_at_70pct": run["p99_ms"],
-            f"{name}p50_ms_at_70pct": run["p50_ms"],
-            f"{name}rps_at_70pct": run["rps"],
-            f"{name}late_share_at_70pct": run["late_share"],
-            f"{name}p99_sent_ms_at_70pct": run["p99_sent_ms"],
+            f"{name}p99_ms_at_{suffix}": run["p99_ms"],
+            f"{name}p50_ms_at_{suffix}": run["p50_ms"],
+            f"{name}rps_at_{suffix}": run["rps"],
+            f"{name}late_share_at_{suffix}": run["late_share"],
+            f"{name}p99_sent_ms_at_{suffix}": run["p99_sent_ms"],
+            **{f"{name}{wait}_at_{suffix}": n for wait, n in waits.items()},
         }
     return figures
+
+
+WAITS = {
+    "wal_sync": "wait_event = 'WALSync'",
+    "outbox_lock": "wait_event = 'advisory' AND query LIKE 'INSERT INTO outbox%'",
+    "session_lock": "wait_event = 'advisory' AND query NOT LIKE 'INSERT INTO outbox%'",
+    "client_in_txn": "state LIKE 'idle in transaction%'",
+}
+"""What a database backend of a write may be waiting on: its commit's WAL flush, the outbox lock that
+orders commits for the change feed (`sessionrl.store.postgres`), a session's lock, or the client (a
+`sessionrl serve` process between two statements of its transaction: its CPU time, or the interpreter
+lock)."""
+
+
+@contextmanager
+def pg_waits(url: str, every_s: float = 0.02) -> Iterator[dict[str, float]]:
+    """Sample the database's client backends every `every_s` while the block runs; the dict yielded is
+    filled, when the block ends, with the mean number of backends in each of WAITS and `pg_samples`."""
+    import psycopg
+
+    counts = [0] * len(WAITS)
+    shares: dict[str, float] = {}
+    stop = threading.Event()
+    columns = ", ".join(f"count(*) FILTER (WHERE {where})" for where in WAITS.values())
+    sql = (
+        f"SELECT {columns} FROM pg_stat_activity"
+        " WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        samples = 0
+
+        def sample() -> None:
+            nonlocal samples
+            while not stop.wait(every_s):
+                row = conn.execute(sql).fetchone()
+                if row is not None:
+                    samples += 1
+                    for i, n in enumerate(row):
+                        counts[i] += int(n)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            yield shares
+        finally:
+            stop.set()
+            sampler.join()
+    shares.update({name: n / max(samples, 1) for name, n in zip(WAITS, counts, strict=True)})
+    shares["pg_samples"] = float(samples)
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:
@@ -687,7 +758,14 @@ def main_pg(url: str | None, rounds: int, window_s: float, load: float) -> None:
         f"at a fixed {pg['rate_at_70pct']:.0f} steps/s ({AT_SHARE:.0%} of one process's rate), latency from"
         f" the intended send time: one process p50 {pg['one_p50_ms_at_70pct']:.1f} ms, p99"
         f" {pg['one_p99_ms_at_70pct']:.1f} ms; two processes p50 {pg['p50_ms_at_70pct']:.1f} ms, p99"
-        f" {pg['p99_ms_at_70pct']:.1f} ms ({pg['late_share_at_70pct']:.1%} of requests sent late)",
+        f" {pg['p99_ms_at_70pct']:.1f} ms ({pg['late_share_at_70pct']:.1%} of requests sent late);"
+        f" at {LOW_SHARE:.0%} the pair's p50 {pg['p50_ms_at_25pct']:.1f} ms,"
+        f" p99 {pg['p99_ms_at_25pct']:.1f} ms",
+        flush=True,
+    )
+    print(
+        "database backends waiting, on average, at 70% (one process / two): "
+        + ", ".join(f"{w} {pg[f'one_{w}_at_70pct']:.2f} / {pg[f'{w}_at_70pct']:.2f}" for w in WAITS),
         flush=True,
     )
     figures = {k: round(v, 4) for k, v in {**pg, "load_average": load}.items()}
