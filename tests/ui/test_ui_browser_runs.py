@@ -27,8 +27,10 @@ def append(folder: Path, *records: dict[str, Any]) -> None:
 
 
 def rl_record(step: int, start: float = 1.7e9) -> dict[str, Any]:
+    # is_weight moves by one float32 ulp, as an importance weight does
     return {"stage": "rl", "step": step, "time": start + 10 * step, "success": 0.1 * step,
-            "loss": 1.0 / (step + 1), "tokens": 12_000 + 2_000 * step}  # fmt: skip
+            "loss": 1.0 / (step + 1), "tokens": 12_000 + 2_000 * step,
+            "is_weight": 1.0 - 6e-8 * (step % 2)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,8 @@ def test_watch_a_running_run_update(page: Any, board: str, runs_dir: Path, tmp_p
     page.check("input[name=more]")
     expect(tokens).to_be_visible()
     expect(tokens.locator("[data-latest=value]")).to_have_text("16k")  # 16,000 tokens, not "0,000"
+    # a curve that moves by less than a millionth is drawn flat (uPlot hung spacing its ticks finer)
+    expect(page.locator('.run-chart[data-metric="is_weight"] canvas')).to_be_visible()
     page.screenshot(path=tmp_path / "running-before.png", full_page=True)
 
     append(runs_dir / "running", rl_record(3), rl_record(4))

@@ -61,10 +61,12 @@
     return cols.length === 1 ? cols[0] : window.uPlot.join(cols);
   }
 
-  // a flat series gets a band of ±1 around its value (uPlot would give 0..100 to a line of zeros)
+  // a flat series gets a band of ±1 around its value (uPlot would give 0..100 to a line of zeros); so does
+  // one that moves by less than a millionth of its size (an importance weight of 0.99999994 to 1), whose
+  // ticks uPlot would try to space finer than a float can tell apart, hanging the page
   function yRange(u, min, max) {
     if (min === null || max === null) return [0, 1];
-    if (min === max) return [min - 1, max + 1];
+    if (max - min <= 1e-6 * Math.max(Math.abs(min), Math.abs(max))) return [min - 1, max + 1];
     return window.uPlot.rangeNum(min, max, 0.1, true);
   }
 
