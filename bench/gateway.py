@@ -16,6 +16,10 @@ first token when streaming, and its share of a realistic upstream's latency.
    it through the gateway (the chunk carries its send time on the machine's monotonic clock);
    `ttft_direct_ms` is the same straight from the upstream. `overhead_pct_200ms`: on an upstream that
    answers after 200 ms, the gateway's median latency minus the direct one, as a share of the direct one.
+   Each request's record is one durable commit after the answer (a session's opening and the tool results
+   a request brings are committed while the upstream answers), so that share has a floor the disk sets:
+   `disk_sync_ms`, the median time of one `fdatasync` where the store is, is printed beside it, with
+   `gateway_cpu_ms_200ms`, the gateway process's CPU time per request in those rounds.
 
 On a machine other work shares, requests per second swing with that work; the CPU time each server
 process spends per request (user and system, all its threads, from /proc) swings far less, so the JSON
@@ -259,6 +263,7 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
     urls = {"gateway": proxy_url, "direct": up_url}
     relay: dict[str, list[float]] = {kind: [] for kind in urls}
     slow: dict[str, list[float]] = {kind: [] for kind in urls}
+    slow_cpu_s = 0.0
     try:
         for r in range(args.rounds):
             for kind, url in urls.items():
@@ -267,6 +272,7 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
                         url, requests=args.stream_requests, concurrency=args.stream_agents, tag=f"s{r}"
                     )
                 )
+                before = cpu_seconds(proxy.pid)
                 _, lat = asyncio.run(
                     load(
                         url,
@@ -278,6 +284,7 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
                     )
                 )
                 slow[kind] += lat
+                slow_cpu_s += cpu_seconds(proxy.pid) - before  # nothing when the upstream is called directly
                 print(f"round {r} {kind:8s} first chunk +{statistics.median(relay[kind]):.2f} ms,"
                       f" on a 200 ms upstream p50 {statistics.median(lat):.1f} ms", flush=True)  # fmt: skip
     finally:
@@ -294,7 +301,28 @@ def upstream_rounds(tmp: Path, args: argparse.Namespace) -> dict[str, float]:
         "latency_direct_ms_200ms": round(p50["direct"], 2),
         "overhead_agents": args.slow_agents,
         "overhead_pct_200ms": round(100 * (p50["gateway"] - p50["direct"]) / p50["direct"], 3),
+        "gateway_cpu_ms_200ms": round(1000 * slow_cpu_s / len(slow["gateway"]), 3),
+        "disk_sync_ms": round(disk_sync_ms(tmp), 3),
     }
+
+
+def disk_sync_ms(folder: Path, syncs: int = 50) -> float:
+    """The median time of a 4 KiB write made durable (`fdatasync`) in `folder`, where the gateway's store
+    is: each request's record waits for one such sync (shared with the requests committed with it), so
+    on a 200 ms upstream it alone is `disk_sync_ms / 2` percent of overhead."""
+    path = folder / "sync-probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    times = []
+    try:
+        for i in range(syncs):
+            os.pwrite(fd, b"x" * 4096, i * 4096)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times)
 
 
 def main() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from gateway import UPSTREAM_CHUNKS, fake_upstream
+from gateway import UPSTREAM_CHUNKS, disk_sync_ms, fake_upstream
 
 
 def events(client: TestClient, body: dict[str, object]) -> list[str]:
@@ -31,3 +32,8 @@ def test_the_fake_upstream_streams_a_stamped_first_chunk_and_the_usage_when_aske
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in plain[:-1])
     assert text == "ok " * UPSTREAM_CHUNKS
     assert json.loads(asked[-2])["usage"]["completion_tokens"] == UPSTREAM_CHUNKS
+
+
+def test_the_disk_sync_probe_times_syncs_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    assert disk_sync_ms(tmp_path, syncs=3) >= 0.0
+    assert list(tmp_path.iterdir()) == []
