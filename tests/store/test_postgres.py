@@ -199,3 +199,20 @@ def test_a_transaction_over_many_sessions_holds_one_lock_the_others_wait_for(
         held = conn.execute(ADVISORY, (space,)).fetchall()
     buckets = sorted({lock_key(k) % LOCK_BUCKETS for k in keys})
     assert held == [(WRITERS, "ShareLock"), *((b, "ExclusiveLock") for b in buckets)]
+
+
+def test_a_second_call_in_a_transaction_keeps_the_writers_lock_as_the_first_took_it(
+    db: tuple[SessionStore, RawDB],
+) -> None:
+    """After a small first call (the writers' lock shared), a large second one takes its buckets, never
+    the writers' lock exclusively, which could wait on a writer waiting on this transaction."""
+    store, _ = db
+    backend = store.backend
+    with backend.atomic() as conn:
+        backend.serialise(conn, ["session:first"])
+        many = [f"session:s{i}" for i in range(MAX_SESSION_LOCKS + 1)]
+        backend.serialise(conn, many)
+        held = conn.execute(ADVISORY, (LOCK_SPACE,)).fetchall()
+    expected = {lock_key(k) % LOCK_BUCKETS for k in ["session:first", *many]}
+    assert held[0] == (WRITERS, "ShareLock")
+    assert sorted(b for b, _ in held[1:]) == sorted(expected)

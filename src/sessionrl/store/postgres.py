@@ -249,6 +249,8 @@ class PostgresConnection:
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
+        self.holds_writers = False
+        """Whether the transaction holds the writers' lock already (`PostgresBackend.serialise`)."""
 
     def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
         """Run one statement with its parameters."""
@@ -380,17 +382,25 @@ class PostgresBackend:
     def serialise(self, conn: Connection, keys: Sequence[str]) -> None:
         """Hold the writers' lock shared, then the advisory lock of each key's bucket in ascending order,
         until the transaction ends; for more than MAX_SESSION_LOCKS buckets, the writers' lock alone,
-        exclusively."""
+        exclusively. A second call in the transaction takes its buckets alone, however many: the first
+        call's hold on the writers' lock stands (asking for it again, exclusively after shared, could
+        wait on a writer that waits on this one)."""
         buckets = sorted({lock_key(k) % LOCK_BUCKETS for k in keys})
-        if len(buckets) > MAX_SESSION_LOCKS:
+        if not buckets:
+            return
+        held = isinstance(conn, PostgresConnection) and conn.holds_writers
+        if not held and len(buckets) > MAX_SESSION_LOCKS:
             conn.execute("SELECT pg_advisory_xact_lock(?, ?)", (LOCK_SPACE, WRITERS))
-        elif buckets:
+        else:
+            wanted = buckets if held else [WRITERS, *buckets]
             sql = (
                 "SELECT CASE WHEN b = ? THEN pg_advisory_xact_lock_shared(?, b)"
                 " ELSE pg_advisory_xact_lock(?, b) END FROM unnest(?::int[]) WITH ORDINALITY AS t(b, i)"
                 " ORDER BY i"
             )
-            conn.execute(sql, (WRITERS, LOCK_SPACE, LOCK_SPACE, [WRITERS, *buckets]))
+            conn.execute(sql, (WRITERS, LOCK_SPACE, LOCK_SPACE, wanted))
+        if isinstance(conn, PostgresConnection):
+            conn.holds_writers = True
 
     def read_only_sql(
         self, sql: str, params: tuple[object, ...] | dict[str, object]
