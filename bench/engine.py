@@ -3,8 +3,10 @@
 - `ours` (the sampler as it was before the engine boundary): a `TorchEngine` keeping the batch's shared
   system prompt only, so every turn prefills the whole conversation after it, with a cache that copies
   itself to append each decoded token (`DynamicCache`);
-- `--engines`, played after it in the order given: `torch` (the torch engine: the shared prompt and every
-  episode's last prompt and reply kept, an in-place cache), `ortgenai` (`sessionrl.policy.ortgenai` on a
+- `--engines`, played after it in the order given: `torch` (the torch engine as it samples by default: the
+  shared prompt and every episode's last prompt and reply kept, an in-place cache, logits at the last
+  prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16),
+  `torch-fp32` (the same in float32 throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
   model its builder converted, `--ort-model`), and, as measurements only (`bench/research/cpu_engines.py`),
   `openvino` (OpenVINO GenAI on the GGUF file) and `llamacpp` (a `llama-server` binary, `--llama-server`).
 
@@ -19,7 +21,8 @@ and over CPU time (this process's threads and an engine server's: on a shared ma
 less), the prompt tokens the torch engines prefilled, and the logprob agreement with today's sampler on
 the tokens both wrote (mean and max |Δ| over rows' common reply prefixes). Last line: one JSON object with
 `engine` (the first of `--engines`), `engine_tok_s`, `ours_tok_s`, `ratio`, `logprob_mae`, `refresh_s`
-(the torch engine's new-version cost; an external engine's load time) and every engine's row. The model
+(the torch engine's new-version cost, its bfloat16 weight copies included; an external engine's load
+time) and every engine's row. The model
 is SmolLM2-135M-Instruct (`make model`) on τ-bench retail, or, with `--model tiny` (or when SmolLM2 is
 not installed), a freshly built tiny model on orders.
 """
@@ -44,7 +47,7 @@ from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.engine import Engine
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
-from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.sampling import BF16Matmuls, KVStore, TorchEngine
 from sessionrl.policy.sources import ModelSourceError, locate_gguf, materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message
@@ -131,12 +134,17 @@ def cpu_seconds(engine: Engine) -> float:
     return time.process_time() + (server() if server is not None else 0.0)
 
 
-def torch_engine(policy: HFPolicy, *, turns: bool) -> TorchEngine:
-    """Today's sampler (`turns=False`: the shared prefix only, a cache that concatenates) or the torch
-    engine (turns kept, an in-place cache) over the policy's module."""
+def torch_engine(policy: HFPolicy, *, turns: bool, bf16: bool | None = None) -> TorchEngine:
+    """Today's sampler (`turns=False`: the shared prefix only, a cache that concatenates, float32) or the
+    torch engine (turns kept, an in-place cache; `bf16` None: its default) over the policy's module."""
     pad = int(policy.tokenizer.pad_token_id)
     return TorchEngine(
-        policy.model, pad_id=pad, stop_ids=policy.stop_ids, store=KVStore(turns=turns), in_place=turns
+        policy.model,
+        pad_id=pad,
+        stop_ids=policy.stop_ids,
+        store=KVStore(turns=turns),
+        in_place=turns,
+        bf16=bf16 if turns else False,
     )
 
 
@@ -156,11 +164,14 @@ def agreement(a: Played, b: Played) -> tuple[float, float, float]:
     return sum(deltas) / max(len(deltas), 1), max(deltas, default=0.0), same / max(total, 1)
 
 
-def refresh_seconds(policy: HFPolicy, repeats: int = 5) -> float:
-    """Mean time of a refresh (a new policy version) of the torch engine."""
+def refresh_seconds(engine: TorchEngine, repeats: int = 5) -> float:
+    """Mean time of a refresh (a new policy version) of the torch engine, with the bfloat16 copies of the
+    weights it takes before its next batch when it multiplies in bfloat16."""
     started = time.perf_counter()
     for _ in range(repeats):
-        policy.version += 1
+        engine.refresh(engine.model, engine.version + 1)
+        if engine.bf16:
+            BF16Matmuls(engine.model)
     return (time.perf_counter() - started) / repeats
 
 
@@ -203,7 +214,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         default="torch",
-        help="comma-separated engines played after today's sampler: torch, openvino, llamacpp (the first"
+        help="comma-separated engines played after today's sampler: torch, torch-fp32, ortgenai, openvino,"
+        " llamacpp (the first"
         " is the JSON's `engine`; the external ones are measurements, bench/research/cpu_engines.py)",
     )
     parser.add_argument("--llama-server", default="", help="the llama-server binary (for llamacpp)")
@@ -248,11 +260,12 @@ def main() -> None:
         if not args.no_ours:
             played["ours"] = play("ours", policy, torch_engine(policy, turns=False), starts, args.turns)
         for name in names:
-            if name == "torch":
-                engine: Engine = torch_engine(policy, turns=True)
-                played[name] = play(name, policy, engine, starts, args.turns)
-                refresh[name] = refresh_seconds(policy)
+            if name in ("torch", "torch-fp32"):
+                ours = torch_engine(policy, turns=True, bf16=False if name == "torch-fp32" else None)
+                played[name] = play(name, policy, ours, starts, args.turns)
+                refresh[name] = refresh_seconds(ours)
                 continue
+            engine: Engine
             engine, refresh[name] = external(name, policy, args)
             played[name] = play(name, policy, engine, starts, args.turns)
             close = getattr(engine, "close", None)
@@ -304,7 +317,7 @@ def report(
     engine = played[chosen]
     ours = played.get("ours")
     summary: dict[str, Any] = {
-        "engine": "torch-kv-turns" if chosen == "torch" else chosen,
+        "engine": chosen,
         "engine_tok_s": round(engine.tok_s, 2),
         "ours_tok_s": round(ours.tok_s, 2) if ours else None,
         "ratio": round(engine.tok_s / ours.tok_s, 2) if ours else None,

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from sessionrl.episodes import RolloutConfig
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.feed import StaleFeed
@@ -48,7 +49,10 @@ def test_a_sample_after_an_update_carries_the_new_version_and_the_new_weights() 
         expected = (
             torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply.token_ids)[:, None]).squeeze(-1)
         )
-        assert list(reply.logprobs or ()) == pytest.approx(expected.tolist(), abs=1e-4)
+        # bfloat16 products (the default where the CPU has the units) stay within 0.02 nats of float32;
+        # stale copies of the old weights would not (the step moved every weight by about 0.05)
+        tolerance = 0.02 if isinstance(policy.engine, TorchEngine) and policy.engine.bf16 else 1e-4
+        assert list(reply.logprobs or ()) == pytest.approx(expected.tolist(), abs=tolerance)
 
 
 def small_run(folder: Path) -> RunConfig:

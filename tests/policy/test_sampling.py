@@ -4,11 +4,22 @@ are dropped when the policy version changes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import pytest
 import torch
 
+from sessionrl.policy.engine import Completion
 from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.sampling import KVStore, Sample, TorchEngine, common_prefix, sample_batch
+from sessionrl.policy.sampling import (
+    BF16Matmuls,
+    KVStore,
+    Sample,
+    TorchEngine,
+    common_prefix,
+    sample_batch,
+)
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 
 CONFIG = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
@@ -53,7 +64,7 @@ def assert_same(got: list[Sample], want: list[Sample]) -> None:
         torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=0)
 
 
-def next_turns(rows: list[list[int]], replies: list[Sample]) -> list[list[int]]:
+def next_turns(rows: list[list[int]], replies: Sequence[Sample | Completion]) -> list[list[int]]:
     """Each conversation's next prompt: its prompt, its reply, then a tool result of a different length."""
     return [
         [*p, *s.token_ids, *range(60, 63 + i)] for i, (p, s) in enumerate(zip(rows, replies, strict=True))
@@ -111,7 +122,9 @@ def test_the_store_keeps_within_its_bound_least_recently_used_first(model: torch
 
 
 def test_a_new_policy_version_drops_what_older_weights_computed(model: torch.nn.Module) -> None:
-    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32))
+    engine = TorchEngine(
+        model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32), bf16=False
+    )
     greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
     before = engine.sample(prompts(), greedy, torch.Generator())
     assert engine.store.entries
@@ -133,3 +146,61 @@ def test_short_or_single_prompts_run_whole(model: torch.nn.Module) -> None:
     run(model, [[5, 6, 7], [5, 6, 8]], store)
     assert store.builds == 0
     assert not store.entries
+
+
+def forward_logprobs(model: torch.nn.Module, prompt: list[int], reply: tuple[int, ...]) -> torch.Tensor:
+    """The trainer's view: one float32 forward pass over prompt and reply, the reply tokens' logprobs."""
+    ids = torch.tensor([[*prompt, *reply]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    rows = torch.arange(len(prompt) - 1, len(prompt) + len(reply) - 1)
+    return logp[rows, torch.tensor(reply)]
+
+
+@pytest.mark.parametrize(("bf16", "tolerance"), [(False, 1e-4), (True, 0.02)])
+def test_a_samples_logprobs_are_the_trainers_forward_pass(
+    model: torch.nn.Module, bf16: bool, tolerance: float
+) -> None:
+    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32), bf16=bf16)
+    rows = prompts()
+    worst = 0.0
+    for temperature in (0.0, 1.0):
+        sampling = SamplingConfig(max_new_tokens=8, temperature=temperature)
+        completions = engine.sample(rows, sampling, torch.Generator().manual_seed(3))
+        # a second turn reuses the kept caches, which must agree with the whole pass too
+        completions += engine.sample(next_turns(rows, completions), sampling, torch.Generator())
+        for c in completions:  # at temperature 1 the sampling distribution is the plain softmax
+            want = forward_logprobs(model, list(c.prompt_token_ids), c.token_ids)
+            got = torch.tensor(c.logprobs)
+            torch.testing.assert_close(got, want, atol=tolerance, rtol=0)
+            worst = max(worst, float((got - want).abs().max()))
+    assert (worst > 1e-6) == bf16  # bfloat16 products round; float32 ones agree to float32's precision
+
+
+def test_bf16_products_change_only_the_bodys_linear_layers(model: torch.nn.Module) -> None:
+    products = BF16Matmuls(model)
+    head = cast(torch.nn.Linear, model.lm_head)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    assert set(products.copies) == {id(m.weight) for m in linears}
+    body, x = linears[0], torch.randn(3, linears[0].in_features)
+    outside = torch.nn.Linear(body.in_features, 5)
+    with torch.no_grad(), products:
+        rounded, kept, head_out = body(x), outside(x), head(torch.randn(2, head.in_features))
+    assert rounded.dtype == torch.float32
+    want = torch.nn.functional.linear(x.bfloat16(), body.weight.bfloat16()).float()
+    torch.testing.assert_close(rounded, want, atol=0, rtol=0)
+    assert not torch.equal(rounded, body(x))  # the products were rounded
+    torch.testing.assert_close(kept, outside(x), atol=0, rtol=0)
+    assert head_out.dtype == torch.float32
+
+
+def test_a_refresh_takes_new_bf16_copies(model: torch.nn.Module) -> None:
+    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), bf16=True)
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    engine.sample(prompts(), greedy, torch.Generator())
+    changed = build_tiny_model(CONFIG, train_tokenizer(["a b c d e f g"] * 4, CONFIG))
+    engine.refresh(changed, 1)
+    after = engine.sample(prompts(), greedy, torch.Generator())
+    for c in after:
+        want = forward_logprobs(changed, list(c.prompt_token_ids), c.token_ids)
+        torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=0.02, rtol=0)

@@ -24,21 +24,28 @@ recently used first once they hold more than `max_tokens` tokens; an entry is dr
 same episode's next turn is kept. `TorchEngine.refresh` (a new policy version) clears them all: nothing
 computed by older weights is reused.
 
-Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default).
+Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default). On a CPU
+with bfloat16 matrix units (AMX, AVX512-BF16), `BF16Matmuls` multiplies the float32 model's linear layers
+but the output head in bfloat16: residual stream, norms, attention, the key/value cache and the logits stay
+float32, and the logprobs stay within about 0.01 nats of float32's (docs/engines.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -210,7 +217,7 @@ class Reuse:
 def prefill(model: Any, ids: Sequence[int]) -> KV:
     """The key/value cache of `ids`, computed at batch size 1."""
     device = next(model.parameters()).device
-    out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True)
+    out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
     return tuple((layer.keys[0], layer.values[0]) for layer in out.cache.layers)
 
 
@@ -368,7 +375,8 @@ def sample_batch(
 ) -> list[Sample]:
     """Continue every prompt until a stop token or `config.max_new_tokens`, as one cached batch that
     reuses what `prefix` keeps and keeps what it computes (see the module doc). Without `prefix` every
-    prompt is prefilled whole; without `in_place` the cache appends by concatenation (`batch_cache`).
+    prompt is prefilled whole; without `in_place` it samples as before the engine: the cache appends by
+    concatenation (`batch_cache`) and the prefill computes logits at every prompt position, not the last.
 
     Rows that finished leave the batch (and the cache), so a long reply does not keep short ones busy.
     The stop token, when reached, is the last id of a sample.
@@ -380,7 +388,10 @@ def sample_batch(
     ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
     room = ids.shape[1] + config.max_new_tokens if in_place else None
     cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    last = {"logits_to_keep": 1} if in_place else {}  # before the engine: logits at every position
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **last
+    )
     left: dict[int, KV] = {}
     keep = functools.partial(_take_row, left) if prefix is not None and prefix.turns else None
     samples = decode(
@@ -468,10 +479,57 @@ def draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> 
     return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1)
 
 
+class BF16Matmuls(TorchFunctionMode):
+    """Within it, `F.linear` on a float32 weight of `model`'s linear layers (all but the output head)
+    multiplies a bfloat16 copy of the weight by the input rounded to bfloat16, and returns float32: the
+    matrix units run at bfloat16 speed while everything between the products (residual stream, norms,
+    attention, cache, logits) stays float32. The copies are taken once, so build a new one when the
+    weights change; other weights, other functions and other modules pass through untouched."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        head = model.get_output_embeddings()
+        skip = head.weight if head is not None else None
+        self.copies: dict[int, tuple[Tensor, Tensor]] = {
+            id(m.weight): (m.weight, m.weight.detach().to(torch.bfloat16))
+            for m in model.modules()
+            if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight is not skip
+        }
+        """id of each float32 weight -> (the weight, its bfloat16 copy); holding the weight keeps its id."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2:
+            held = self.copies.get(id(args[1]))
+            if held is not None and held[0] is args[1]:
+                bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                out = F.linear(args[0].to(torch.bfloat16), held[1]).float()
+                return out if bias is None else out + bias
+        return func(*args, **kwargs)
+
+
+def bf16_matmul_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX or AVX512-BF16; Linux's cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def bf16_by_default(model: Any) -> bool:
+    """`TorchEngine`'s default: bfloat16 products for a float32 model on a CPU with bfloat16 units."""
+    weight = next(model.parameters())
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and bf16_matmul_units()
+
+
 class TorchEngine:
     """The CPU `Engine` (`sessionrl.policy.engine`): `sample_batch` over the trainer's own module, with a
-    `KVStore` kept while the policy version stays. Safe to call from several threads (one batch at a
-    time)."""
+    `KVStore` kept while the policy version stays, and its linear layers multiplied in bfloat16
+    (`BF16Matmuls`) where the CPU has the units for it. Safe to call from several threads (one batch at
+    a time)."""
 
     def __init__(
         self,
@@ -482,10 +540,15 @@ class TorchEngine:
         store: KVStore | None = None,
         version: int = 0,
         in_place: bool = True,
+        bf16: bool | None = None,
     ) -> None:
         self.model = model
         self.in_place = in_place
-        """Decode into a cache with room reserved (`sample_batch`); off, it measures the sampler before."""
+        """Decode into a cache with room reserved, logits at the last prompt position only (`sample_batch`);
+        off, it measures the sampler before."""
+        self.bf16 = bf16_by_default(model) if bf16 is None else bf16
+        """Multiply the linear layers in bfloat16 (`BF16Matmuls`); by default where `bf16_by_default`."""
+        self._matmuls: BF16Matmuls | None = None
         self.pad_id = pad_id
         self.stop_ids = stop_ids
         self.store = store if store is not None else KVStore()
@@ -503,6 +566,7 @@ class TorchEngine:
             self.model = model
             self._policy_version = version
             self.store.clear()
+            self._matmuls = None
 
     def sample(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, generator: torch.Generator
@@ -511,17 +575,21 @@ class TorchEngine:
         with self._lock:
             was_training = self.model.training
             self.model.eval()
+            if self.bf16 and self._matmuls is None:
+                self._matmuls = BF16Matmuls(self.model)  # the weights of this version, copied once
+            products = self._matmuls if self._matmuls is not None else contextlib.nullcontext()
             try:
-                samples = sample_batch(
-                    self.model,
-                    prompts,
-                    pad_id=self.pad_id,
-                    stop_ids=self.stop_ids,
-                    config=sampling,
-                    generator=generator,
-                    prefix=self.store,
-                    in_place=self.in_place,
-                )
+                with products:
+                    samples = sample_batch(
+                        self.model,
+                        prompts,
+                        pad_id=self.pad_id,
+                        stop_ids=self.stop_ids,
+                        config=sampling,
+                        generator=generator,
+                        prefix=self.store,
+                        in_place=self.in_place,
+                    )
             finally:
                 self.model.train(was_training)
             return [
@@ -531,6 +599,7 @@ class TorchEngine:
 
 
 __all__ = [
+    "BF16Matmuls",
     "KVStore",
     "Reuse",
     "RoomyCache",
@@ -538,6 +607,8 @@ __all__ = [
     "Sample",
     "TorchEngine",
     "batch_cache",
+    "bf16_by_default",
+    "bf16_matmul_units",
     "common_prefix",
     "decode",
     "draw",
