@@ -5,7 +5,8 @@ log-probability of each under the distribution it was drawn from, and the policy
 drew them. Three engines implement it:
 
 - `sessionrl.policy.sampling.TorchEngine` (the default): our batched torch sampler over the trainer's
-  own module, which keeps each conversation's key/value cache across its turns;
+  own module, which keeps each conversation's key/value cache across its turns and, on a CPU with
+  bfloat16 units, multiplies the linear layers in bfloat16 (logprobs within about 0.01 nats);
 - `sessionrl.policy.ortgenai.OrtGenAIEngine` (CPU, LoRA runs, `model.engine: ortgenai`): onnxruntime-genai
   over the checkpoint converted once to float32 ONNX, its LoRA weights hot-loaded after each update;
 - `sessionrl.policy.vllm.VLLMEngine` (GPUs): an OpenAI-compatible vLLM server asked for token ids and
