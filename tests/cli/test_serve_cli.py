@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import typer
 import uvicorn
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -20,6 +21,11 @@ from sessionrl.cli.serve import ListeningServer
 from sessionrl.cli.sessions import DEFAULT_DB
 
 runner = CliRunner()
+
+
+def said(result: Any) -> str:
+    """A command's output as one line of words: rich's error box and its line breaks taken out."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
 
 
 def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -90,15 +96,67 @@ def test_a_config_file_sets_what_no_flag_does_and_flags_override_it(
     settings.write_text("- not a mapping\n")
     refused = runner.invoke(app, ["serve", "--config", str(settings)])
     assert refused.exit_code == 2
-    assert "must be a mapping" in refused.output
+    assert "must hold a mapping" in said(refused)
 
 
-def test_every_flag_that_sets_a_field_takes_its_help_from_that_field() -> None:
-    from sessionrl.cli.serve import described
+def test_every_service_flag_is_typed_described_and_defaulted_by_its_field() -> None:
+    from sessionrl.cli.config_flags import field_info
+    from sessionrl.cli.serve import SERVICE_FLAGS
     from sessionrl.service import ServiceConfig
 
-    assert described("rate_per_s").startswith(str(ServiceConfig.model_fields["rate_per_s"].description))
-    assert "[default: 2000.0]" in described("rate_per_s")
+    command = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    helps = {param.opts[0]: str(param.help) for param in command.params}
+    for flag in SERVICE_FLAGS:
+        assert str(field_info(ServiceConfig, flag.path).description) in helps[flag.flag], flag
+    assert helps["--rate"].endswith("[default: 2000.0]")
+    assert helps["--cache-sessions"].endswith("[default: 10000]")
+    untyped = runner.invoke(app, ["serve", "--tokens", "t:read", "--time-factor", "fast"])
+    assert untyped.exit_code == 2
+    assert "--time-factor" in said(untyped)
+    assert "valid number" in said(untyped)
+
+
+def test_a_refused_setting_is_named_by_the_flag_that_gave_it_or_by_the_config_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    flagged = runner.invoke(app, ["serve", "--tokens", "t:read", "--rate", "-3"])
+    assert flagged.exit_code == 2
+    assert "--rate" in said(flagged)
+    assert "rate_per_s" in said(flagged)
+    settings = tmp_path / "service.yaml"
+    settings.write_text("orchestrator: {cache_size: 0}\n")
+    filed = runner.invoke(app, ["serve", "--tokens", "t:read", "--config", str(settings)])
+    assert filed.exit_code == 2
+    assert "--config" in said(filed)
+    assert "orchestrator.cache_size" in said(filed)
+
+
+def test_a_token_may_burst_to_twice_its_rate_unless_the_burst_is_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rated = served(monkeypatch, tmp_path, "--rate", "9")["app"].state.config
+    assert (rated.rate_per_s, rated.burst) == (9, 18)
+    settings = tmp_path / "service.yaml"
+    settings.write_text("rate_burst: 5\n")
+    assert (
+        served(monkeypatch, tmp_path, "--config", str(settings), "--rate", "9")["app"].state.config.burst == 5
+    )
+
+
+def test_ops_settings_come_from_a_yaml_file_merged_over_the_config_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = tmp_path / "service.yaml"
+    settings.write_text("ops: {policy: agent}\n")
+    ops = tmp_path / "ops.yaml"
+    ops.write_text("webhook_timeout_s: 0.5\n")
+    config = served(monkeypatch, tmp_path, "--config", str(settings), "--ops", str(ops))["app"].state.config
+    assert (config.ops.policy, config.ops.webhook_timeout_s) == ("agent", 0.5)
+    ops.write_text("[1, 2]\n")
+    refused = runner.invoke(app, ["serve", "--tokens", "t:read", "--ops", str(ops)])
+    assert refused.exit_code == 2
+    assert "--ops" in said(refused)
+    assert "must hold a mapping" in said(refused)
 
 
 def test_db_takes_a_path_or_a_url_and_defaults_to_the_store_the_other_commands_read(

@@ -9,51 +9,50 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
-import yaml
 from prometheus_client import CollectorRegistry, start_http_server
-from pydantic import BaseModel
+from pydantic import ValidationError
 
 from sessionrl.access import Scope
+from sessionrl.cli.config_flags import FieldFlag, refused, with_field_flags, yaml_mapping
 from sessionrl.cli.sessions import DEFAULT_DB, Db, store_url
 from sessionrl.ops.serving import route_gateway
-from sessionrl.orchestrator import OrchestratorConfig, PolicyBackend
+from sessionrl.orchestrator import PolicyBackend
 from sessionrl.service import ServiceConfig, create_app, parse_tokens
 from sessionrl.service.config import TOKENS_ENV, TOKENS_FILE_ENV, shared_tokens
 
 UPSTREAM_KEY_ENV = "SESSIONRL_UPSTREAM_KEY"
 
 
-def described(field: str, *, model: type[BaseModel] = ServiceConfig) -> str:
-    """The help of the flag that sets `field`: the field's own description and default, so the two cannot
-    drift apart."""
-    info = model.model_fields[field]
-    default = info.get_default(call_default_factory=True)
-    return f"{info.description} [default: {default}]" if default is not None else str(info.description)
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s settings on top, nested mappings merged key by key."""
+    out = dict(base)
+    for name, value in over.items():
+        below = out.get(name)
+        out[name] = merged(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
 
 
-def given(**flags: object) -> dict[str, object]:
-    """The flags a person gave (typer passes None for the others), by the config field each sets."""
-    return {name: value for name, value in flags.items() if value is not None}
+SERVICE_FLAGS = (
+    FieldFlag("skills", "skills_dir"),
+    FieldFlag("rate", "rate_per_s"),
+    FieldFlag("time_factor", "time_factor"),
+    FieldFlag(
+        "cache_sessions",
+        "orchestrator.cache_size",
+        "Size it to the sessions in flight: an evicted session is read again from the store.",
+    ),
+    FieldFlag("full_gc_every", "full_gc_every_s"),
+    FieldFlag("upstream", "upstream_url", f"Its key comes from ${UPSTREAM_KEY_ENV}."),
+    FieldFlag("ops", "ops"),
+)
+"""The service settings `serve` takes as flags, each typed, described and defaulted by its field."""
 
 
-def mapping(value: object, where: str) -> dict[str, object]:
-    """`value` as a mapping of settings (none: empty); anything else is a bad `--config`."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise typer.BadParameter(f"{where} must be a mapping of settings, not {type(value).__name__}")
-    return {str(k): v for k, v in value.items()}
-
-
-def settings(path: Path) -> dict[str, object]:
-    """The service settings in the YAML file `path` (`--config`)."""
-    return mapping(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
-
-
+@with_field_flags(ServiceConfig, SERVICE_FLAGS)
 def serve(
     db: Db = DEFAULT_DB,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -66,7 +65,6 @@ def serve(
             "orchestrator's guards such as free_form_tools, the gateway, traces, ops); flags override it.",
         ),
     ] = None,
-    skills: Annotated[Path | None, typer.Option("--skills", help=described("skills_dir"))] = None,
     tokens: Annotated[
         str | None,
         typer.Option(
@@ -84,27 +82,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    rate: Annotated[float | None, typer.Option("--rate", help=described("rate_per_s"))] = None,
-    time_factor: Annotated[float | None, typer.Option("--time-factor", help=described("time_factor"))] = None,
-    cache_sessions: Annotated[
-        int | None,
-        typer.Option(
-            "--cache-sessions",
-            min=1,
-            help=described("cache_size", model=OrchestratorConfig)
-            + " Size it to the sessions in flight: an evicted session is read again from the store.",
-        ),
-    ] = None,
-    full_gc_every: Annotated[
-        float | None, typer.Option("--full-gc-every", min=0.001, help=described("full_gc_every_s"))
-    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
-    upstream: Annotated[
-        str | None,
-        typer.Option(
-            "--upstream", help=described("upstream_url") + f" Its key comes from ${UPSTREAM_KEY_ENV}."
-        ),
-    ] = None,
     policy: Annotated[
         Path | None,
         typer.Option("--policy", help="A local Hugging Face causal LM folder that answers the gateway."),
@@ -119,7 +97,6 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    ops: Annotated[Path | None, typer.Option("--ops", help=described("ops") + " A YAML file.")] = None,
     proxy_headers: Annotated[
         bool,
         typer.Option(
@@ -127,46 +104,22 @@ def serve(
             help="Take client address and scheme from X-Forwarded-* headers (behind a proxy on this host).",
         ),
     ] = False,
+    given_settings: dict[str, Any] | None = None,
 ) -> None:
     """Serve the session API and the OpenAI-compatible gateway (`/gateway/sessions/{id}/v1`).
 
     With `--policy`, the model answers the gateway and the steps that ask the policy; with `--upstream`,
     the gateway proxies to that server. With neither, plan steps need a `plan` in their payload.
     """
-    fields = settings(config_file) if config_file is not None else {}
-    fields |= given(
-        db_url=store_url(db),
-        skills_dir=skills,
-        rate_per_s=rate,
-        rate_burst=max(1, int(rate * 2)) if rate is not None else None,
-        time_factor=time_factor,
-        full_gc_every_s=full_gc_every,
-        upstream_url=upstream,
-        upstream_api_key=os.environ.get(UPSTREAM_KEY_ENV),
-        tokens=_tokens(tokens, tokens_file),
-        ops=(yaml.safe_load(ops.read_text()) or {}) if ops is not None else None,
-    )
-    if cache_sessions is not None:
-        fields["orchestrator"] = mapping(fields.get("orchestrator"), "orchestrator") | {
-            "cache_size": cache_sessions
-        }
-    config = ServiceConfig.from_env(**fields)
-    if not config.tokens:
-        token = secrets.token_urlsafe(24)
-        config = config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
-        print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr)
-        print(
-            f"(this process's own: several processes share tokens through --tokens-file or ${TOKENS_ENV})",
-            file=sys.stderr,
-            flush=True,
-        )
+    flagged = given_settings or {}
+    config = service_config(config_file, flagged, db_url=store_url(db), tokens=_tokens(tokens, tokens_file))
     backends: list[PolicyBackend] = []
     if policy is not None:
         from sessionrl.policy.llm import HFPolicy  # loads torch: only when a model is served
 
         backends.append(HFPolicy.load(policy))
     app = create_app(config, backends=backends)
-    if ops is not None and upstream is None:
+    if "ops" in flagged and config.upstream_url is None:
         route_gateway(app)
     server = ListeningServer(
         uvicorn.Config(
@@ -184,6 +137,30 @@ def serve(
     )
     with metrics_without_token(app.state.metrics.registry, host, metrics_port):
         server.run()
+
+
+def service_config(config_file: Path | None, flagged: dict[str, Any], **fixed: object) -> ServiceConfig:
+    """The `--config` file's settings, overridden by the flags' (nested settings merge) and `fixed`
+    (those not None), with a new token printed when none is configured anywhere."""
+    fields = yaml_mapping(config_file, "--config") if config_file is not None else {}
+    fields = merged(fields, flagged)
+    fields |= {name: value for name, value in fixed.items() if value is not None}
+    if key := os.environ.get(UPSTREAM_KEY_ENV):
+        fields["upstream_api_key"] = key
+    try:
+        config = ServiceConfig.from_env(**fields)
+    except ValidationError as exc:
+        raise refused(exc, SERVICE_FLAGS, flagged, "--config") from exc
+    if config.tokens:
+        return config
+    token = secrets.token_urlsafe(24)
+    print(f"no tokens given; use this one (read, write): {token}", file=sys.stderr)
+    print(
+        f"(this process's own: several processes share tokens through --tokens-file or ${TOKENS_ENV})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return config.model_copy(update={"tokens": parse_tokens(f"{token}:read,write")})
 
 
 def _tokens(flag: str | None, file: Path | None) -> dict[str, frozenset[Scope]] | None:

@@ -103,7 +103,7 @@ def create_app(
     metrics = Metrics()
     app.state.config = config
     app.state.tokens = TokenTable(config.tokens)
-    app.state.limiter = RateLimiter(config.rate_per_s, config.rate_burst)
+    app.state.limiter = RateLimiter(config.rate_per_s, config.burst)
     app.state.metrics = metrics
     app.state.engine = None
     app.state.ops = operations

@@ -96,8 +96,10 @@ class ServiceConfig(BaseModel):
     )
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Larger request bodies get 413.")
     rate_per_s: float = Field(default=2000.0, gt=0, description="Requests per second allowed per token.")
-    rate_burst: int = Field(
-        default=4000, ge=1, description="Requests a token may make at once after a pause."
+    rate_burst: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests a token may make at once after a pause (none: twice the rate).",
     )
     skills_dir: Path | None = Field(
         default=None, description="Folder of YAML contracts served as simulated skills (when none are given)."
@@ -135,6 +137,11 @@ class ServiceConfig(BaseModel):
         if any(not t for t in tokens):
             raise ValueError("a token may not be empty")
         return tokens
+
+    @property
+    def burst(self) -> int:
+        """`rate_burst`, or twice the rate when it is not set."""
+        return self.rate_burst if self.rate_burst is not None else max(1, int(self.rate_per_s * 2))
 
     @classmethod
     def from_env(cls, **fields: object) -> ServiceConfig:
