@@ -14,7 +14,8 @@ evaluation: {tasks: 60}
 alone; `grpo` imitation, a gate, then GRPO; `dpo` imitation, then DPO on preference pairs; `rft`
 imitation, then rejection-sampling fine-tuning; `ppo` and `aaac` the structured policy on the
 environment's Gymnasium view. The `dpo`, `rft`, `ppo` and `aaac` sections must be written when their
-trainer runs (`ppo: {}` takes PPO's defaults), and a trainer section the trainer does not read is refused,
+trainer runs (`ppo: {}` takes PPO's defaults); `grpo` reads an `rft:` section too when one is written
+(rejection sampling between the gate and GRPO), and a trainer section the trainer does not read is refused,
 so a config says what it runs.
 
 Every other section has defaults; `RunConfig.load(path)` reads the file and names the field and rule of any
@@ -260,10 +261,10 @@ class RFTSection(Section):
         description="A round that keeps fewer episodes trains on none: a few episodes imitated for many "
         "steps are learned by rote (one kept of 16 took SmolLM2's parse rate from 0.97 to 0.38).",
     )
-    accept: Literal["task", "dense"] = Field(
+    accept: Literal["task", "dense", "clean"] = Field(
         default="task",
         description="task: keep episodes the environment judged solved; dense: keep those that answered "
-        "and where no reward term charged any step.",
+        "and where no reward term charged any step; clean: both.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How episodes sample.")
     trainer: SFTConfig = Field(
@@ -361,7 +362,7 @@ imitation, after GRPO, after DPO, after rejection-sampling fine-tuning."""
 
 TRAINER_SECTIONS: dict[Trainer, frozenset[str]] = {
     Trainer.SFT: frozenset({"sft"}),
-    Trainer.GRPO: frozenset({"sft", "rl"}),
+    Trainer.GRPO: frozenset({"sft", "rl", "rft"}),
     Trainer.DPO: frozenset({"sft", "dpo"}),
     Trainer.RFT: frozenset({"sft", "rft"}),
     Trainer.PPO: frozenset({"ppo"}),
@@ -374,6 +375,9 @@ ALL_TRAINER_SECTIONS = frozenset().union(*TRAINER_SECTIONS.values())
 
 OWN_SECTIONS = frozenset({"dpo", "rft", "ppo", "aaac"})
 """Trainer sections without a default: the trainer they belong to needs them written."""
+
+OPTIONAL_SECTIONS: dict[Trainer, frozenset[str]] = {Trainer.GRPO: frozenset({"rft"})}
+"""Sections of `OWN_SECTIONS` a trainer reads only when written: GRPO's rejection-sampling warm start."""
 
 
 class RunConfig(Section):
@@ -403,7 +407,9 @@ class RunConfig(Section):
     )
     cluster: ClusterSection = Field(default_factory=ClusterSection, description="Shared store, Ray workers.")
     dpo: DPOSection | None = Field(default=None, description="DPO settings (trainer: dpo).")
-    rft: RFTSection | None = Field(default=None, description="Rejection sampling settings (trainer: rft).")
+    rft: RFTSection | None = Field(
+        default=None, description="Rejection sampling settings (trainer: rft; or grpo, before GRPO)."
+    )
     ppo: PPOSection | None = Field(default=None, description="PPO settings (trainer: ppo).")
     aaac: AAACSection | None = Field(default=None, description="AAAC settings (trainer: aaac).")
     levels: LevelsConfig = Field(
@@ -423,7 +429,7 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _sections_fit_the_trainer(self) -> RunConfig:
         reads = TRAINER_SECTIONS[self.trainer]
-        for name in sorted(OWN_SECTIONS & reads):
+        for name in sorted(OWN_SECTIONS & reads - OPTIONAL_SECTIONS.get(self.trainer, frozenset())):
             if getattr(self, name) is None:
                 raise ValueError(
                     f"trainer {self.trainer} needs a `{name}:` section (`{name}: {{}}` for defaults)"

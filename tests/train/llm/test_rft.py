@@ -103,3 +103,70 @@ def test_a_round_that_keeps_too_few_trains_on_none(tmp_path: Path, monkeypatch: 
     before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
     after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_clean_judge_keeps_a_solved_episode_only_when_no_step_was_charged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verdicts = {"solved-clean": None, "solved-charged": "charged by policy_error", "unsolved-clean": None}
+    store = {name: SimpleNamespace(name=name) for name in verdicts}
+    run: Any = SimpleNamespace(
+        store=SimpleNamespace(get=store.__getitem__),
+        shaper=SimpleNamespace(engine=SimpleNamespace(score=lambda s, learn: s)),
+    )
+    monkeypatch.setattr(rft, "dense_verdict", lambda session, vector: verdicts[session.name])
+    monkeypatch.setattr(rft, "policy_turns", lambda session, advantages: [session])
+    ran = [SimpleNamespace(session_id=name, success=name.startswith("solved")) for name in verdicts]
+    clean = rft.judge(run, "clean", ran)
+    assert [s.name for s in clean.kept] == ["solved-clean"]
+    assert clean.rejected == {"charged by policy_error": 1, "task not solved": 1}
+    task = rft.judge(run, "task", ran)
+    assert [s.name for s in task.kept] == ["solved-clean", "solved-charged"]
+    dense = rft.judge(run, "dense", ran)
+    assert [s.name for s in dense.kept] == ["solved-clean", "unsolved-clean"]
+
+
+GRPO_AFTER_RFT = {
+    "trainer": "grpo",
+    "sft": SFT_SECTION,
+    "rollout": ROLLOUT,
+    "rft": RFT,
+    "rl": {
+        "iterations": 1,
+        "tasks_per_iteration": 2,
+        "sampling": {"max_new_tokens": 16},
+        "trainer": {"group_size": 2, "token_budget": 2048},
+    },
+}
+
+
+def test_grpo_with_an_rft_section_samples_judges_and_imitates_between_the_gate_and_grpo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
+        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
+
+    monkeypatch.setattr(rft, "judge", keep_all)
+    result = run_trainer(RunConfig.model_validate(tiny_run(run_dir=str(tmp_path), **GRPO_AFTER_RFT)))
+    assert isinstance(result, TrainResult)
+    assert result.stage is Stage.RL
+    assert set(result.report) == {"sft", "rft", "rl"}
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    order = [r["stage"] for r in lines if r["stage"] in {"rft", "rft_update", "rl"}]
+    gate = next(i for i, r in enumerate(lines) if r.get("label") == "gate")
+    first_rft = next(i for i, r in enumerate(lines) if r["stage"] == "rft")
+    assert gate < first_rft  # the gate judged the imitation policy, before any rejection sampling
+    assert order[:3] == ["rft", "rft_update", "rft_update"]
+    assert order[-1] == "rl"
+    sft = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    rft_weights = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert any(not torch.equal(sft[k], rft_weights[k]) for k in sft)
+
+
+def test_grpo_without_an_rft_section_goes_from_the_gate_to_grpo(tmp_path: Path) -> None:
+    data = tiny_run(run_dir=str(tmp_path), **GRPO_AFTER_RFT)
+    del data["rft"]
+    result = run_trainer(RunConfig.model_validate(data))
+    assert isinstance(result, TrainResult)
+    assert set(result.report) == {"sft", "rl"}
+    assert records(tmp_path, "rft") == []

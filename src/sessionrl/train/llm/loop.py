@@ -3,6 +3,7 @@ rollouts, rewards and updates meet in the store.
 
     sft   expert episodes on training tasks ──▶ store ──▶ demonstrations ──▶ SFT steps ──▶ sft_policy/
     gate  evaluation episodes on the gate split; RL starts only if their success reaches the bar
+    rft   with an `rft:` section: rounds of sample, judge, imitate (`sessionrl.train.llm.rft`) ──▶ rft_policy/
     rl    per iteration: K episodes per task with the current policy ──▶ store ──▶ reward shaper scores
           them ──▶ trainer reads scored sessions from the change feed (at most `max_lag` versions old)
           ──▶ group-relative advantages ──▶ one GRPO update ──▶ policy version + 1 ──▶ checkpoint
@@ -325,7 +326,7 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
     resumed = resume and has_checkpoint(run.folder / "checkpoint")
     if resumed:
         run.state = load_checkpoint(
-            run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
+            run.folder / "checkpoint", policy.model, trainer.optimizer, generators(run)
         )
         trainer.steps = run.state.step
     lead(trainer, resumed=resumed)  # under torchrun, the other ranks build theirs and take its weights
@@ -347,7 +348,7 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
             run.state = dataclasses.replace(run.state, step=step + 1)
             if (step + 1) % 25 == 0:
                 save_checkpoint(
-                    run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
+                    run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, generators(run)
                 )
     export_policy(policy, run.folder / "sft_policy")
     return demos
@@ -359,9 +360,9 @@ def gate(run: Run, console: Console) -> Evaluation:
     bar = run.config.evaluation
     evaluation = evaluate(run, run.need_policy(), bar.gate_split, bar.gate_tasks, "gate")
     passed = evaluation.metrics.success >= bar.gate_min_success and levels_gate(run, evaluation)
-    next_stage = Stage.RL if passed else Stage.STOPPED
+    next_stage = (Stage.RFT if run.config.rft is not None else Stage.RL) if passed else Stage.STOPPED
     run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
-    save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, _generators(run))
+    save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, generators(run))
     console.print(gate_verdict(run.config, evaluation.metrics.success, passed), soft_wrap=True)
     return evaluation
 
@@ -466,7 +467,7 @@ def start_rl(run: Run, resume: bool) -> GRPOTrainer:
     trainer = GRPOTrainer(policy.model, run.config.rl.trainer, policy.tokenizer.pad_token_id, reference)
     if resume:
         run.state = load_checkpoint(
-            run.folder / "checkpoint", policy.model, trainer.optimizer, _generators(run)
+            run.folder / "checkpoint", policy.model, trainer.optimizer, generators(run)
         )
         trainer.updates = run.state.updates
     policy.version = run.state.policy_version
@@ -526,13 +527,13 @@ def reinforce(
                 curve=(*run.state.curve, record),
             )
             save_checkpoint(
-                run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, _generators(run)
+                run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, generators(run)
             )
             bar.advance(info=f"success {record['success']:.2f}")
             if verdict.collapsed:
                 stop_collapsed(run, guard, verdict, sessions, console)
                 run.state = dataclasses.replace(run.state, stage=Stage.PAUSED)
-                save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, _generators(run))
+                save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
                 break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
@@ -613,7 +614,8 @@ def _update_record(stats: UpdateStats) -> dict[str, Any]:
     }
 
 
-def _generators(run: Run) -> dict[str, Any]:
+def generators(run: Run) -> dict[str, Any]:
+    """The run's random generators a checkpoint keeps (the sampler's, once a policy is built)."""
     return {"sampling": run.policy.generator} if run.policy is not None else {}
 
 
@@ -665,8 +667,8 @@ def train(
     console: Console | None = None,
     on_iteration: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> TrainResult:
-    """`trainer: grpo`: imitation, the gate, then GRPO (or, with `resume`, the rest of them); returns where
-    the stages ended and the exported policies' report."""
+    """`trainer: grpo`: imitation, the gate, rejection sampling when `config.rft` is set, then GRPO (or,
+    with `resume`, the rest of them); returns where the stages ended and the exported policies' report."""
     if join() != 0:  # under torchrun, a rank other than 0
         return followed(config)
     console = console or Console()
@@ -682,6 +684,10 @@ def train(
                 run.state = saved
                 passed = saved.stage is not Stage.STOPPED
                 console.print(gate_verdict(config, logged_gate(run), passed), soft_wrap=True)
+            if run.state.stage is Stage.RFT:
+                from sessionrl.train.llm.rft import warm_start  # rft builds on this module's stages
+
+                warm_start(run, console)
             if run.state.stage is Stage.RL and config.rl.iterations > 0:
                 reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
         finally:

@@ -11,6 +11,8 @@ The judge (`rft.accept`):
 - `dense`: the reward engine's per-step terms: an episode is kept when it ended with an answer, made at
   least one tool call, and no term charged any of its steps (no failed call of its own doing, no reply
   that was not an action, ...). It keeps partial successes the task verdict throws away.
+- `clean`: both: the task solved, and no step charged. A solved episode sampled at a temperature can
+  still hold a reply that was no action or a call the policy got wrong; `task` imitates those too.
 
 The K episodes of a task share their environment seed, so they meet the same faults. The kept episodes
 train through the imitation trainer (`SFTTrainer`, the one SFT implementation) on the tokens the policy
@@ -21,7 +23,8 @@ steps teaches them by rote (measured on SmolLM2: one episode kept of 16, 12 step
 its replies from 0.97 to 0.38 and tool accuracy from 0.25 to 0.13).
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
-`sft.trainer.steps: 0`.
+`sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
+and before GRPO (`warm_start`), so GRPO starts from the policy they made.
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ from sessionrl.episodes import EpisodeSpec, Ran
 from sessionrl.rewards.vector import RewardVector
 from sessionrl.session.model import Session
 from sessionrl.train.config import RFTSection, RunConfig
-from sessionrl.train.llm.checkpoint import Stage
+from sessionrl.train.llm.checkpoint import Stage, save_checkpoint
 from sessionrl.train.llm.data import TokenSequence, merge_turns, policy_turns
 from sessionrl.train.llm.loop import (
     SEED_BITS,
     TrainResult,
     evaluate_exported,
+    generators,
     imitation,
     in_lockstep,
     start_run,
@@ -104,9 +108,8 @@ def judge(run: Run, accept: str, ran: Sequence[Ran]) -> Judged:
     rejected: Counter[str] = Counter()
     for r in ran:
         session = run.store.get(r.session_id)
-        if accept == "task":
-            why = None if r.success else "task not solved"
-        else:
+        why = None if r.success or accept == "dense" else "task not solved"
+        if why is None and accept != "task":
             why = dense_verdict(session, run.shaper.engine.score(session, learn=False))
         if why is None and not policy_turns(session, {}):
             why = "no sampled tokens"  # a session this policy did not sample: nothing to imitate
@@ -167,6 +170,20 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
     return rounds
 
 
+def warm_start(run: Run, console: Console) -> None:
+    """GRPO's warm start (`trainer: grpo` with an `rft:` section), after the gate: the rejection-sampling
+    rounds, `rft_policy/` exported, and a checkpoint at the start of RL with the weights they made. A run
+    interrupted during the rounds resumes them from the imitation policy."""
+    section = run.config.rft
+    if section is None:
+        raise ValueError("warm_start needs the run's `rft:` section")
+    rejection_rounds(run, section, console)
+    policy = run.need_policy()
+    export_policy(policy, run.folder / "rft_policy")
+    run.state = dataclasses.replace(run.state, stage=Stage.RL, step=0, policy_version=policy.version)
+    save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
+
+
 def train_rft(config: RunConfig, *, console: Console | None = None) -> TrainResult:
     """`trainer: rft`: imitation, the rejection-sampling rounds, then `sft_policy/` and `rft_policy/`
     evaluated on the report split."""
@@ -192,4 +209,5 @@ __all__ = [
     "rejection_rounds",
     "round_specs",
     "train_rft",
+    "warm_start",
 ]
