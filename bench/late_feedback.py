@@ -38,7 +38,7 @@ from rich.console import Console
 
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage, read_state
-from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config
+from sessionrl.train.llm.demo import GRPO_ITERATIONS, compare, demo_config
 from sessionrl.train.llm.loop import Evaluation, TrainResult, train
 
 
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the run's seed")
     parser.add_argument("--late-share", type=float, default=0.3, help="share of RL sessions judged late")
     parser.add_argument("--late-after", type=int, default=2, help="iterations a late verdict waits")
-    parser.add_argument("--rl-iterations", type=int, default=RL_ITERATIONS, help="GRPO iterations per arm")
+    parser.add_argument("--rl-iterations", type=int, default=GRPO_ITERATIONS, help="GRPO iterations per arm")
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks per policy")
     parser.add_argument("--sft-steps", type=int, default=240, help="imitation steps (the demo's: 240)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -164,6 +164,7 @@ def main() -> None:
         seed=args.seed,
         sft_steps=args.sft_steps,
         rl_iterations=0,
+        rft_rounds=0,  # GRPO from the imitation policy, as this bench measured it
         eval_tasks=args.eval_tasks,
     )
     imitate(base, args.reuse, console)

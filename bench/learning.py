@@ -107,7 +107,12 @@ def seed_rows(args: argparse.Namespace, seeds: list[int]) -> Iterator[dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds to run")
-    parser.add_argument("--rl-iterations", type=int, default=RL_ITERATIONS, help="GRPO iterations per seed")
+    parser.add_argument(
+        "--rl-iterations",
+        type=int,
+        default=RL_ITERATIONS,
+        help="GRPO iterations per seed, after rejection sampling",
+    )
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks per policy")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-learning"), help="run folders")
     parser.add_argument("--verbose", action="store_true", help="show each demo's own output on stderr")

@@ -1,5 +1,6 @@
-"""`sessionrl demo`: the main job. A tiny policy learns the orders domain by imitation, then by GRPO, and
-both are evaluated on held-out tasks (`sessionrl.train.llm.demo` says what runs and why the gain is honest).
+"""`sessionrl demo`: the main job. A tiny policy learns the orders domain by imitation, then by rejection
+sampling (and GRPO with `--rl-iterations`), and both are evaluated on held-out tasks
+(`sessionrl.train.llm.demo` says what runs and why the gain is honest).
 
 The training stack is imported when the command runs, so `sessionrl --help` stays quick.
 """
@@ -18,14 +19,15 @@ def command(
         int, typer.Option(help="Seeds initialisation, faults, task draws and sampling (not the tasks).")
     ] = 0,
     rl_iterations: Annotated[
-        int, typer.Option(min=0, help="GRPO iterations (a budget in iterations, the same on any machine).")
-    ] = 12,
+        int,
+        typer.Option(min=0, help="GRPO iterations after rejection sampling (a budget in iterations)."),
+    ] = 0,
     eval_tasks: Annotated[
         int, typer.Option(min=1, help="Held-out test tasks each policy is judged on.")
     ] = 100,
 ) -> None:
-    """Imitation, then GRPO, on orders; the learning curve, the held-out metrics, the paired comparison
-    and one JSON line."""
+    """Imitation, then rejection sampling (and GRPO), on orders; the held-out metrics, the paired
+    comparison and one JSON line."""
     from sessionrl.train.llm.demo import main
 
     main(out, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)

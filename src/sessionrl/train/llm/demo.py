@@ -60,6 +60,7 @@ from sessionrl.train.config import (
     EvalSection,
     FaultSection,
     ModelSection,
+    RFTSection,
     RLSection,
     RunConfig,
     SFTSection,
@@ -78,8 +79,16 @@ FAULTS = 0.15
 DEMO_FAULTS = 0.05
 """The same chance in the expert demonstrations: imitation sees a few recoveries, RL three times more."""
 
-RL_ITERATIONS = 12
-"""GRPO iterations: a budget in iterations, not minutes, so a seed gives the same run on any machine."""
+RL_ITERATIONS = 0
+"""GRPO iterations after rejection sampling: a budget in iterations, not minutes, so a seed gives the
+same run on any machine. None by default: on dev, the demo's GRPO moved success by a task or two either
+way (docs/training.md); `--rl-iterations 12` adds the GRPO stage the demo ran before."""
+
+GRPO_ITERATIONS = 12
+"""The GRPO stage's length where a bench runs it on the demo's recipe (late feedback, reflection)."""
+
+RFT_ROUNDS = 2
+"""Rounds of rejection sampling after the gate (each: sample, keep the clean solved episodes, imitate)."""
 
 
 def demo_config(
@@ -89,6 +98,7 @@ def demo_config(
     sft_steps: int = 240,
     sft_batch: int = 8,
     rl_iterations: int = RL_ITERATIONS,
+    rft_rounds: int = RFT_ROUNDS,
     temperature: float = 0.6,
     eval_tasks: int = 100,
 ) -> RunConfig:
@@ -140,8 +150,26 @@ def demo_config(
                 token_budget=8192,
             ),
         ),
+        rft=rejection_sampling(rft_rounds, temperature, seed),
         evaluation=EvalSection(split=Split.TEST, tasks=eval_tasks, gate_tasks=10, max_new_tokens=64),
         rewards=RewardConfig(rules=REWARD_RULES),
+    )
+
+
+def rejection_sampling(rounds: int, temperature: float, seed: int) -> RFTSection | None:
+    """The demo's warm start before GRPO (none at 0 rounds): each round samples 4 episodes of each of 64
+    training tasks, keeps the clean solved ones (`accept: clean`), and imitates them for 40 small steps."""
+    if rounds == 0:
+        return None
+    return RFTSection(
+        rounds=rounds,
+        tasks=64,
+        samples=4,
+        accept="clean",
+        sampling=SamplingConfig(
+            max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536, seed=seed
+        ),
+        trainer=SFTConfig(lr=5e-4, steps=40, batch_sessions=16, token_budget=8192, warmup_steps=5),
     )
 
 
@@ -194,22 +222,30 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
     """Train as `config` says, evaluate both policies on the held-out tasks, print everything; return the
     summary that the last line shows."""
     started = time.monotonic()
-    console.rule("sessionrl demo: imitation, then GRPO, on orders")
+    console.rule("sessionrl demo: imitation, then RL, on orders")
+    rft = config.rft
     console.print(
         f"seed {config.seed}; imitation budget: {config.sft.demos} expert sessions, "
-        f"{config.sft.trainer.steps} steps of {config.sft.trainer.batch_sessions} sessions; GRPO for "
-        f"{config.rl.iterations} iterations of {config.rl.tasks_per_iteration} tasks x "
+        f"{config.sft.trainer.steps} steps of {config.sft.trainer.batch_sessions} sessions; "
+        + (
+            f"rejection sampling for {rft.rounds} rounds of {rft.tasks} tasks x K={rft.samples} "
+            f"(kept: {rft.accept}); "
+            if rft is not None
+            else ""
+        )
+        + f"GRPO for {config.rl.iterations} iterations of {config.rl.tasks_per_iteration} tasks x "
         f"K={config.rl.trainer.group_size}; transient tool faults at {config.faults.demo_rate:.0%} in the "
         f"demonstrations, {config.faults.eval_rate:.0%} in RL and evaluation"
-        + ("; RL on tasks the imitation never saw" if config.rl.unseen_tasks else "")
+        + ("; GRPO on tasks the imitation never saw" if config.rl.unseen_tasks else "")
     )
     result = train(config, console=console)
     split, n = config.evaluation.split, config.evaluation.tasks
     sft = result.report["sft"]
-    rl = result.report.get("rl", sft)
+    rl = final_policy(result.report)
     if result.curve:
         console.print(curve_table(result.curve))
-    console.print(metrics_table({"sft": sft.metrics, "rl": rl.metrics}, title=f"held-out {split} tasks: {n}"))
+    stages = {label: e.metrics for label, e in result.report.items()}
+    console.print(metrics_table(stages, title=f"held-out {split} tasks: {n}"))
     comparison = compare(sft, rl)
     console.print(comparison.describe(), markup=False, highlight=False)
     tools = tool_accuracies(sft, rl)
@@ -230,12 +266,19 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "tcsr_ci": comparison.tcsr.as_list(),
         "rl_only": comparison.success.second_only,
         "sft_only": comparison.success.first_only,
+        "final": rl.label,
         "seed": config.seed,
         "rl_iterations": len(result.curve),
         "stage": result.stage,
         "minutes": round(minutes, 2),
         **tools,
     }
+
+
+def final_policy(report: dict[str, Evaluation]) -> Evaluation:
+    """The evaluation of the policy the run ended with: after GRPO, else after rejection sampling, else
+    the imitation policy (a run stopped at the gate)."""
+    return report.get("rl") or report.get("rft") or report["sft"]
 
 
 def tool_accuracies(sft: Evaluation, rl: Evaluation) -> dict[str, Any]:
