@@ -25,7 +25,7 @@ from sessionrl.session import (
     fold,
 )
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config
+from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config, final_policy
 from sessionrl.train.llm.loop import Evaluation
 
 
@@ -37,6 +37,10 @@ def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) 
     assert config.faults.demo_rate < config.faults.eval_rate  # RL meets more faults than imitation saw
     assert config.evaluation.tasks >= 50
     assert config.evaluation.temperature == 0.0
+    assert config.rft is not None
+    assert config.rft.accept == "clean"  # a solved episode's wrong calls and non-actions are not imitated
+    assert config.rft.trainer.lr < config.sft.trainer.lr
+    assert demo_config(tmp_path / "bare", rft_rounds=0).rft is None
 
 
 def test_the_demo_rules_load_and_charge_only_the_policys_own_mistakes(tmp_path: Path) -> None:
@@ -97,6 +101,14 @@ def test_the_comparison_pairs_tasks_and_pools_tool_calls() -> None:
     assert comparison.success.delta.estimate == pytest.approx(2 / 3)
     assert comparison.tcsr.estimate == pytest.approx(1.0 - 2 / 4)  # calls pooled: 2 of 4 -> 4 of 4
     assert "McNemar p = 0.5" in comparison.describe()
+
+
+def test_the_demo_reports_the_last_policy_the_run_made() -> None:
+    sessions = [_session("a", True, ["success"])]
+    sft, rft, rl = (_evaluation(label, sessions) for label in ("sft", "rft", "rl"))
+    assert final_policy({"sft": sft, "rft": rft, "rl": rl}) is rl
+    assert final_policy({"sft": sft, "rft": rft}) is rft
+    assert final_policy({"sft": sft}) is sft
 
 
 def test_the_cli_default_budget_is_the_demos() -> None:
