@@ -2,14 +2,11 @@
 
 - `ours` (the sampler as it was before the engine boundary): a `TorchEngine` keeping the batch's shared
   system prompt only, so every turn prefills the whole conversation after it, with a cache that copies
-  itself to append each decoded token (`DynamicCache`), and transformers' own SDPA attention (which
-  repeats the key/value heads to the query heads in a padded prefill);
+  itself to append each decoded token (`DynamicCache`);
 - `--engines`, played after it in the order given: `torch` (the torch engine as it samples by default: the
   shared prompt and every episode's last prompt and reply kept, an in-place cache, logits at the last
-  prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16,
-  attention over the grouped key/value heads, `sessionrl.policy.attention`), `torch-repeat` (the same
-  with transformers' own SDPA attention: the engine before that), `torch-fp32` (the default in float32
-  throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
+  prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16),
+  `torch-fp32` (the same in float32 throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
   model its builder converted, `--ort-model`), and, as measurements only (`bench/research/cpu_engines.py`),
   `openvino` (OpenVINO GenAI on the GGUF file) and `llamacpp` (a `llama-server` binary, `--llama-server`).
 
@@ -48,7 +45,6 @@ from sessionrl.envs import build
 from sessionrl.envs.base import Split
 from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
-from sessionrl.policy.attention import GQA_SDPA
 from sessionrl.policy.engine import Engine
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
 from sessionrl.policy.sampling import BF16Matmuls, KVStore, TorchEngine
@@ -218,8 +214,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         default="torch",
-        help="comma-separated engines played after today's sampler: torch, torch-repeat, torch-fp32,"
-        " ortgenai, openvino, llamacpp (the first"
+        help="comma-separated engines played after today's sampler: torch, torch-fp32, ortgenai, openvino,"
+        " llamacpp (the first"
         " is the JSON's `engine`; the external ones are measurements, bench/research/cpu_engines.py)",
     )
     parser.add_argument("--llama-server", default="", help="the llama-server binary (for llamacpp)")
@@ -262,11 +258,9 @@ def main() -> None:
         warm = HFPolicy(policy.model, policy.tokenizer, SamplingConfig(max_new_tokens=2))
         warm.sample_prompts([policy.encode_prompt(s)[-16:] for s in starts[:2]])  # one-time set-up costs
         if not args.no_ours:
-            policy.model.set_attn_implementation("sdpa")
             played["ours"] = play("ours", policy, torch_engine(policy, turns=False), starts, args.turns)
         for name in names:
-            policy.model.set_attn_implementation("sdpa" if name == "torch-repeat" else GQA_SDPA)
-            if name in ("torch", "torch-repeat", "torch-fp32"):
+            if name in ("torch", "torch-fp32"):
                 ours = torch_engine(policy, turns=True, bf16=False if name == "torch-fp32" else None)
                 played[name] = play(name, policy, ours, starts, args.turns)
                 refresh[name] = refresh_seconds(ours)

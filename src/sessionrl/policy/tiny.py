@@ -34,8 +34,6 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from sessionrl.policy.attention import GQA_SDPA
-
 PAD_TOKEN: Final = "<|pad|>"
 BOS_TOKEN: Final = "<|bos|>"
 END_TOKEN: Final = "<|end|>"
@@ -176,18 +174,14 @@ def load_policy(
 
     `device` and `dtype` default to :func:`default_placement`; the weights load straight onto the device. A
     tokenizer without a pad token gets its eos token as pad, so batches can be padded. The model comes back in
-    eval mode, as ``from_pretrained`` leaves it, its attention `gqa_sdpa` (`sessionrl.policy.attention`).
+    eval mode, as ``from_pretrained`` leaves it.
     """
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no model checkpoint at {folder} (config.json missing)")
     chosen_device, chosen_dtype = default_placement()
     model = AutoModelForCausalLM.from_pretrained(
-        folder,
-        local_files_only=True,
-        dtype=dtype or chosen_dtype,
-        device_map=device or chosen_device,
-        attn_implementation=GQA_SDPA,
+        folder, local_files_only=True, dtype=dtype or chosen_dtype, device_map=device or chosen_device
     )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     if tokenizer.pad_token is None:

@@ -13,10 +13,10 @@ gathering out once per forward pass; every layer follows it.
 The segment attention is registered with transformers' public attention interface under `PACKED`, and
 `use_packed_attention` selects it with the model's public `set_attn_implementation`. A forward pass handed a
 segment plan (`packed_kwargs`) attends by segments; any other pass (sampling, a padded batch) goes to
-SDPA with SDPA's mask (`sessionrl.policy.attention.gqa_sdpa`, the attention a loaded model has), so a
-model switched to `PACKED` samples exactly as before. A packed pass hands the model an all-ones padding
-mask: SDPA's mask function then builds no mask (a row without padding is plainly causal), and
-transformers does not read the restarting positions as its own packing format.
+transformers' own SDPA function with SDPA's mask, so a model switched to `PACKED` samples exactly as
+before. A packed pass hands the model an all-ones padding mask: SDPA's mask function then builds no mask
+(a row without padding is plainly causal), and transformers does not read the restarting positions as
+its own packing format.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-from sessionrl.policy.attention import gqa_sdpa
 
 PACKED: Final = "sessionrl_packed"
 """Name of the segment attention in transformers' attention and mask interfaces."""
@@ -203,9 +202,12 @@ def packed_or_sdpa(
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """The attention `PACKED` names: `segment_attention` for a pass handed a segment plan or segment
-    boundaries, SDPA over grouped key/value heads (`gqa_sdpa`, what `load_policy` gives) otherwise."""
+    boundaries, transformers' SDPA function (the attention of a model loaded with ``"sdpa"``) otherwise."""
     if segment_plan is None and cu_seq_lens_q is None:
-        return gqa_sdpa(module, query, key, value, attention_mask, **kwargs)
+        out: tuple[Tensor, Tensor | None] = sdpa_attention_forward(
+            module, query, key, value, attention_mask, **kwargs
+        )
+        return out
     return segment_attention(
         module,
         query,
