@@ -23,8 +23,11 @@ from sessionrl.cli.sessions import DEFAULT_DB
 runner = CliRunner()
 
 
-def said(result: Any) -> str:
-    """A command's output as one line of words: rich's error box and its line breaks taken out."""
+def refusal(*args: str) -> str:
+    """What `sessionrl serve --tokens t:read ARGS` says as it refuses them (exit code 2), as one line of
+    words: rich's error box and its line breaks taken out."""
+    result = runner.invoke(app, ["serve", "--tokens", "t:read", *args])
+    assert result.exit_code == 2, result.output
     return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
 
 
@@ -94,9 +97,7 @@ def test_a_config_file_sets_what_no_flag_does_and_flags_override_it(
         8,
     )
     settings.write_text("- not a mapping\n")
-    refused = runner.invoke(app, ["serve", "--config", str(settings)])
-    assert refused.exit_code == 2
-    assert "must hold a mapping" in said(refused)
+    assert "must hold a mapping" in refusal("--config", str(settings))
 
 
 def test_every_service_flag_is_typed_described_and_defaulted_by_its_field() -> None:
@@ -110,25 +111,22 @@ def test_every_service_flag_is_typed_described_and_defaulted_by_its_field() -> N
         assert str(field_info(ServiceConfig, flag.path).description) in helps[flag.flag], flag
     assert helps["--rate"].endswith("[default: 2000.0]")
     assert helps["--cache-sessions"].endswith("[default: 10000]")
-    untyped = runner.invoke(app, ["serve", "--tokens", "t:read", "--time-factor", "fast"])
-    assert untyped.exit_code == 2
-    assert "--time-factor" in said(untyped)
-    assert "valid number" in said(untyped)
+    untyped = refusal("--time-factor", "fast")
+    assert "--time-factor" in untyped
+    assert "valid number" in untyped
 
 
 def test_a_refused_setting_is_named_by_the_flag_that_gave_it_or_by_the_config_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    flagged = runner.invoke(app, ["serve", "--tokens", "t:read", "--rate", "-3"])
-    assert flagged.exit_code == 2
-    assert "--rate" in said(flagged)
-    assert "rate_per_s" in said(flagged)
+    flagged = refusal("--rate", "-3")
+    assert "--rate" in flagged
+    assert "rate_per_s" in flagged
     settings = tmp_path / "service.yaml"
     settings.write_text("orchestrator: {cache_size: 0}\n")
-    filed = runner.invoke(app, ["serve", "--tokens", "t:read", "--config", str(settings)])
-    assert filed.exit_code == 2
-    assert "--config" in said(filed)
-    assert "orchestrator.cache_size" in said(filed)
+    filed = refusal("--config", str(settings))
+    assert "--config" in filed
+    assert "orchestrator.cache_size" in filed
 
 
 def test_a_token_may_burst_to_twice_its_rate_unless_the_burst_is_set(
@@ -153,10 +151,9 @@ def test_ops_settings_come_from_a_yaml_file_merged_over_the_config_files(
     config = served(monkeypatch, tmp_path, "--config", str(settings), "--ops", str(ops))["app"].state.config
     assert (config.ops.policy, config.ops.webhook_timeout_s) == ("agent", 0.5)
     ops.write_text("[1, 2]\n")
-    refused = runner.invoke(app, ["serve", "--tokens", "t:read", "--ops", str(ops)])
-    assert refused.exit_code == 2
-    assert "--ops" in said(refused)
-    assert "must hold a mapping" in said(refused)
+    refused = refusal("--ops", str(ops))
+    assert "--ops" in refused
+    assert "must hold a mapping" in refused
 
 
 def test_db_takes_a_path_or_a_url_and_defaults_to_the_store_the_other_commands_read(
