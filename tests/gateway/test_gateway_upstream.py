@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 from gateway_support import WRITER, gateway_app, serving_on_loopback
 from openai import OpenAI
 from upstream_simulator import MODEL, Simulator
+
+from sessionrl.gateway import ChatRequest, UpstreamChat, UpstreamError
+from sessionrl.gateway.upstream import env_proxy
 
 TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}
 AUTH = {"Authorization": f"Bearer {WRITER}"}
@@ -96,3 +100,41 @@ def test_an_unreachable_upstream_is_a_502_and_recorded(tmp_path: Path) -> None:
             client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
         assert failed.value.status_code == 502
         assert session(root, "p-3")["llm_calls"][0]["status"] == "error"
+
+
+def test_an_upstream_slower_than_the_timeout_is_a_504_and_so_is_a_stream_that_stalls() -> None:
+    async def answer(chat: UpstreamChat, request: ChatRequest) -> list[Any]:
+        if request.stream:
+            return [chunk async for chunk in await chat.open_stream(request)]
+        return [await chat.complete(request, "s-1")]
+
+    async def asked(sim: Simulator, *, stream: bool) -> UpstreamError:
+        with serving_on_loopback(sim.app()) as upstream:
+            chat = UpstreamChat(f"{upstream}/v1", api_key=sim.api_key, timeout_s=0.2)
+            request = ChatRequest(messages=[{"role": "user", "content": "hi"}], stream=stream)
+            try:
+                with pytest.raises(UpstreamError) as failed:
+                    await answer(chat, request)
+            finally:
+                await chat.aclose()
+        return failed.value
+
+    late = asyncio.run(asked(Simulator(latency_s=1.0), stream=False))
+    assert late.status == 504
+    assert late.message.startswith("the upstream server did not answer in time")
+    stalled = asyncio.run(asked(Simulator(chunk_delay_s=1.0), stream=True))
+    assert stalled.status == 504
+    assert stalled.message.startswith("the upstream server stopped streaming")
+
+
+def test_the_upstream_is_reached_through_the_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("https://api.example.com/v1") is None
+    monkeypatch.setenv("https_proxy", "http://proxy.internal:3128")
+    monkeypatch.setenv("no_proxy", "models.internal")
+    assert env_proxy("https://api.example.com/v1") == "http://proxy.internal:3128"
+    assert env_proxy("http://api.example.com/v1") is None  # no proxy named for plain http
+    assert env_proxy("https://models.internal/v1") is None  # exempted

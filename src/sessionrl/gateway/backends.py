@@ -9,17 +9,17 @@ or raises `UpstreamError` carrying the status and message the agent should see.
   action language, `{"tool": ..., "params": {...}}` or `{"final": ...}`, or `<tool_call>` JSON and the
   model's native syntax), read into tool calls or the answer's text, as the orchestrator's episodes read
   them. The tokens it sampled are recorded as they are.
-- `UpstreamChat` proxies to an OpenAI-compatible server and reports what its answer says.
+- `UpstreamChat` (`sessionrl.gateway.upstream`) proxies to an OpenAI-compatible server and reports what
+  its answer says.
 - `ScriptedChat` answers from a function of the request, for tests and demos; it emits real tool calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-import httpx
 import orjson
 
 from sessionrl.gateway.chat import ChatRequest
@@ -228,175 +228,3 @@ def _resolved(call: ToolRequest, context: Context) -> ToolRequest:
         return call
     resolved = orjson.dumps(resolve(arguments, context)).decode()
     return call if resolved == call.arguments else call.model_copy(update={"arguments": resolved})
-
-
-class UpstreamChat:
-    """Proxies to an OpenAI-compatible server at `base_url` (such as `https://host/v1`). With
-    `token_ids`, each request also asks for the sampled token ids and their log-probabilities, as vLLM's
-    OpenAI server gives them (`return_token_ids`, `logprobs`; `return_tokens_as_token_ids` for a server
-    that spells the ids in its log-probabilities only), and the answer's are recorded, so training uses
-    them as they were sampled."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 120.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-        token_ids: bool = False,
-    ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
-        )
-        self.token_ids = token_ids
-        self.token_source = UPSTREAM if token_ids else RETOKENISED
-
-    def _body(self, request: ChatRequest) -> dict[str, Any]:
-        """The request as the upstream gets it (asking for token ids when configured to)."""
-        body = request.model_dump(mode="json", exclude_none=True)
-        if self.token_ids:
-            body |= {"return_token_ids": True, "return_tokens_as_token_ids": True}
-            body.setdefault("logprobs", True)
-        return body
-
-    async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
-
-    async def complete(self, request: ChatRequest, session_id: str) -> ChatReply:
-        body = self._body(request) | {"stream": False}
-        body.pop("stream_options", None)
-        response = await self._send(body, stream=False)
-        try:
-            return parse_completion(response.json())
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(502, f"the upstream server's answer is not a chat completion: {exc}") from exc
-
-    async def open_stream(self, request: ChatRequest) -> AsyncIterator[dict[str, Any]]:
-        """The upstream's streamed answer, its `chat.completion.chunk`s as they arrive (the upstream is
-        always asked for the usage, which the record keeps); `UpstreamError` when it refuses to start.
-        Closing the iterator closes the connection."""
-        body = self._body(request) | {"stream": True, "stream_options": {"include_usage": True}}
-        response = await self._send(body, stream=True)
-        return _chunks(response)
-
-    async def _send(self, body: dict[str, Any], *, stream: bool) -> httpx.Response:
-        """POST a chat request; its answer once the status says it is one (else `UpstreamError`)."""
-        try:
-            sent = self._http.build_request("POST", "/chat/completions", json=body)
-            response = await self._http.send(sent, stream=stream)
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(504, f"the upstream server did not answer in time: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(502, f"the upstream server did not answer: {exc!r}") from exc
-        if response.status_code >= 400:
-            if stream:
-                await response.aread()
-                await response.aclose()
-            status = upstream_status(response.status_code)
-            raise UpstreamError(
-                status, f"the upstream server answered {response.status_code}: {_message(response)}"
-            )
-        return response
-
-    async def models(self) -> list[str]:
-        try:
-            response = await self._http.get("/models")
-            response.raise_for_status()
-            return [str(m["id"]) for m in response.json()["data"]]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return []
-
-
-async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON of each server-sent event of a streamed answer until `[DONE]`; `UpstreamError` when the
-    stream breaks or carries what is not JSON. The response is closed at the end, or when the caller
-    stops reading."""
-    try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            value = orjson.loads(data)
-            if isinstance(value, dict):
-                yield value
-    except httpx.TimeoutException as exc:
-        raise UpstreamError(504, f"the upstream server stopped streaming: {exc!r}") from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError(502, f"the upstream server's stream broke: {exc!r}") from exc
-    except orjson.JSONDecodeError as exc:
-        raise UpstreamError(502, f"the upstream server streamed what is not JSON: {exc}") from exc
-    finally:
-        await response.aclose()
-
-
-def upstream_status(status: int) -> int:
-    """What the agent is told of an upstream's error status: a request the upstream refused (4xx) as it
-    is, but its refusal of the gateway's own key (401, 403) and every server error are the upstream's
-    failure (502; 504 for its timeouts).
-
-    >>> [upstream_status(s) for s in (400, 401, 429, 500, 503, 504)]
-    [400, 502, 429, 502, 502, 504]
-    """
-    if status in (408, 504):
-        return 504
-    return 502 if status in (401, 403) or status >= 500 else status
-
-
-def _message(response: httpx.Response) -> str:
-    """The message of an error answer: its OpenAI error's message, or its start."""
-    try:
-        error = response.json()["error"]
-        return str(error["message"] if isinstance(error, dict) else error)
-    except (ValueError, KeyError, TypeError):
-        return f"{response.status_code} {response.text[:200]}"
-
-
-def sampled_tokens(
-    choice: dict[str, Any], prompt: Any
-) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, tuple[float, ...] | None]:
-    """The prompt's token ids, the sampled ones and their log-probabilities, as far as a choice of an
-    answer (or of a streamed chunk) gives them: vLLM's `token_ids` (and the answer's
-    `prompt_token_ids`), or ids spelled `token_id:N` in its log-probabilities; log-probabilities only
-    with as many ids.
-
-    >>> choice = {"logprobs": {"content": [{"token": "token_id:7", "logprob": -0.5}]}}
-    >>> sampled_tokens(choice, [1, 2])
-    ((1, 2), (7,), (-0.5,))
-    """
-    content = (choice.get("logprobs") or {}).get("content") or []
-    entries = [c for c in content if isinstance(c, dict)]
-    ids = choice.get("token_ids")
-    if ids is None and entries and all(str(c.get("token", "")).startswith("token_id:") for c in entries):
-        ids = [int(str(c["token"]).removeprefix("token_id:")) for c in entries]
-    token_ids = tuple(int(t) for t in ids) if isinstance(ids, list) else None
-    logprobs = tuple(float(c["logprob"]) for c in entries if "logprob" in c)
-    matched = logprobs if token_ids is not None and len(logprobs) == len(token_ids) else None
-    prompt_ids = tuple(int(t) for t in prompt) if isinstance(prompt, list) else None
-    return prompt_ids, token_ids, matched
-
-
-def parse_completion(answer: dict[str, Any]) -> ChatReply:
-    """What a `chat.completion` answer says: its first choice's text and tool calls, model and usage,
-    and the tokens it was sampled as when the server gives them (`sampled_tokens`)."""
-    choice = answer["choices"][0]
-    message = choice["message"]
-    calls = tuple(
-        ToolRequest(id=c["id"], name=c["function"]["name"], arguments=c["function"].get("arguments") or "{}")
-        for c in message.get("tool_calls") or ()
-    )
-    usage = {k: int(v) for k, v in (answer.get("usage") or {}).items() if isinstance(v, int)}
-    prompt_ids, token_ids, logprobs = sampled_tokens(choice, answer.get("prompt_token_ids"))
-    return ChatReply(
-        text=message.get("content") or "",
-        tool_calls=calls,
-        model=str(answer.get("model", "")),
-        usage=usage,
-        prompt_token_ids=prompt_ids,
-        token_ids=token_ids,
-        logprobs=logprobs,
-    )

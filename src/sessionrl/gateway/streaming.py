@@ -21,10 +21,11 @@ import anyio
 import orjson
 
 from sessionrl.errors import SessionRLError
-from sessionrl.gateway.backends import RETOKENISED, ChatReply, UpstreamError, sampled_tokens
+from sessionrl.gateway.backends import RETOKENISED, ChatReply, UpstreamError
 from sessionrl.gateway.capture import record_llm
 from sessionrl.gateway.chat import ChatRequest, error_body
 from sessionrl.gateway.ending import finish_answered
+from sessionrl.gateway.upstream import sampled_tokens
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.session.model import ToolRequest
 

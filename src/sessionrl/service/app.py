@@ -21,8 +21,9 @@ from starlette.types import ASGIApp
 from sessionrl import __version__
 from sessionrl.access import TokenTable
 from sessionrl.errors import MissingExtra, require_extra
-from sessionrl.gateway.backends import ChatBackend, PolicyChat, UpstreamChat
+from sessionrl.gateway.backends import ChatBackend, PolicyChat
 from sessionrl.gateway.ending import sweep_idle
+from sessionrl.gateway.upstream import UpstreamChat
 from sessionrl.ops.serving import Operations
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.policy import PolicyBackend

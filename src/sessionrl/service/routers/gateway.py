@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 
 from sessionrl.access import Principal
 from sessionrl.errors import InvalidTransition, NotFound, SessionRLError
-from sessionrl.gateway.backends import ChatBackend, UpstreamChat, UpstreamError
+from sessionrl.gateway.backends import ChatBackend, UpstreamError
 from sessionrl.gateway.capture import ID, Turn, record_llm, record_sent_tools, replayed, take_turn
 from sessionrl.gateway.chat import (
     ChatRequest,
@@ -44,6 +44,7 @@ from sessionrl.gateway.chat import (
 )
 from sessionrl.gateway.config import GatewayConfig
 from sessionrl.gateway.streaming import relay
+from sessionrl.gateway.upstream import UpstreamChat
 from sessionrl.orchestrator.engine import Orchestrator
 from sessionrl.orchestrator.results import StepIds
 from sessionrl.service import problems
