@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ from typer.testing import CliRunner
 from sessionrl.cli import app as cli
 from sessionrl.errors import NotFound
 from sessionrl.gateway import ChatReply, ChatRequest, ScriptedChat
-from sessionrl.gateway.capture import take_turn
+from sessionrl.gateway.capture import open_if_new, take_turn
 from sessionrl.gateway.config import GatewayConfig
+from sessionrl.gateway.ending import finish_idle
 from sessionrl.orchestrator.engine import Orchestrator
-from sessionrl.session.model import ToolRequest
+from sessionrl.session.model import ToolRequest, utcnow
 from sessionrl.skills import ExecutorConfig, SkillExecutor
 from sessionrl.store import SessionStore
 from sessionrl.train.llm.captured import stored_sessions
@@ -317,3 +319,21 @@ async def test_a_request_s_tool_results_are_recorded_while_the_backend_answers(t
         assert session.tool_calls[0].output == {"pairs": 2}
         steps = [e.event.type for e in store.events("s-tools")]
         assert [t for t in steps if t in ("tool_call", "llm_call")] == ["llm_call", "tool_call", "llm_call"]
+
+
+async def test_a_sweep_projects_a_bounded_slice_of_the_backlog_and_later_sweeps_reach_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A sweep does not drain the store's whole backlog in the serving process: with a budget of one
+    outbox row it sees one more idle session each time; an unbounded sweep sees them all."""
+    later = utcnow() + timedelta(hours=1)
+    with SessionStore.open(f"sqlite:///{tmp_path / 'sweep.db'}") as store:
+        async with Orchestrator(store, SkillExecutor([], ExecutorConfig())) as engine:
+            for n in range(4):  # one outbox row each: opened, never reached again
+                await open_if_new(engine, f"idle-{n}", ChatRequest.model_validate({"messages": [USER]}))
+            first = await finish_idle(engine, 60, later, projection_rows=1)
+            second = await finish_idle(engine, 60, later, projection_rows=1)
+            rest = await finish_idle(engine, 60, later)
+        assert {store.get(f"idle-{n}").state.value for n in range(4)} == {"finished"}
+    assert (first, second) == (["idle-0"], ["idle-1"])
+    assert sorted(rest) == ["idle-2", "idle-3"]

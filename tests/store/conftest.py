@@ -18,20 +18,9 @@ from typing import Any
 
 import orjson
 import pytest
-from store_support import FreshURL, RawDB
+from store_support import FreshURL, RawDB, start_session
 
 from pg_support import local_postgres
-from sessionrl.session import (
-    CallStatus,
-    Plan,
-    PlanSet,
-    SessionCreate,
-    SessionState,
-    StateChanged,
-    SubGoal,
-    ToolCall,
-    ToolCallRecorded,
-)
 from sessionrl.store import SessionStore
 from sessionrl.store.postgres_server import LocalPostgres
 
@@ -154,16 +143,6 @@ def file_store(db_url: str) -> Iterator[SessionStore]:
 def raw(db_url: str) -> RawDB:
     """Plain SQL on the database of `db_url` (and so of `file_store`)."""
     return RawDB(db_url)
-
-
-def start_session(store: SessionStore, sid: str = "s1") -> None:
-    """Create `sid`, give it a one-step plan, start executing and record tool call `c1` (version 4)."""
-    store.create(SessionCreate(user_query="Hb 9.1, MCV 72", session_id=sid, scenario="clinic", tags=("lab",)))
-    plan = Plan(root_goal="triage", subgoals=(SubGoal(id="g1", description="parse", tool="lab_parser"),))
-    store.append(sid, PlanSet(plan=plan))
-    store.append(sid, StateChanged(state=SessionState.EXECUTING))
-    call = ToolCall(call_id="c1", subgoal_id="g1", tool="lab_parser", status=CallStatus.SUCCESS)
-    store.append(sid, ToolCallRecorded(call=call))
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from store_support import RawDB
+from store_support import RawDB, start_session
 
 from sessionrl.session import (
     Anchor,
@@ -14,10 +14,12 @@ from sessionrl.session import (
     FeedbackAdded,
     FeedbackType,
     SessionCreate,
+    SessionState,
+    StateChanged,
     ToolCall,
     ToolCallRecorded,
 )
-from sessionrl.store import SessionStore, projector
+from sessionrl.store import SessionQuery, SessionStore, projector
 
 
 def tables(store: SessionStore) -> dict[str, list[dict[str, Any]]]:
@@ -42,6 +44,20 @@ def test_projection_flattens_a_session_into_its_tables(running: SessionStore) ->
     assert call == {"call_id": "c1", "tool": "lab_parser", "status": "success", "retryable": 0}
     [row] = running.sql("SELECT type, comment, anchor_call_id FROM feedback")
     assert row == {"type": "comment", "comment": "Chronic disease ignored", "anchor_call_id": "c1"}
+
+
+def test_a_bounded_projection_consumes_at_most_its_rows_and_a_stale_query_reads_no_further(
+    running: SessionStore,
+) -> None:
+    start_session(running, "s2")  # four outbox rows each, s1's first
+    assert running.project(limit=3) == 3
+    assert [r.session_id for r in running.query(SessionQuery(), fresh=False)] == ["s1"]
+    assert running.project(limit=4) == 4
+    assert {r.session_id for r in running.query(SessionQuery(), fresh=False)} == {"s1", "s2"}
+    running.append("s2", StateChanged(state=SessionState.FINISHED))
+    assert {r.state.value for r in running.query(SessionQuery(), fresh=False)} == {"executing"}
+    assert {r.state.value for r in running.query(SessionQuery())} == {"executing", "finished"}  # drained
+    assert running.project(limit=5) == 0
 
 
 def test_projecting_twice_changes_nothing(running: SessionStore) -> None:

@@ -20,6 +20,13 @@ class GatewayConfig(BaseModel):
         default=900.0, gt=0, description="Finish a session no request has reached for this long; none: never."
     )
     sweep_every_s: float = Field(default=30.0, gt=0, description="How often idle sessions are looked for.")
+    sweep_projection_rows: int = Field(
+        default=500,
+        ge=1,
+        description="Outbox rows a sweep projects into the query tables before it looks (not the whole "
+        "backlog, which would stall the requests being served); sessions past them are found once a query "
+        "or later sweeps have projected them.",
+    )
     upstream_token_ids: bool = Field(
         default=False,
         description="Ask the upstream for the sampled token ids and log-probabilities (vLLM's OpenAI server "

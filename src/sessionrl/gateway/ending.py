@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from sessionrl.errors import InvalidTransition, NotFound, SessionRLError
 from sessionrl.gateway.config import GatewayConfig
 from sessionrl.orchestrator.engine import Orchestrator
+from sessionrl.session.lifecycle import ACTIVE
 from sessionrl.session.model import SessionState, utcnow
 from sessionrl.store import SessionQuery
 
@@ -44,21 +45,32 @@ async def finish_answered(engine: Orchestrator, session_id: str, text: str) -> N
         await engine.finish(session_id, text, key=f"gateway-final {session_id}", reason=FINAL_ANSWER)
 
 
-async def finish_idle(engine: Orchestrator, idle_s: float, now: datetime | None = None) -> list[str]:
-    """Finish every gateway session still active that no request reached for `idle_s`; return their ids.
-    The output is the last thing the model said in the session (empty when it said nothing)."""
+async def finish_idle(
+    engine: Orchestrator, idle_s: float, now: datetime | None = None, *, projection_rows: int | None = None
+) -> list[str]:
+    """Finish every gateway session still active that no request reached for `idle_s`, as far as the
+    store's query tables know them; return their ids. The output is the last thing the model said in the
+    session (empty when it said nothing).
+
+    With `projection_rows`, the query tables are first brought forward by at most that many outbox rows,
+    not drained whole (`SessionStore.project`): a serving process must not pay for a backlog in one go
+    (projecting is Python work that holds the interpreter lock, and on a busy service draining tens of
+    thousands of rows stalled every request for about a second). A candidate is read afresh before it is
+    finished, so tables that lag never end a session a request reached since."""
     cutoff = (now or utcnow()) - timedelta(seconds=idle_s)
     finished: list[str] = []
+    if projection_rows is not None:
+        await asyncio.to_thread(engine.store.project, projection_rows)
     for state in (SessionState.CREATED, SessionState.EXECUTING):
         query = SessionQuery(state=state, tags=(GATEWAY_TAG,), order_by="updated_at", limit=SWEEP_LIMIT)
-        rows = await asyncio.to_thread(engine.store.query, query)
+        rows = await asyncio.to_thread(engine.store.query, query, fresh=projection_rows is None)
         for row in rows:
             if row.updated_at > cutoff:
                 break  # ordered by last change: the rest are more recent still
             try:
                 session = await engine.session(row.session_id)
-                if session.updated_at > cutoff:
-                    continue  # a request reached it since the query
+                if session.state not in ACTIVE or session.updated_at > cutoff:
+                    continue  # ended, or reached by a request, since the tables were projected
                 last = session.llm_calls[-1].response if session.llm_calls else ""
                 await engine.finish(row.session_id, last, key=f"gateway-idle {row.session_id}", reason=IDLE)
             except (InvalidTransition, NotFound):
@@ -78,7 +90,9 @@ async def sweep_idle(engine_of: Callable[[], Orchestrator | None], config: Gatew
         if engine is None:
             continue
         try:
-            ended = await finish_idle(engine, config.idle_finish_s)
+            ended = await finish_idle(
+                engine, config.idle_finish_s, projection_rows=config.sweep_projection_rows
+            )
         except SessionRLError:
             log.exception("the gateway's idle sweep failed; the next one tries again")
             continue

@@ -246,20 +246,30 @@ class SessionStore:
 
     # query tables
 
-    def project(self) -> int:
-        """Drain the outbox into the query tables; return how many outbox rows were consumed."""
+    def project(self, limit: int | None = None) -> int:
+        """Drain the outbox into the query tables (at most `limit` rows of it when given); return how many
+        outbox rows were consumed."""
         total = 0
-        while True:
+        while limit is None or total < limit:
+            batch = (
+                self.config.projector_batch
+                if limit is None
+                else min(self.config.projector_batch, limit - total)
+            )
             with self._db.atomic() as conn:
                 self._db.serialise(conn, [PROJECTOR_KEY])
-                done = projector.project_batch(conn, self.config.projector_batch)
+                done = projector.project_batch(conn, batch)
             if done == 0:
-                return total
+                break
             total += done
+        return total
 
-    def query(self, q: SessionQuery) -> list[SessionRow]:
-        """Sessions matching typed filters (see `SessionQuery`), from the query tables."""
-        self.project()
+    def query(self, q: SessionQuery, *, fresh: bool = True) -> list[SessionRow]:
+        """Sessions matching typed filters (see `SessionQuery`), from the query tables. They are brought up
+        to date first (`project`) unless `fresh` is False: then they are as far as the last projection
+        took them, and the call costs only its own read."""
+        if fresh:
+            self.project()
         with self._db.snapshot() as conn:
             return queries.select_rows(conn, self._db, q)
 
