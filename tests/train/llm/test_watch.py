@@ -17,7 +17,7 @@ from sessionrl.eval.autopause import REPORT
 from sessionrl.eval.collapse import CollapseConfig
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage
-from sessionrl.train.llm.loop import train
+from sessionrl.train.llm.loop import gate_verdict, train
 from sessionrl.train.llm.watch import GOOD, Guard
 from tiny_run_support import tiny_run
 
@@ -54,6 +54,18 @@ def test_a_resumed_guard_rebuilds_its_watch_from_the_curve(tmp_path: Path) -> No
 
 
 GATE_PASSED = "gate: the imitation policy's success on 2 dev tasks is 0.000 (bar 0); passed: GRPO starts"
+
+
+def test_the_gate_s_verdict_names_the_stages_that_follow_it() -> None:
+    rft_only = RunConfig.model_validate(tiny_run(rft={"rounds": 1}, rl={"iterations": 0}))
+    assert gate_verdict(rft_only, 0.2, True).endswith("passed: rejection sampling starts")
+    both = RunConfig.model_validate(tiny_run(rft={"rounds": 1}))
+    assert gate_verdict(both, 0.0, False).endswith(
+        "not passed: rejection sampling then GRPO does not start (sft_policy/ is kept)"
+    )
+    assert gate_verdict(RunConfig.model_validate(tiny_run()), None, True).endswith("passed: GRPO starts")
+
+
 DESTRUCTIVE: dict[str, Any] = {
     # imitation long enough that most replies parse; then GRPO at a learning rate 100 times the examples'
     "model": {"tiny": {"hidden_size": 64, "intermediate_size": 128}},

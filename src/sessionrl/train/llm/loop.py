@@ -372,11 +372,27 @@ def gate_verdict(config: RunConfig, success: float | None, passed: bool) -> str:
     bar = config.evaluation
     levels = f" and levels {', '.join(config.levels.gate)}" if config.levels.gate else ""
     reached = "?" if success is None else f"{success:.3f}"
-    verdict = "passed: GRPO starts" if passed else "not passed: GRPO does not start (sft_policy/ is kept)"
+    verdict = (
+        f"passed: {rl_stages(config)} starts"
+        if passed
+        else f"not passed: {rl_stages(config)} does not start (sft_policy/ is kept)"
+    )
     return (
         f"gate: the imitation policy's success on {bar.gate_tasks} {bar.gate_split} tasks is {reached}"
         f" (bar {bar.gate_min_success:g}{levels}); {verdict}"
     )
+
+
+def rl_stages(config: RunConfig) -> str:
+    """The stages the gate lets start, as the verdict names them.
+
+    >>> rl_stages(RunConfig.model_validate({"rft": {"rounds": 2}, "rl": {"iterations": 0}}))
+    'rejection sampling'
+    """
+    stages = (["rejection sampling"] if config.rft is not None else []) + (
+        ["GRPO"] if config.rl.iterations > 0 or config.rft is None else []
+    )
+    return " then ".join(stages)
 
 
 def logged_gate(run: Run) -> float | None:
