@@ -15,9 +15,11 @@ from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.sampling import (
     BF16Matmuls,
     KVStore,
+    RoomyLayer,
     Sample,
     TorchEngine,
     common_prefix,
+    inverse_cdf,
     sample_batch,
 )
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
@@ -140,6 +142,42 @@ def test_a_new_policy_version_drops_what_older_weights_computed(model: torch.nn.
     assert [c.token_ids for c in after] == [s.token_ids for s in run(changed, prompts(), None, new=4)]
 
 
+def test_prompts_that_start_a_longer_one_take_it_from_that_one(model: torch.nn.Module) -> None:
+    # the turns of one conversation asked at once (as the tool accuracy asks them), beside another one
+    prefix, middle = prompts()[0][:80], [(3 * i) % 200 + 20 for i in range(40)]
+    turn_1 = [*prefix, *middle, 12]
+    turn_2 = [*turn_1, *middle[:36], 13, 14]
+    rows = [turn_1, [*prefix, 50, 51], turn_2]
+    store = KVStore(min_shared=32, turns=False)
+    assert_same(run(model, rows, store), run(model, rows, None))
+    # the whole batch's start, then the longest turn from it, then one new token for each turn
+    assert store.builds == 2
+    assert store.prefilled_tokens == 80 + (len(turn_2) - 1 - 80) + 1 + 2 + 1
+    assert sorted(len(k) for k in store.entries) == [80, len(turn_2) - 1]
+
+
+def test_a_closed_up_cache_keeps_its_buffers_and_its_rows() -> None:
+    layer = RoomyLayer(room=4)
+    keys, values = torch.randn(4, 2, 6, 3), torch.randn(4, 2, 6, 3)
+    layer.hold(keys.clone(), values.clone(), length=5)
+    held = layer.buffers
+    assert held is not None
+    layer.batch_select_indices(torch.tensor([1, 3]))
+    assert layer.buffers is not None
+    assert layer.buffers[0].data_ptr() == held[0].data_ptr()
+    torch.testing.assert_close(layer.keys, keys[[1, 3], :, :5], atol=0, rtol=0)
+    torch.testing.assert_close(layer.values, values[[1, 3], :, :5], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="ascend"):
+        layer.batch_select_indices(torch.tensor([1, 0]))
+
+
+def test_a_finished_row_too_long_for_the_store_is_not_kept(model: torch.nn.Module) -> None:
+    store = KVStore(min_shared=32, max_tokens=60)
+    run(model, prompts(), store, new=3)
+    assert not store.entries
+    assert store.evicted == 1 + len(prompts())  # the shared prefix, then every finished row
+
+
 def test_short_or_single_prompts_run_whole(model: torch.nn.Module) -> None:
     store = KVStore(min_shared=32, turns=False)
     run(model, [prompts()[0]], store)
@@ -204,3 +242,11 @@ def test_a_refresh_takes_new_bf16_copies(model: torch.nn.Module) -> None:
     for c in after:
         want = forward_logprobs(changed, list(c.prompt_token_ids), c.token_ids)
         torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=0.02, rtol=0)
+
+
+def test_draws_follow_the_distribution_and_never_take_an_impossible_token() -> None:
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(100_000, 4).contiguous()
+    drawn = inverse_cdf(probs, torch.Generator().manual_seed(2))
+    shares = torch.bincount(drawn, minlength=4) / len(drawn)
+    assert shares[1] == 0
+    torch.testing.assert_close(shares, probs[0], atol=0.005, rtol=0)

@@ -6,6 +6,9 @@ prompt, the reply drawn for it, and the new tool result. `KVStore` keeps the key
 
 - the shared prefix of a batch, computed once at batch size 1 when the batch's prompts share at least
   `min_shared` tokens and nothing kept covers them;
+- the longest prompt of a few that share more than the whole batch does (the turns of one conversation
+  asked at once, as the per-turn tool accuracy asks them; the episodes of one task), computed first at
+  batch size 1 from what it reuses, so the others take their shared start from it;
 - with `turns`, every row's prompt and reply, taken from the batch's cache as the row finishes, so the
   episode's next turn prefills only the tokens that follow what was kept.
 
@@ -19,10 +22,11 @@ prefilled as one cache laid out right-aligned, each row's reused part followed b
 
 and decoded, rows leaving the batch (and the cache) as they reach a stop token. The batch's cache keeps
 room for the new tokens (`RoomyLayer`), so a decode step writes one position per layer in place rather than
-copying the whole cache to append it (`DynamicLayer` concatenates). Entries are evicted least
-recently used first once they hold more than `max_tokens` tokens; an entry is dropped as soon as the
-same episode's next turn is kept. `TorchEngine.refresh` (a new policy version) clears them all: nothing
-computed by older weights is reused.
+copying the whole cache to append it (`DynamicLayer` concatenates), and rows that leave are closed up in
+place, so the cache never exists twice. Entries are evicted least recently used first once they hold more
+than `max_tokens` tokens; an episode's entry is dropped once its next turn's batch has copied it, and a
+finished row is kept as it leaves, so no more than the store holds is ever copied out of a batch.
+`TorchEngine.refresh` (a new policy version) clears them all: nothing computed by older weights is reused.
 
 Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default). On a CPU
 with bfloat16 matrix units (AMX, AVX512-BF16), `BF16Matmuls` multiplies the float32 model's linear layers
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -122,8 +127,10 @@ class Kept:
 class KVStore:
     """Key/value caches kept across batches for one version of the weights (see the module doc)."""
 
-    max_tokens: int = 32768
-    """Most tokens kept over all entries (least recently used entries go first)."""
+    max_tokens: int = 65536
+    """Most tokens kept over all entries (least recently used entries go first): 3 GB for SmolLM2-135M in
+    float32, room for 16 to 20 episodes of 3 to 4k tokens, so that none of them prefills its whole
+    conversation again (docs/engines.md)."""
     min_shared: int = 64
     """Shortest shared prefix worth computing once for a batch."""
     turns: bool = True
@@ -149,6 +156,13 @@ class KVStore:
         """Forget every entry (the weights changed)."""
         self.entries.clear()
 
+    def admits(self, tokens: int) -> bool:
+        """Whether an entry of `tokens` tokens fits within `max_tokens` at all (counted as evicted if not)."""
+        if tokens > self.max_tokens:
+            self.evicted += 1
+            return False
+        return True
+
     def longest(self, prompt: np.ndarray) -> tuple[int, tuple[int, ...] | None]:
         """The entry sharing the longest prefix with `prompt` (leaving it at least one token) and how many
         tokens it shares; ``(0, None)`` when none does."""
@@ -163,8 +177,7 @@ class KVStore:
         """Keep `kv` as the cache of `ids` (most recently used); its key, or None when it alone would
         exceed `max_tokens`."""
         key = tuple(ids)
-        if len(key) > self.max_tokens:
-            self.evicted += 1
+        if not self.admits(len(key)):
             return None
         self.entries[key] = Kept(np.asarray(key, dtype=np.int64), kv, shared)
         self.entries.move_to_end(key)
@@ -191,9 +204,32 @@ class KVStore:
                 self.builds += 1
                 self.prefilled_tokens += n
                 taken = [Reuse(n, shared, kv) if r.tokens < n else r for r in taken]
+            taken = self._extended(model, arrays, taken)
         self.hits += sum(r.kv is not None for r in taken)
         self.reused_tokens += sum(r.tokens for r in taken)
         self.prefilled_tokens += sum(len(p) for p in prompts) - sum(r.tokens for r in taken)
+        return taken
+
+    def _extended(self, model: Any, prompts: Sequence[np.ndarray], taken: list[Reuse]) -> list[Reuse]:
+        """Where prompts of the batch share more than the whole batch does (the turns of one conversation,
+        of which each prompt starts the next; the episodes of one task), the longest of them is computed
+        first at batch size 1, from what it reuses, and kept: the others take from it what they share with
+        it, at least `min_shared` tokens more than they had. Longest first, so one seed serves every
+        prompt that starts it."""
+        taken = list(taken)
+        for i in sorted(range(len(prompts)), key=lambda i: -len(prompts[i])):
+            seed = prompts[i][: len(prompts[i]) - 1]
+            shares = {j: min(shared_length(seed, p), len(p) - 1) for j, p in enumerate(prompts) if j != i}
+            gains = {j: n for j, n in shares.items() if n - taken[j].tokens >= self.min_shared}
+            if not gains:
+                continue
+            if taken[i].tokens < len(seed):
+                kv = prefill(model, seed, taken[i])
+                self.builds += 1
+                self.prefilled_tokens += len(seed) - taken[i].tokens
+                taken[i] = Reuse(len(seed), self.put(seed.tolist(), kv, shared=True), kv)
+            for j, n in gains.items():
+                taken[j] = Reuse(n, taken[i].key, taken[i].kv)
         return taken
 
     def settle(self, used: Sequence[Reuse]) -> None:
@@ -214,11 +250,18 @@ class Reuse:
     kv: KV | None
 
 
-def prefill(model: Any, ids: Sequence[int]) -> KV:
-    """The key/value cache of `ids`, computed at batch size 1."""
+def prefill(model: Any, ids: Sequence[int] | np.ndarray, start: Reuse | None = None) -> KV:
+    """The key/value cache of `ids`, computed at batch size 1 after the first `start.tokens` of them, which
+    `start` holds (from the first token without it)."""
     device = next(model.parameters()).device
-    out = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1)
-    return tuple((layer.keys[0], layer.values[0]) for layer in out.cache.layers)
+    done = start.tokens if start is not None and start.kv is not None else 0
+    cache = None
+    if start is not None and start.kv is not None and done:
+        cache = DynamicCache(ddp_cache_data=[(k[None, :, :done], v[None, :, :done]) for k, v in start.kv])
+    new = torch.as_tensor(np.asarray(ids[done:], dtype=np.int64), device=device)[None]
+    positions = torch.arange(done, done + new.shape[1], device=device)[None]
+    out = model(input_ids=new, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+    return packed([(layer.keys[0], layer.values[0]) for layer in out.cache.layers])
 
 
 def extend_batch(
@@ -293,9 +336,17 @@ class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         return keys, values
 
     def batch_select_indices(self, indices: Tensor) -> None:
-        """Keep only the rows `indices` (a copy of their buffers)."""
+        """Keep only the rows `indices` (ascending), moved up in place: each row that stays copies its
+        filled part to the front of the buffers, which keep their memory (no second copy of the cache)."""
         if self.buffers is not None:
-            self.buffers = (self.buffers[0][indices], self.buffers[1][indices])
+            rows = indices.tolist()
+            if any(a >= b for a, b in itertools.pairwise(rows)):
+                raise ValueError(f"rows to keep must ascend, got {rows}")
+            for to, row in enumerate(rows):  # ascending: a row is read before anything overwrites it
+                if to != row:
+                    for buffer in self.buffers:
+                        buffer[to, :, : self.length] = buffer[row, :, : self.length]
+            self.buffers = (self.buffers[0][: len(rows)], self.buffers[1][: len(rows)])
             self._views()
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -337,11 +388,12 @@ def batch_cache(
     if slots == 0:
         return RoomyCache(layers, room) if room is not None else None
     like = next(kv for kv in kvs if kv is not None)
+    k0 = like[0][0]
+    # one allocation for every layer (see `packed`), zeros where rows are padded
+    block = k0.new_zeros((len(like), 2, rows, k0.shape[0], slots + (room or 0), k0.shape[-1]))
     filled = []
-    for layer, (k0, v0) in enumerate(like):
-        capacity = slots + (room or 0)
-        keys = k0.new_zeros((rows, k0.shape[0], capacity, k0.shape[-1]))
-        values = v0.new_zeros((rows, v0.shape[0], capacity, v0.shape[-1]))
+    for layer in range(len(like)):
+        keys, values = block[layer, 0], block[layer, 1]
         for i, (kv, n) in enumerate(zip(kvs, reused, strict=True)):
             if kv is not None and n > 0:
                 keys[i, :, slots - n : slots] = kv[layer][0][:, :n]
@@ -356,9 +408,10 @@ def batch_cache(
     return cache
 
 
-Keep = Callable[[int, Any, int, Tensor], None]
-"""Called as ``keep(row, cache, index, mask)`` when a row leaves the batch, with its index in the cache now
-and its attention mask over the cache (which then holds its prompt and reply but the last drawn token)."""
+Keep = Callable[[int, Sequence[int], Any, int, Tensor], None]
+"""Called as ``keep(row, drawn, cache, index, mask)`` when a row leaves the batch, with the tokens it drew,
+its index in the cache now and its attention mask over the cache (which then holds its prompt and reply
+but the last drawn token)."""
 
 
 @torch.inference_mode()
@@ -388,27 +441,52 @@ def sample_batch(
     ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
     room = ids.shape[1] + config.max_new_tokens if in_place else None
     cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room)
+    keep = None
+    if prefix is not None and prefix.turns:
+        prefix.settle(taken)  # the batch's cache holds its own copy of what its rows reused
+        keep = functools.partial(_keep_row, prefix, prompts)
+    del taken  # nor does the batch hold on to the entries it reused
     last = {"logits_to_keep": 1} if in_place else {}  # before the engine: logits at every position
     out = model(
         input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **last
     )
-    left: dict[int, KV] = {}
-    keep = functools.partial(_take_row, left) if prefix is not None and prefix.turns else None
-    samples = decode(
+    return decode(
         model, out.cache, out.logits[:, -1], mask, positions[:, -1:], stop_ids, config, generator, keep
     )
-    if prefix is not None and keep is not None:
-        prefix.settle(taken)
-        for row, kv in left.items():
-            ids_kept = (*prompts[row], *samples[row].token_ids)[: kv[0][0].shape[1]]
-            prefix.put(ids_kept, kv, shared=False)
-    return samples
 
 
-def _take_row(into: dict[int, KV], row: int, cache: Any, index: int, mask: Tensor) -> None:
-    """A `Keep` copying the leaving row's cache (its unpadded positions) into `into[row]`."""
-    valid = mask.bool()
-    into[row] = tuple((layer.keys[index][:, valid], layer.values[index][:, valid]) for layer in cache.layers)
+def _keep_row(
+    store: KVStore,
+    prompts: Sequence[Sequence[int]],
+    row: int,
+    drawn: Sequence[int],
+    cache: Any,
+    index: int,
+    mask: Tensor,
+) -> None:
+    """A `Keep` putting the leaving row's prompt and reply into `store` as it leaves (its unpadded
+    positions, copied), so rows the store cannot hold are never copied nor held to the batch's end."""
+    positions = mask.nonzero().squeeze(-1)
+    if store.admits(len(positions)):
+        kv = packed([(layer.keys[index], layer.values[index]) for layer in cache.layers], positions)
+        store.put((*prompts[row], *drawn)[: len(positions)], kv, shared=False)
+
+
+def packed(layers: Sequence[tuple[Tensor, Tensor]], positions: Tensor | None = None) -> KV:
+    """`layers`' keys and values (``[heads, T, head_dim]`` each; only the `positions` of T, when given)
+    copied into one allocation, as a view per layer. Dropped, an entry frees that allocation whole, which
+    the allocator hands back to the system; the sixty small tensors of a 30-layer entry, freed in any
+    order, leave the allocator's heap in holes that the process keeps."""
+    keys = layers[0][0]
+    length = keys.shape[1] if positions is None else len(positions)
+    block = keys.new_empty((len(layers), 2, keys.shape[0], length, keys.shape[2]))
+    for i, pair in enumerate(layers):
+        for j, part in enumerate(pair):
+            if positions is None:
+                block[i, j].copy_(part)
+            else:
+                torch.index_select(part, 1, positions, out=block[i, j])
+    return tuple((block[i, 0], block[i, 1]) for i in range(len(layers)))
 
 
 def decode(
@@ -441,7 +519,7 @@ def decode(
         if not bool(going.all()):
             if keep is not None:
                 for index in (~going).nonzero().squeeze(-1).tolist():
-                    keep(active[index], cache, index, mask[index])
+                    keep(active[index], tokens[active[index]], cache, index, mask[index])
             if not bool(going.any()):
                 break
             kept = going.nonzero().squeeze(-1)
@@ -474,9 +552,23 @@ def draw(logits: Tensor, config: SamplingConfig, generator: torch.Generator) -> 
         chosen = logp.argmax(dim=-1)
     else:
         logp = torch.log_softmax(logits / config.temperature, dim=-1)
-        draws = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)
-        chosen = draws.to(logits.device)
+        chosen = inverse_cdf(logp.exp().cpu(), generator).to(logits.device)
     return chosen, logp.gather(-1, chosen[:, None]).squeeze(-1)
+
+
+def inverse_cdf(probs: Tensor, generator: torch.Generator) -> Tensor:
+    """One index per row of `probs` ``[B, V]``, drawn with probability proportional to its entry: the
+    first whose running sum passes a uniform draw scaled to the row's total. One random number a row,
+    where `torch.multinomial` draws one for every entry of the vocabulary (30 ms a step at 31 rows of
+    49k entries on 2 cores); an entry of probability 0 is never drawn.
+
+    >>> inverse_cdf(torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]]), torch.Generator().manual_seed(0))[0]
+    tensor(1)
+    """
+    cdf = probs.cumsum(dim=-1)
+    point = torch.rand((probs.shape[0], 1), generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    # the first index whose running sum exceeds the point (searchsorted's right side skips zero entries)
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(probs.shape[1] - 1)
 
 
 class BF16Matmuls(TorchFunctionMode):
@@ -613,7 +705,9 @@ __all__ = [
     "decode",
     "draw",
     "extend_batch",
+    "inverse_cdf",
     "left_pad",
+    "packed",
     "sample_batch",
     "shared_length",
 ]
