@@ -156,6 +156,16 @@ def test_prompts_that_start_a_longer_one_take_it_from_that_one(model: torch.nn.M
     assert sorted(len(k) for k in store.entries) == [80, len(turn_2) - 1]
 
 
+def test_a_prompt_with_many_new_tokens_is_prefilled_alone_and_not_kept(model: torch.nn.Module) -> None:
+    prefix = prompts()[0][:80]
+    rows = [[*prefix, 11, 12, 13], [*prefix, *range(100, 140)]]
+    store = KVStore(min_shared=32, min_alone=16, turns=False)
+    assert_same(run(model, rows, store), run(model, rows, None))
+    assert (store.builds, store.alone) == (1, 1)
+    assert [len(k) for k in store.entries] == [80]
+    assert store.prefilled_tokens == 80 + 39 + 3 + 1  # the prefix, the long row alone, then the batch
+
+
 def test_a_closed_up_cache_keeps_its_buffers_and_its_rows() -> None:
     layer = RoomyLayer(room=4)
     keys, values = torch.randn(4, 2, 6, 3), torch.randn(4, 2, 6, 3)

@@ -8,7 +8,8 @@ prompt, the reply drawn for it, and the new tool result. `KVStore` keeps the key
   `min_shared` tokens and nothing kept covers them;
 - the longest prompt of a few that share more than the whole batch does (the turns of one conversation
   asked at once, as the per-turn tool accuracy asks them; the episodes of one task), computed first at
-  batch size 1 from what it reuses, so the others take their shared start from it;
+  batch size 1 from what it reuses, so the others take their shared start from it (a prompt with many
+  new tokens and no such partner is computed alone too, but not kept: see `KVStore.min_alone`);
 - with `turns`, every row's prompt and reply, taken from the batch's cache as the row finishes, so the
   episode's next turn prefills only the tokens that follow what was kept.
 
@@ -133,11 +134,16 @@ class KVStore:
     conversation again (docs/engines.md)."""
     min_shared: int = 64
     """Shortest shared prefix worth computing once for a batch."""
+    min_alone: int = 256
+    """New tokens from which a prompt of a batch is prefilled alone, at batch size 1, before the batch:
+    prefilled together, every row would be padded to its length."""
     turns: bool = True
     """Keep each row's prompt and reply for the episode's next turn (else only shared prefixes)."""
     entries: OrderedDict[tuple[int, ...], Kept] = field(default_factory=OrderedDict)
     builds: int = 0
     """Shared prefixes computed so far."""
+    alone: int = 0
+    """Prompts prefilled alone (`min_alone`) so far, shared prefixes aside."""
     hits: int = 0
     """Prompts that reused a kept entry."""
     reused_tokens: int = 0
@@ -211,23 +217,29 @@ class KVStore:
         return taken
 
     def _extended(self, model: Any, prompts: Sequence[np.ndarray], taken: list[Reuse]) -> list[Reuse]:
-        """Where prompts of the batch share more than the whole batch does (the turns of one conversation,
-        of which each prompt starts the next; the episodes of one task), the longest of them is computed
-        first at batch size 1, from what it reuses, and kept: the others take from it what they share with
-        it, at least `min_shared` tokens more than they had. Longest first, so one seed serves every
-        prompt that starts it."""
+        """Prompts computed first at batch size 1, from what they reuse, all but their last token:
+
+        - where prompts of the batch share more than the whole batch does (the turns of one conversation,
+          of which each prompt starts the next; the episodes of one task), the longest of them, kept: the
+          others take from it what they share with it, at least `min_shared` tokens more than they had;
+        - a prompt with `min_alone` new tokens or more, which the batch would pad every row to.
+
+        Longest first, so one seed serves every prompt that starts it. The batch then prefills short
+        remainders only, and its cache is as wide as its longest prompt."""
         taken = list(taken)
         for i in sorted(range(len(prompts)), key=lambda i: -len(prompts[i])):
             seed = prompts[i][: len(prompts[i]) - 1]
             shares = {j: min(shared_length(seed, p), len(p) - 1) for j, p in enumerate(prompts) if j != i}
             gains = {j: n for j, n in shares.items() if n - taken[j].tokens >= self.min_shared}
-            if not gains:
-                continue
-            if taken[i].tokens < len(seed):
+            new = len(seed) - taken[i].tokens
+            if new > 0 and (gains or new >= self.min_alone):
                 kv = prefill(model, seed, taken[i])
-                self.builds += 1
-                self.prefilled_tokens += len(seed) - taken[i].tokens
-                taken[i] = Reuse(len(seed), self.put(seed.tolist(), kv, shared=True), kv)
+                # alone, it keeps the key of what it reused: that episode entry is settled as before
+                key = self.put(seed.tolist(), kv, shared=True) if gains else taken[i].key
+                self.builds += bool(gains)
+                self.alone += not gains
+                self.prefilled_tokens += new
+                taken[i] = Reuse(len(seed), key, kv)
             for j, n in gains.items():
                 taken[j] = Reuse(n, taken[i].key, taken[i].kv)
         return taken
