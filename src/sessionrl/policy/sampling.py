@@ -266,10 +266,11 @@ def prefill(model: Any, ids: Sequence[int] | np.ndarray, start: Reuse | None = N
     """The key/value cache of `ids`, computed at batch size 1 after the first `start.tokens` of them, which
     `start` holds (from the first token without it)."""
     device = next(model.parameters()).device
-    done = start.tokens if start is not None and start.kv is not None else 0
+    kept = start.kv if start is not None else None
+    done = start.tokens if start is not None and kept is not None else 0
     cache = None
-    if start is not None and start.kv is not None and done:
-        cache = DynamicCache(ddp_cache_data=[(k[None, :, :done], v[None, :, :done]) for k, v in start.kv])
+    if kept is not None and done:
+        cache = DynamicCache(ddp_cache_data=[(k[None, :, :done], v[None, :, :done]) for k, v in kept])
     new = torch.as_tensor(np.asarray(ids[done:], dtype=np.int64), device=device)[None]
     positions = torch.arange(done, done + new.shape[1], device=device)[None]
     out = model(input_ids=new, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
@@ -486,9 +487,9 @@ def _keep_row(
 
 def packed(layers: Sequence[tuple[Tensor, Tensor]], positions: Tensor | None = None) -> KV:
     """`layers`' keys and values (``[heads, T, head_dim]`` each; only the `positions` of T, when given)
-    copied into one allocation, as a view per layer. Dropped, an entry frees that allocation whole, which
-    the allocator hands back to the system; the sixty small tensors of a 30-layer entry, freed in any
-    order, leave the allocator's heap in holes that the process keeps."""
+    copied into one allocation, as a view per layer, so that a dropped entry frees one large block (which
+    the allocator can hand back to the system whole) rather than sixty small tensors of a 30-layer model
+    freed in any order."""
     keys = layers[0][0]
     length = keys.shape[1] if positions is None else len(positions)
     block = keys.new_empty((len(layers), 2, keys.shape[0], length, keys.shape[2]))
