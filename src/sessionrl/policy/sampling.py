@@ -30,9 +30,9 @@ finished row is kept as it leaves, so no more than the store holds is ever copie
 `TorchEngine.refresh` (a new policy version) clears them all: nothing computed by older weights is reused.
 
 Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default). On a CPU
-with bfloat16 matrix units (AMX, AVX512-BF16), `BF16Matmuls` multiplies the float32 model's linear layers
-but the output head in bfloat16: residual stream, norms, attention, the key/value cache and the logits stay
-float32, and the logprobs stay within about 0.01 nats of float32's (docs/engines.md).
+with bfloat16 matrix units (AMX, AVX512-BF16), the float32 model's linear layers but the output head are
+multiplied in bfloat16 (`sessionrl.policy.products.BF16Matmuls`): the logprobs stay within about 0.01 nats
+of float32's (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -44,18 +44,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from sessionrl.policy.engine import Completion
+from sessionrl.policy.products import BF16Matmuls, bf16_by_default
 
 if TYPE_CHECKING:
     from sessionrl.policy.llm import SamplingConfig
@@ -584,52 +582,6 @@ def inverse_cdf(probs: Tensor, generator: torch.Generator) -> Tensor:
     return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(probs.shape[1] - 1)
 
 
-class BF16Matmuls(TorchFunctionMode):
-    """Within it, `F.linear` on a float32 weight of `model`'s linear layers (all but the output head)
-    multiplies a bfloat16 copy of the weight by the input rounded to bfloat16, and returns float32: the
-    matrix units run at bfloat16 speed while everything between the products (residual stream, norms,
-    attention, cache, logits) stays float32. The copies are taken once, so build a new one when the
-    weights change; other weights, other functions and other modules pass through untouched."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        head = model.get_output_embeddings()
-        skip = head.weight if head is not None else None
-        self.copies: dict[int, tuple[Tensor, Tensor]] = {
-            id(m.weight): (m.weight, m.weight.detach().to(torch.bfloat16))
-            for m in model.modules()
-            if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and m.weight is not skip
-        }
-        """id of each float32 weight -> (the weight, its bfloat16 copy); holding the weight keeps its id."""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is F.linear and len(args) >= 2:
-            held = self.copies.get(id(args[1]))
-            if held is not None and held[0] is args[1]:
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                out = F.linear(args[0].to(torch.bfloat16), held[1]).float()
-                return out if bias is None else out + bias
-        return func(*args, **kwargs)
-
-
-def bf16_matmul_units() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX or AVX512-BF16; Linux's cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def bf16_by_default(model: Any) -> bool:
-    """`TorchEngine`'s default: bfloat16 products for a float32 model on a CPU with bfloat16 units."""
-    weight = next(model.parameters())
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and bf16_matmul_units()
-
-
 class TorchEngine:
     """The CPU `Engine` (`sessionrl.policy.engine`): `sample_batch` over the trainer's own module, with a
     `KVStore` kept while the policy version stays, and its linear layers multiplied in bfloat16
@@ -704,7 +656,6 @@ class TorchEngine:
 
 
 __all__ = [
-    "BF16Matmuls",
     "KVStore",
     "Reuse",
     "RoomyCache",
@@ -712,8 +663,6 @@ __all__ = [
     "Sample",
     "TorchEngine",
     "batch_cache",
-    "bf16_by_default",
-    "bf16_matmul_units",
     "common_prefix",
     "decode",
     "draw",

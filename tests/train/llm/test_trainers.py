@@ -10,8 +10,10 @@ import pytest
 import torch
 from tiny_orders import SHORT_PROMPTS, OrdersWorld
 
-from sessionrl.policy.llm import HFPolicy, SamplingConfig
+from sessionrl.policy.llm import HFPolicy, LoRAConfig, SamplingConfig, with_lora
+from sessionrl.policy.products import FrozenBF16Matmuls
 from sessionrl.session.model import Message
+from sessionrl.train.llm import update
 from sessionrl.train.llm.checkpoint import LoopState, Stage, load_checkpoint, read_state, save_checkpoint
 from sessionrl.train.llm.data import (
     TokenSequence,
@@ -83,6 +85,34 @@ def test_sft_moves_the_parameters_and_lowers_the_loss(orders_world: OrdersWorld)
     after = weights(policy.model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert losses[-1] < 0.8 * losses[0]
+
+
+def test_a_lora_models_base_is_multiplied_in_bf16_and_its_adapters_still_learn(
+    orders_world: OrdersWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the CPU has bfloat16 units, the trainer's log-probabilities round the frozen base's products
+    (as the sampler does) and keep the adapters' in float32; SFT still moves the adapters alone."""
+    policy = orders_world.policy()
+    policy.model = with_lora(policy.model, LoRAConfig(rank=4, alpha=8, top_blocks=1))
+    batch = collate(demos(orders_world, policy)[:2], policy.tokenizer.pad_token_id)
+    scored = {}
+    for bf16 in (False, True):
+        monkeypatch.setattr(update, "bf16_by_default", lambda _model, bf16=bf16: bf16)
+        with torch.no_grad():
+            scored[bf16] = token_logprobs(policy.model, batch)
+    with torch.no_grad(), FrozenBF16Matmuls(policy.model):
+        want = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    picked = torch.log_softmax(want[0, :-1].float(), -1).gather(-1, batch.input_ids[0, 1:, None])[:, 0]
+    mask = batch.loss_mask[0, 1:]
+    torch.testing.assert_close(scored[True][0, 1:][mask], picked[mask], atol=1e-5, rtol=0)
+    assert not torch.equal(scored[True], scored[False])
+    torch.testing.assert_close(scored[True], scored[False], atol=0.05, rtol=0)
+    trainer = SFTTrainer(policy.model, SFTConfig(lr=1e-2, warmup_steps=0), policy.tokenizer.pad_token_id)
+    before = weights(policy.model)
+    trainer.step(demos(orders_world, policy)[:4])
+    moved = {k for k, v in weights(policy.model).items() if not torch.equal(before[k], v)}
+    assert moved
+    assert all("lora_" in k for k in moved)
 
 
 def test_grpo_raises_what_was_rewarded_and_lowers_what_was_punished(orders_world: OrdersWorld) -> None:

@@ -26,6 +26,7 @@ from torch import distributed as dist
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from sessionrl.policy.products import FrozenBF16Matmuls, bf16_by_default
 from sessionrl.train.llm.data import MicroBatch, PackedBatch, TokenSequence, concatenate, shard
 from sessionrl.train.llm.packing import packed_kwargs, use_packed_attention
 
@@ -41,16 +42,19 @@ def token_logprobs(model: Any, batch: MicroBatch, temperature: float = 1.0) -> T
     states are gathered there first, so the vocabulary-sized logits exist for policy tokens alone (a
     fraction of a session's tokens). Models that reshape their logits in their own forward (soft-capping,
     scaling) take the plain path instead. A packed micro-batch runs with segment attention
-    (`sessionrl.train.llm.packing`), a padded one with its attention mask.
+    (`sessionrl.train.llm.packing`), a padded one with its attention mask. The weights that do not train
+    (a LoRA model's base) are multiplied in bfloat16 where `bf16_by_default` (`FrozenBF16Matmuls`), as
+    the sampler multiplies them.
     """
     targets = batch.loss_mask[:, 1:]
     inputs = _model_inputs(model, batch)
-    if _plain_head(model):
-        decoder, head = model.get_decoder(), model.get_output_embeddings()
-        hidden = decoder(**inputs).last_hidden_state
-        logits = head(hidden[:, :-1][targets]).float()
-    else:
-        logits = model(**inputs).logits[:, :-1][targets].float()
+    with FrozenBF16Matmuls(model) if bf16_by_default(model) else nullcontext():
+        if _plain_head(model):
+            decoder, head = model.get_decoder(), model.get_output_embeddings()
+            hidden = decoder(**inputs).last_hidden_state
+            logits = head(hidden[:, :-1][targets]).float()
+        else:
+            logits = model(**inputs).logits[:, :-1][targets].float()
     plan = inputs.get("segment_plan")
     if plan is not None and not plan.calls:
         raise RuntimeError(
