@@ -189,9 +189,16 @@ class CollapseWatch:
         return tuple(found)
 
     def describe(self) -> str:
-        """The streak that made the collapse, one line."""
+        """The streak that made the collapse (or that goes on), one line."""
         first, last = self.streak[0].iteration, self.streak[-1].iteration
-        return f"iterations {first}-{last}: " + "; ".join(self.streak[-1].problems)
+        span = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+        return f"{span}: " + "; ".join(self.streak[-1].problems)
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether the last iteration observed was unhealthy without completing a collapse (the stage
+        ended before `patience` could tell a collapse from noise)."""
+        return bool(self.streak) and not self.streak[-1].collapsed
 
 
 __all__ = ["CollapseConfig", "CollapseWatch", "Health", "Verdict", "unparseable_share"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from sessionrl.eval.collapse import CollapseConfig
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.loop import gate_verdict, train
-from sessionrl.train.llm.watch import GOOD, Guard
+from sessionrl.train.llm.run import MetricsLog, Run
+from sessionrl.train.llm.watch import GOOD, Guard, warn_unsettled
 from tiny_run_support import tiny_run
 
 
@@ -116,3 +118,24 @@ def test_a_rollback_refuses_weights_that_lack_some_the_model_trains(tmp_path: Pa
     other = Guard(CollapseConfig(), torch.nn.Sequential(torch.nn.Linear(2, 1)), tmp_path, curve=())
     with pytest.raises(ValueError, match="lacks 2 trained weights"):
         other.roll_back()
+
+
+def test_rl_that_ends_on_too_few_unhealthy_iterations_says_so(tmp_path: Path) -> None:
+    """Three iterations with patience 3 cannot call a collapse; the two that fell are still reported."""
+    model = torch.nn.Linear(2, 1)
+    guard = Guard(CollapseConfig(patience=3), model, tmp_path, curve=())
+    run = SimpleNamespace(log=MetricsLog(tmp_path), state=SimpleNamespace(step=3))
+    console = Console(record=True, width=300)
+    guard.judge(0, [], {"success": 0.25})
+    assert warn_unsettled(cast(Run, run), guard, console) is None  # healthy so far: nothing to say
+    for iteration, success in ((1, 0.0), (2, 0.0)):
+        assert not guard.judge(iteration, [], {"success": success}).collapsed
+    message = warn_unsettled(cast(Run, run), guard, console)
+    assert message is not None
+    assert "iterations 1-2: rollout success 0.00 < 0.5 x imitation's 0.25" in message
+    assert "the imitation policy's weights, the last judged healthy, are in good_policy" in message
+    assert "warning:" in console.export_text()
+    run.log.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in records] == ["unsettled"]
+    assert records[0]["last_good"] == 0

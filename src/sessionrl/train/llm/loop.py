@@ -76,7 +76,7 @@ from sessionrl.train.llm.run import (
 )
 from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import UpdateStats
-from sessionrl.train.llm.watch import Guard, stop_collapsed
+from sessionrl.train.llm.watch import Guard, stop_collapsed, warn_unsettled
 
 SEED_BITS = 31
 """Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
@@ -553,6 +553,7 @@ def reinforce(
                 break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
+    warn_unsettled(run, guard, console)
     unheard(run, console)
     export_policy(policy, run.folder / "rl_policy")
 

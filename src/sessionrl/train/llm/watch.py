@@ -123,4 +123,23 @@ def stop_collapsed(
     return message
 
 
-__all__ = ["GOOD", "Guard", "stop_collapsed", "trainable_weights"]
+def warn_unsettled(run: Run, guard: Guard, console: Console) -> str | None:
+    """When RL ended on unhealthy iterations too few to call a collapse (`CollapseWatch.unsettled`), say
+    so and log it (`unsettled` record): rl_policy/ holds the last update, and the last healthy weights
+    stay in the run folder. Returns the message printed, or None."""
+    watch = guard.watch
+    if not watch.unsettled:
+        return None
+    back = watch.last_good
+    kept = "the imitation policy's" if back is None or back <= 0 else f"iteration {back}'s"
+    message = (
+        f"RL ended on unhealthy rollouts ({watch.describe()}), fewer in a row than rl.collapse.patience ="
+        f" {guard.config.patience}: rl_policy/ holds the last update; {kept} weights, the last judged"
+        f" healthy, are in {GOOD}."
+    )
+    run.log.write("unsettled", run.state.step, {"reason": watch.describe(), "last_good": back})
+    console.print(f"[bold yellow]warning:[/bold yellow] {message}", soft_wrap=True)
+    return message
+
+
+__all__ = ["GOOD", "Guard", "stop_collapsed", "trainable_weights", "warn_unsettled"]
