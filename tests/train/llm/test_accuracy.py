@@ -10,10 +10,11 @@ import pytest
 
 from sessionrl.envs.base import Split
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
+from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.store import SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.dispatch import run_trainer
-from sessionrl.train.llm.accuracy import measure_tool_accuracy
+from sessionrl.train.llm.accuracy import gold_replies, gold_sessions, measure_tool_accuracy
 from sessionrl.train.llm.loop import TrainResult
 from sessionrl.train.llm.run import open_run
 from tiny_run_support import SFT_SECTION, tiny_run
@@ -61,3 +62,22 @@ def test_a_turn_too_long_for_the_policy_counts_as_unanswered_and_unparsed(
     assert before is not None
     assert tools.unanswered == len(tools.turns) == len(before.turns)
     assert tools.parse_rate == 0.0
+
+
+def test_gold_turns_open_with_the_system_prompt_of_the_evaluated_policy_s_tool_format(
+    trained: tuple[RunConfig, TrainResult],
+) -> None:
+    """`sessionrl eval` opens a run without a live policy; the gold turns must still be asked in the
+    format of the policy evaluated, as training's own report asks them."""
+    config, _ = trained
+    tagged = HFPolicy.load(config.run_dir / "sft_policy")
+    tagged.tool_format = ToolFormat.TAGGED
+    with open_run(config) as run:
+        assert run.policy is None
+        gold, _ = gold_sessions(run, Split.TEST, config.evaluation.tasks)
+        replies = gold_replies(run, tagged, gold)
+        run.policy = tagged
+        want = run.system
+    systems = {r.messages[0].content for turns in replies.values() for r in turns}
+    assert systems == {want}
+    assert "<tool_call>" in want

@@ -48,10 +48,11 @@ def gold_sessions(run: Run, split: Split, n_tasks: int) -> tuple[list[Session], 
 
 
 def gold_replies(run: Run, policy: HFPolicy, sessions: Sequence[Session]) -> dict[str, list[Reply]]:
-    """Each gold session as the replies `policy` should write, by task id."""
-    max_chars = run.config.rollout.max_tool_chars
+    """Each gold session as the replies `policy` should write (after the system prompt in its tool-call
+    format), by task id."""
+    system, max_chars = run.system_in(policy.tool_format), run.config.rollout.max_tool_chars
     return {
-        str(s.metadata["task_id"]): demonstration_replies(s, run.system, max_chars, policy.tool_format)
+        str(s.metadata["task_id"]): demonstration_replies(s, system, max_chars, policy.tool_format)
         for s in sessions
     }
 

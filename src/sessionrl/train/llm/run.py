@@ -97,8 +97,11 @@ class Run:
     def system(self) -> str:
         """The system prompt every episode of this run starts with (in the policy's tool-call format; the
         action language before the policy exists, as a tiny model speaks it)."""
+        return self.system_in(self.policy.tool_format if self.policy is not None else ToolFormat.ACTION)
+
+    def system_in(self, fmt: ToolFormat) -> str:
+        """The run's system prompt for a policy that writes tool calls as `fmt` does."""
         some_task = self.env.tasks(Split.TRAIN)[0]
-        fmt = self.policy.tool_format if self.policy is not None else ToolFormat.ACTION
         return prompt_messages(self.env, some_task, self.config.rollout, fmt)[0].content
 
     def need_policy(self) -> HFPolicy:
