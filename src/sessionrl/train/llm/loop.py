@@ -148,8 +148,8 @@ def evaluate(
 def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
     """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
     evaluated on the same tasks under labels `<prefix><label>`, with their per-turn tool accuracy; keyed
-    by label. The run's live policy is let go first: its weights are exported, and what its engine kept
-    (gigabytes of key/value caches for a real model) would stay in memory beside each evaluated one."""
+    by label. The run's live policy is let go first: the report is on the exported weights, and nothing
+    here reads the live ones."""
     cfg, report = run.config, {}
     run.policy = None
     for label in EXPORTED.values():
