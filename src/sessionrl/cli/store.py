@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -92,12 +91,14 @@ def postgres(
     if bin_dir is None:
         err.print("error: PostgreSQL is not installed (no initdb on PATH or under /usr/lib/postgresql/*/bin)")
         raise typer.Exit(1)
+    # Ctrl-C and SIGTERM only set `stop`: a signal never lands half-way through starting or stopping the
+    # server, where it could leave PostgreSQL running (holding this process's output open) and its folder
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     with reporting(), LocalPostgres(bin_dir, durable=durable) as server:
         open_store(server.url(), create=True).close()  # its tables exist before anyone connects
         out.print(server.url(), soft_wrap=True)
         err.print(f"PostgreSQL is up in {server.folder}; pass the URL above as --db. Ctrl-C stops it.")
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.wait()
+        stop.wait()
     err.print("stopped; its data is gone")
