@@ -14,6 +14,8 @@ metrics log. Everything lives under the run folder::
 from __future__ import annotations
 
 import copy
+import resource
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +42,16 @@ from sessionrl.train.llm.data import call_message
 from sessionrl.train.llm.feed import RewardShaper
 
 
+def max_rss_mb() -> float:
+    """The most memory this process has held resident so far, in MiB (the kernel's high-water mark)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)
+
+
 class MetricsLog:
-    """Scalars to a JSON-lines file and to TensorBoard, under one tag per stage."""
+    """Scalars to a JSON-lines file and to TensorBoard, under one tag per stage. Every record also carries
+    `max_rss_mb`, the process's resident high-water mark when it was written, so the stage that raised a
+    run's memory can be read back from the log."""
 
     def __init__(self, folder: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -53,7 +63,7 @@ class MetricsLog:
 
     def write(self, stage: str, step: int, values: Mapping[str, Any]) -> None:
         """Append one record; numeric values also go to TensorBoard as `<stage>/<name>`."""
-        record = {"stage": stage, "step": step, "time": time.time(), **values}
+        record = {"stage": stage, "step": step, "time": time.time(), "max_rss_mb": max_rss_mb(), **values}
         self._file.write(orjson.dumps(record).decode() + "\n")
         self._file.flush()
         for name, value in values.items():
