@@ -184,3 +184,24 @@ def test_a_seed_gives_the_same_run_twice(tmp_path: Path) -> None:
     )
     print(f"largest relative weight difference: {float(drift):.2e}")
     assert drift < 1e-3
+
+
+def test_lora_adapters_start_from_the_seed_whatever_ran_before(tmp_path: Path) -> None:
+    """Two runs of one seed must take the same first update: LoRA's B starts at zero, so only A's
+    initialisation tells them apart, and it must not depend on the torch draws made before the build."""
+    from sessionrl.policy.llm import LoRAConfig
+    from sessionrl.train.llm.run import build_policy
+
+    config = tiny_run(tmp_path, 0)
+    config = config.model_copy(
+        update={"model": config.model.model_copy(update={"lora": LoRAConfig(rank=2, top_blocks=1)})}
+    )
+    texts = ["orders and refunds", "order 1234 shipped"] * 20
+    adapters = []
+    for earlier_draws in (1, 7):
+        torch.rand(earlier_draws)  # whatever ran before the build drew a different number of values
+        policy = build_policy(config, texts, tmp_path / f"base-{earlier_draws}")
+        adapters.append({n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_A" in n})
+    assert adapters[0]
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])

@@ -193,6 +193,7 @@ def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPol
         tokenizer.save_pretrained(folder)
         policy = HFPolicy(model, tokenizer, sampling, config.batching)
     if config.model.lora is not None:
+        torch.manual_seed(config.seed)  # the adapters' initialisation follows the seed, not what ran before
         policy.model = with_lora(policy.model, config.model.lora)
     if config.model.vllm is not None:
         policy.use(VLLMEngine(config.model.vllm, stop_ids=policy.stop_ids, version=policy.version))
