@@ -8,23 +8,29 @@ paired trial, so the pooled exact McNemar test counts the discordant pairs of al
 Nothing here is tuned on the test tasks: the demo's recipe is fixed before this runs, and the test tasks
 are only evaluated on.
 
+`--model smollm2` runs the orders recipe for the real model instead (`examples/orders-smollm2-sft.yaml`,
+`-rft.yaml` and `-grpo.yaml` joined into one `trainer: grpo` run: imitation, the gate, rejection sampling,
+GRPO with dense credit and a curriculum), on seeds 0-2 by default, both policies on the test tasks. It
+needs `make model`. Its acceptance asks for RL above imitation at every seed: `rl_above` counts those.
+
 `--threads N` sets torch's intra-op threads for every seed (default 1). A change of thread count reorders
 float sums as a change of machine does, so the gain should hold at `--threads 1` and `--threads 2` alike.
 `--jobs N` runs N seeds at once, each in its own process with `--threads` threads.
 
 `--rows FILE` appends each seed's JSON row to FILE as soon as the seed ends, so a bench that is stopped
 early keeps the seeds it finished; run again with the same FILE, it reads the seeds found there (same
-iterations, evaluation tasks and threads) instead of running them again.
+model, iterations, evaluation tasks and threads) instead of running them again.
 
-Last line: one JSON object with `seeds`, `rl_wins` (seeds where RL success >= imitation success),
-`mean_gain`, `pooled_p`, the per-turn tool accuracy of each policy pooled over the seeds (`tool_acc_sft`,
-`tool_acc_rl`, and `tool_acc_ci`, the paired interval of the change; `sessionrl.eval.tool_accuracy`), and
-the per-seed rows.
+Last line: one JSON object with `model`, `seeds`, `rl_wins` (seeds where RL success >= imitation
+success), `rl_above` (seeds where it is higher), `mean_gain`, `pooled_p`, `minutes`, the per-turn tool
+accuracy of each policy pooled over the seeds (`tool_acc_sft`, `tool_acc_rl`, and `tool_acc_ci`, the paired
+interval of the change; `sessionrl.eval.tool_accuracy`), and the per-seed rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import time
@@ -38,28 +44,76 @@ import orjson
 import torch
 from rich.console import Console
 
+from sessionrl.envs.base import Split
 from sessionrl.eval.significance import mcnemar_p
 from sessionrl.eval.tool_accuracy import pooled_change
+from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.demo import RL_ITERATIONS, demo_config, run_demo
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MODELS = ("tiny", "smollm2")
+DEFAULT_SEEDS = {"tiny": [0, 1, 2, 3, 4], "smollm2": [0, 1, 2]}
 
 HEADER = "seed  sft    rl     gain    rl_only sft_only p       tcsr_ci            minutes"
 
 
-def one_seed(seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet: bool) -> dict[str, Any]:
-    """The demo's summary for `seed`, in a fresh run folder (its console output goes to stderr, or
-    nowhere when `quiet`)."""
-    run_dir = folder / f"seed-{seed}"
+def smollm2_config(run_dir: Path, *, seed: int, rl_iterations: int | None, eval_tasks: int) -> RunConfig:
+    """The orders recipe for SmolLM2 as one `trainer: grpo` run: imitation as `orders-smollm2-sft.yaml`
+    says, then (after the gate) the rejection-sampling rounds of `orders-smollm2-rft.yaml`, then the GRPO
+    stage and reward rules of `orders-smollm2-grpo.yaml` (`rl_iterations` of it; None: the file's), both
+    policies evaluated on the first `eval_tasks` test tasks. The examples stay the one statement of it."""
+    sft, rft, grpo = (
+        RunConfig.load(EXAMPLES / f"orders-smollm2-{stage}.yaml") for stage in ("sft", "rft", "grpo")
+    )
+    if rft.rft is None:
+        raise ValueError("orders-smollm2-rft.yaml has no rft: section")
+    rules = grpo.rewards.rules and EXAMPLES.parent / grpo.rewards.rules  # relative to the repository
+    rl = grpo.rl.model_copy(
+        update={
+            "iterations": grpo.rl.iterations if rl_iterations is None else rl_iterations,
+            "sampling": dataclasses.replace(grpo.rl.sampling, seed=seed),
+        }
+    )
+    return sft.model_copy(
+        update={
+            "run_dir": run_dir,
+            "seed": seed,
+            "trainer": "grpo",
+            "rft": rft.rft.model_copy(update={"sampling": dataclasses.replace(rft.rft.sampling, seed=seed)}),
+            "rl": rl,
+            "rewards": grpo.rewards.model_copy(update={"rules": rules}),
+            "evaluation": grpo.evaluation.model_copy(update={"split": Split.TEST, "tasks": eval_tasks}),
+        }
+    )
+
+
+def one_seed(
+    model: str, seed: int, folder: Path, rl_iterations: int | None, eval_tasks: int, quiet: bool
+) -> dict[str, Any]:
+    """The demo's summary for `seed` with `model`'s recipe, in a fresh run folder (its console output goes
+    to stderr, or nowhere when `quiet`)."""
+    run_dir = folder / model / f"seed-{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    config = demo_config(run_dir, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)
+    if model == "smollm2":
+        config = smollm2_config(run_dir, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)
+    else:
+        iterations = RL_ITERATIONS if rl_iterations is None else rl_iterations
+        config = demo_config(run_dir, seed=seed, rl_iterations=iterations, eval_tasks=eval_tasks)
     return run_demo(config, Console(stderr=True, quiet=quiet))
 
 
 def one_seed_alone(
-    seed: int, folder: Path, rl_iterations: int, eval_tasks: int, quiet: bool, threads: int
+    model: str,
+    seed: int,
+    folder: Path,
+    rl_iterations: int | None,
+    eval_tasks: int,
+    quiet: bool,
+    threads: int,
 ) -> dict[str, Any]:
     """`one_seed` in a worker process of its own, on `threads` torch threads."""
     torch.set_num_threads(threads)
-    return one_seed(seed, folder, rl_iterations, eval_tasks, quiet)
+    return one_seed(model, seed, folder, rl_iterations, eval_tasks, quiet)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -84,7 +138,8 @@ def finished(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
         r["seed"]: r
         for r in rows
         if r["seed"] in args.seeds
-        and r["rl_iterations"] == args.rl_iterations
+        and r.get("model", "tiny") == args.model
+        and (args.rl_iterations is None or r["rl_iterations"] == args.rl_iterations)
         and r["n_eval"] == args.eval_tasks
         and r.get("threads") == args.threads
     }
@@ -93,25 +148,26 @@ def finished(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
 def seed_rows(args: argparse.Namespace, seeds: list[int]) -> Iterator[dict[str, Any]]:
     """Each seed's demo summary as it ends: in this process one after another, or `args.jobs` at once."""
     run = (args.out, args.rl_iterations, args.eval_tasks, not args.verbose)
+    seeds_of = [(args.model, seed) for seed in seeds]
     if args.jobs <= 1:
         torch.set_num_threads(args.threads)
-        for seed in seeds:
-            yield one_seed(seed, *run)
+        for model, seed in seeds_of:
+            yield one_seed(model, seed, *run)
         return
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(one_seed_alone, seed, *run, args.threads) for seed in seeds]
+        futures = [pool.submit(one_seed_alone, model, seed, *run, args.threads) for model, seed in seeds_of]
         for future in as_completed(futures):
             yield future.result()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds to run")
+    parser.add_argument("--model", choices=MODELS, default="tiny", help="the demo's tiny model, or SmolLM2")
+    parser.add_argument("--seeds", type=int, nargs="+", help="seeds to run (tiny: 0-4; smollm2: 0-2)")
     parser.add_argument(
         "--rl-iterations",
         type=int,
-        default=RL_ITERATIONS,
-        help="GRPO iterations per seed, after rejection sampling",
+        help="GRPO iterations per seed, after rejection sampling (default: the recipe's)",
     )
     parser.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks per policy")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-learning"), help="run folders")
@@ -120,13 +176,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at once, one process each")
     parser.add_argument("--rows", type=Path, help="append each seed's JSON row here as it ends")
     args = parser.parse_args()
+    args.seeds = args.seeds or DEFAULT_SEEDS[args.model]
 
     started = time.monotonic()
     done = finished(args)
     rows = list(done.values())
     print(table(rows) if rows else HEADER, flush=True)
     for row in seed_rows(args, [seed for seed in args.seeds if seed not in done]):
-        row["threads"] = args.threads
+        row["threads"], row["model"] = args.threads, args.model
         rows.append(row)
         print(table(rows).splitlines()[-1], flush=True)
         if args.rows is not None:
@@ -143,11 +200,14 @@ def main() -> None:
     )
     keep = ("seed", "sft_success", "rl_success", "p_success", "rl_only", "sft_only", "tcsr_ci", "minutes")
     summary = {
+        "model": args.model,
         "seeds": len(rows),
         "rl_wins": sum(g >= 0 for g in gains),
+        "rl_above": sum(g > 0 for g in gains),
         "mean_gain": round(statistics.fmean(gains), 4),
         "pooled_p": round(pooled, 6),
-        "rl_iterations": args.rl_iterations,
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "rl_iterations": rows[0]["rl_iterations"] if rows else args.rl_iterations,
         "eval_tasks": args.eval_tasks,
         "threads": args.threads,
         "rows": [{k: r[k] for k in keep} for r in rows],
