@@ -8,13 +8,17 @@ import sys
 from pathlib import Path
 
 WRITER = """
+import os
+import resource
 import sys
 from pathlib import Path
 from sessionrl.train.llm.run import MetricsLog
 
 log = MetricsLog(Path(sys.argv[1]))
 log.write("sft", 0, {"loss": 1.0})
-held = bytearray(256 * 2**20)
+resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+held = bytearray(max(peak - resident, 0) + 256 * 2**20)  # past the mark imports may have left, then 256 MiB
 held[:: 4096] = b"x" * len(held[:: 4096])  # touch every page, so all of it is resident
 log.write("rl", 0, {"loss": 0.5})
 log.close()
