@@ -60,6 +60,9 @@ class _Served:
     def version(self) -> int:
         return self._policy_version
 
+    def release(self) -> None:
+        """Nothing to give back from here: the pipeline manages its own cache."""
+
     def refresh(self, model: Any, version: int) -> None:
         if version != self._policy_version:
             raise StaleWeights(f"{type(self).__name__} cannot load version {version}'s weights in place")

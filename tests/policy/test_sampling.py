@@ -223,6 +223,24 @@ def test_a_samples_logprobs_are_the_trainers_forward_pass(
     assert (worst > 1e-6) == bf16  # bfloat16 products round; float32 ones agree to float32's precision
 
 
+def test_a_release_gives_back_the_caches_and_the_next_batch_computes_them_again(
+    model: torch.nn.Module,
+) -> None:
+    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), store=KVStore(min_shared=32), bf16=True)
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    before = engine.sample(prompts(), greedy, torch.Generator())
+    assert engine.store.entries
+    engine.release()
+    assert not engine.store.entries
+    built = engine.store.builds
+    after = engine.sample(prompts(), greedy, torch.Generator())
+    assert engine.store.builds == built + 1  # the shared prefix computed again, not found kept
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    assert [c.policy_version for c in after] == [c.policy_version for c in before]
+    for a, b in zip(after, before, strict=True):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
 def test_a_refresh_takes_new_bf16_copies(model: torch.nn.Module) -> None:
     engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({STOP}), bf16=True)
     greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)

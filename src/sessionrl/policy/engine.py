@@ -14,7 +14,9 @@ drew them. Three engines implement it:
 
 The policy version is explicit: after every update or weight load the trainer hands the engine the model
 and its new version (`Engine.refresh`), and whatever the engine kept from older weights is dropped then.
-Nothing inspects the weights to find out whether they changed.
+Nothing inspects the weights to find out whether they changed. Before an update the trainer also calls
+`Engine.release`, so that what the engine keeps for the outgoing weights does not sit beside the update's
+activations.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class Engine(Protocol):
 
     def refresh(self, model: Any, version: int) -> None:
         """Serve `model`'s current weights from now on, as policy `version`; drop what older weights left."""
+        ...
+
+    def release(self) -> None:
+        """Give back the memory held only to sample the current weights faster (caches, copies): the
+        trainer calls it before it changes them, when nothing held can serve again. A batch sampled after
+        it computes what it needs."""
         ...
 
 

@@ -320,6 +320,11 @@ class HFPolicy:
         self._model = model
         self.engine.refresh(model, self.version)
 
+    def release(self) -> None:
+        """Let the engine give back what it keeps for the current weights (`Engine.release`): call it
+        before an update, when nothing sampled so far will be continued with these weights."""
+        self.engine.release()
+
     def use(self, engine: Engine) -> None:
         """Sample through `engine` from now on, serving the current model as the current version."""
         version = self.version

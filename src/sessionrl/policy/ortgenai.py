@@ -205,6 +205,9 @@ class OrtGenAIEngine:
         """Serve `model` as `version` from the next batch on (its LoRA weights are loaded then)."""
         self._pending = (model, version)
 
+    def release(self) -> None:
+        """Nothing to give back: each batch's state lives only while the batch generates."""
+
     def push(self) -> None:
         """Load the LoRA weights of a pending refresh (see the module doc)."""
         if self._pending is None:

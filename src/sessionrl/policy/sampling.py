@@ -625,6 +625,13 @@ class TorchEngine:
             self.store.clear()
             self._matmuls = None
 
+    def release(self) -> None:
+        """Drop the kept key/value caches and the bfloat16 copies (up to `KVStore.max_tokens` tokens of
+        cache: 3 GB for SmolLM2-135M) before the weights change."""
+        with self._lock:
+            self.store.clear()
+            self._matmuls = None
+
     def sample(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, generator: torch.Generator
     ) -> list[Completion]:

@@ -154,6 +154,9 @@ class VLLMEngine:
         """Serve `model` as `version` from the next batch on (its adapters are pushed then)."""
         self._pending = (model, version)
 
+    def release(self) -> None:
+        """Nothing to give back here: the server keeps its own caches, on its own device."""
+
     def sample(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, generator: torch.Generator
     ) -> list[Completion]:

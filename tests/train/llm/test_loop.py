@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -205,3 +206,32 @@ def test_lora_adapters_start_from_the_seed_whatever_ran_before(tmp_path: Path) -
     assert adapters[0]
     assert adapters[0].keys() == adapters[1].keys()
     assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
+
+
+def test_an_update_runs_after_the_engine_gave_back_the_rollouts_caches(tmp_path: Path) -> None:
+    """The rollouts' key/value caches (gigabytes with a real model) must not sit beside the update's
+    activations: no episode continues with the weights that computed them."""
+    from sessionrl.policy.sampling import TorchEngine
+
+    config = tiny_run(tmp_path / "run", iterations=1)
+    train(config)
+    with open_run(config) as run:
+        run.policy = resumed_policy(run)
+        trainer = start_rl(run, resume=True)
+        engine = run.policy.engine
+        assert isinstance(engine, TorchEngine)
+        specs = [dataclasses.replace(s, session_id=s.session_id + "-again") for s in rl_specs(run, 0)]
+        asyncio.run(run_episodes(run.env, specs, PolicyAgent(run.policy, 0), run.store, config.rollout))
+        run.shaper.follow(run.state.reward_cursor)
+        assert engine.store.entries, "the episodes' turns were kept while they ran"
+        kept_at_update: list[int] = []
+        step = trainer.step
+
+        def watched(sequences: Any) -> Any:
+            kept_at_update.append(len(engine.store.entries))
+            return step(sequences)
+
+        trainer.step = watched  # type: ignore[method-assign]
+        learned = learn(run, trainer)
+    assert learned.stats is not None
+    assert kept_at_update == [0]

@@ -466,6 +466,7 @@ def learn(
     # which reply is not (see `sessionrl.train.llm.lockstep`)
     sequences.sort(key=lambda q: (q.input_ids, q.advantages, q.old_logprobs))
     sequences = [seq for seq in sequences if cfg.trainer.moves(seq.advantages)]
+    policy.release()  # the rollouts' caches: no episode goes on with these weights
     stats = step_everywhere(trainer, sequences) if sequences else None
     run.state = dataclasses.replace(
         run.state,

@@ -305,6 +305,7 @@ def reflection_stage(run: Run, console: Console) -> dict[str, Any]:
     imitated = weighted(demonstrations(run, policy, demos), 1.0)
     causes = root_cause_sequences(run, policy, failed)
     trainer = ReflectionTrainer(policy.model, rc.trainer, policy.tokenizer.pad_token_id)
+    policy.release()  # the tries' caches: no episode goes on with these weights
     record: dict[str, Any] = {"tried": len(tried), "failed": len(failed), "corrected": len(retries)}
     run.log.write("reflection", 0, record)
     console.print(f"reflection: {len(failed)} of {len(tried)} tries failed; {len(retries)} corrected retries")

@@ -130,6 +130,7 @@ def imitate(run: Run, section: RFTSection, sequences: Sequence[TokenSequence], r
     batch drawn by a generator named by the round and the step."""
     cfg, policy = run.config, run.need_policy()
     trainer = SFTTrainer(policy.model, section.trainer, policy.tokenizer.pad_token_id)
+    policy.release()  # the round's caches: no episode goes on with these weights
     for step in range(section.trainer.steps):
         rng = random.Random(stream_seed(cfg.seed, "rft-batch", round_, step, bits=SEED_BITS))
         batch = rng.sample(list(sequences), min(section.trainer.batch_sessions, len(sequences)))
