@@ -121,9 +121,11 @@ def example_ids() -> list[str]:
     return sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
 
 
-SAME_SMALL = {"orders-smollm2-sft": "orders-sft"}
-"""Examples whose small run would repeat another's: imitation alone on orders, the model made tiny (only
-fault rates and the report's split differ)."""
+SAME_SMALL = {"orders-smollm2-sft": "orders-sft", "orders-smollm2-reflection": "orders-stages"}
+"""Examples whose small run would repeat another's once the model is made tiny: imitation alone on orders
+(only fault rates and the report's split differ), and the three stages on orders (the small run trains the
+policy `model.path` names with imitation and GRPO, then reflects; reflection on a loaded policy is
+tests/train/llm/test_stages_from_policy.py)."""
 
 
 def skip_reason(path: Path) -> str | None:

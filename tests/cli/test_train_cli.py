@@ -58,3 +58,21 @@ def test_threads_sets_torchs_thread_count_and_silences_loading_bars() -> None:
     finally:
         torch.set_num_threads(before)
         hf_logging.enable_progress_bar()
+
+
+def test_the_plan_of_a_stage_that_starts_from_a_trained_policy_names_it() -> None:
+    from sessionrl.cli.train import _plan
+    from sessionrl.train.config import RunConfig
+
+    config = RunConfig.model_validate(
+        {
+            **TINY_GRPO,
+            "model": {"path": "runs/earlier/rl_policy"},
+            "sft": {"demos": 1, "trainer": {"steps": 0}},
+            "rl": {"iterations": 0},
+        }
+    )
+    assert _plan(config) == (
+        "plan: 1 expert demonstration, then no imitation (the policy of runs/earlier/rl_policy), then a gate"
+        " on 2 dev tasks, then an evaluation of each policy on 2 test tasks"
+    )

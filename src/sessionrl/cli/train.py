@@ -112,12 +112,17 @@ def _plan(config: RunConfig) -> str:
     """What an sft or grpo run will do, stage by stage, so its length can be judged before it starts (each
     stage's progress then says how long it has left); empty for the other trainers."""
     sft, rl, evaluation = config.sft, config.rl, config.evaluation
-    stages = [f"{sft.demos} expert demonstrations", f"{sft.trainer.steps} imitation steps"]
+    stages = [f"{sft.demos} expert demonstration{'' if sft.demos == 1 else 's'}"]
+    if sft.trainer.steps or config.model.path is None:
+        stages.append(f"{sft.trainer.steps} imitation steps")
+    else:
+        stages.append(f"no imitation (the policy of {config.model.path})")
     if config.trainer == "grpo":
         stages.append(f"a gate on {evaluation.gate_tasks} {evaluation.gate_split} tasks")
-        stages.append(
-            f"{rl.iterations} GRPO iterations of {rl.tasks_per_iteration} tasks x {rl.trainer.group_size}"
-        )
+        if rl.iterations:
+            stages.append(
+                f"{rl.iterations} GRPO iterations of {rl.tasks_per_iteration} tasks x {rl.trainer.group_size}"
+            )
     elif config.trainer != "sft":
         return ""
     stages.append(f"an evaluation of each policy on {evaluation.tasks} {evaluation.split} tasks")
@@ -179,8 +184,14 @@ def _print_stages(console: Console, result: StagesResult, title: str) -> None:
     console.print(levels_table({r.stage: r.levels for r in result.stages}, title=f"{title} · levels"))
     if result.uplift is not None:
         u = result.uplift
-        cu = "-" if u.cu is None else f"{u.cu:+.3f}"
-        console.print(f"CU on {u.failures} held-out failures: {cu} (McNemar p={u.p_value:.3f})")
+        if u.cu is None:
+            console.print("CU: no held-out failures to retry")
+            return
+        low, high = u.comparison().delta.as_list()
+        console.print(
+            f"CU on {u.failures} held-out failures: {u.cu:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}]"
+            f" (McNemar p={u.p_value:.3f})"
+        )
 
 
 def _print_structured(console: Console, result: StructuredResult, title: str) -> None:

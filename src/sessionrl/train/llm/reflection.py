@@ -49,7 +49,7 @@ from sessionrl.eval.curriculum import expert_steps
 from sessionrl.eval.levels import LevelReport, assess
 from sessionrl.eval.metrics import AgentMetrics, success_rate
 from sessionrl.eval.significance import PairedComparison, paired_comparison
-from sessionrl.policy.llm import HFPolicy
+from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.reflection import (
     ANNOTATOR,
     ROOT_CAUSE_QUESTION,
@@ -63,7 +63,7 @@ from sessionrl.reflection import (
 )
 from sessionrl.session import FeedbackAdded, Message, Session
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.checkpoint import stamp, weights
+from sessionrl.train.llm.checkpoint import Stage, stamp, weights
 from sessionrl.train.llm.data import (
     ChatEncoder,
     MicroBatch,
@@ -421,6 +421,19 @@ class StagesResult:
     uplift: Uplift | None
 
 
+TRAINED = (("imitation", "sft"), ("rejection sampling", "rft"), ("rl", "rl"))
+"""The stages the grpo loop reports on, each with the label of the policy it exports."""
+
+
+def reflected_label(config: RunConfig, result: TrainResult) -> str | None:
+    """The exported policy the reflection stage starts from: the last one the loop trained (`rl`; `rft`
+    or `sft` for a run of no GRPO iterations, which reflects on a policy trained elsewhere and loaded by
+    `model.path`); None when `stages` does not name reflection or the gate stopped the run."""
+    if config.stages is None or "reflection" not in config.stages or result.stage is Stage.STOPPED:
+        return None
+    return next((label for _, label in reversed(TRAINED) if label in result.report), None)
+
+
 def train_stages(config: RunConfig, *, resume: bool = False, console: Console | None = None) -> StagesResult:
     """Imitation and RL (`train`), then reflection when `config.stages` names it and RL ran; a report
     after each stage (see the module doc).
@@ -434,16 +447,19 @@ def train_stages(config: RunConfig, *, resume: bool = False, console: Console | 
     steps = expert_steps(config.env.build())
     reports = [
         StageReport(stage, e.metrics, None, assess(e.sessions, config.levels, steps_of=steps), e.sessions)
-        for stage, label in (("imitation", "sft"), ("rl", "rl"))
+        for stage, label in TRAINED
         if (e := result.report.get(label)) is not None
     ]
-    if config.stages is None or "reflection" not in config.stages or "rl" not in result.report:
+    start = reflected_label(config, result)
+    if start is None:
         return StagesResult(result, tuple(reports), None)
     with open_run(config) as run:
-        load = (run.folder / "rl_policy", config.rl.sampling, config.batching)
+        load = (run.folder / f"{start}_policy", config.rl.sampling, config.batching)
         run.policy = HFPolicy.load(*load)
+        if config.model.lora is not None:
+            run.policy.model = with_lora(run.policy.model, config.model.lora)
         reflection_stage(run, console)
-        uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy, result.report["rl"].sessions)
+        uplift = held_out_uplift(run, HFPolicy.load(*load), run.policy, result.report[start].sessions)
         final = evaluate(run, run.policy, config.evaluation.split, config.evaluation.tasks, "reflection")
         sessions = [*final.sessions, *uplift.without, *uplift.with_reflection]
         levels = assess(sessions, config.levels, steps_of=steps)
@@ -454,6 +470,7 @@ def train_stages(config: RunConfig, *, resume: bool = False, console: Console | 
 
 
 __all__ = [
+    "TRAINED",
     "ReflectionTrainer",
     "StageReport",
     "StagesResult",
@@ -467,6 +484,7 @@ __all__ = [
     "kept",
     "practice_tasks",
     "reflect_on",
+    "reflected_label",
     "reflection_stage",
     "root_cause_sequences",
     "root_cause_turn",
