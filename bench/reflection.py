@@ -18,6 +18,12 @@ Prints the dimensions and levels tables after each stage and the paired comparis
 object with `cu`, `cu_p`, `cu_ci`, `held_out_failures`, `root_causes`, `retry_success_without`,
 `retry_success_with`, `untrained_cu`, `untrained_cu_p`, `stage1_success`, `stage2_success`,
 `stage3_success`, `stage3_vs_stage2_p`, `stage3_vs_stage2_ci`, `levels` and `minutes`.
+
+`--model smollm2` reflects on SmolLM2 instead: on the policy `--policy` names (by default the recipe's
+GRPO policy, `runs/orders-smollm2-grpo/rl_policy`), as `examples/orders-smollm2-reflection.yaml` says
+(its practice tasks, LoRA adapters, learning rate and steps, unless a flag gives them), reported on the
+first `--eval-tasks` test tasks with CU on the first `--held-out`. Stage 2 is then that policy, and
+`stage1_success` is absent.
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ import orjson
 import torch
 from rich.console import Console
 
+from sessionrl.envs.base import Split
 from sessionrl.eval.report import dimensions_table, levels_table
 from sessionrl.eval.significance import PairedComparison, paired_comparison
 from sessionrl.train.config import ReflectionSection, RunConfig
 from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.reflection import StagesResult, success_by_task, train_stages
 from sessionrl.train.llm.sft import SFTConfig
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TINY_REFLECTION = {"reflect_tasks": 200, "reflection_steps": 80, "reflection_lr": 2e-3}
+"""The tiny model's reflection flags when not given (SmolLM2's come from its example)."""
 
 
 def staged_config(args: argparse.Namespace) -> RunConfig:
@@ -50,8 +61,9 @@ def staged_config(args: argparse.Namespace) -> RunConfig:
         "intermediate_size": 4 * args.hidden_size,
     }
     model = base.model.model_copy(update={"tiny": dataclasses.replace(base.model.tiny, **shape)})
+    flags = {k: v if (v := getattr(args, k)) is not None else d for k, d in TINY_REFLECTION.items()}
     trainer = SFTConfig(
-        lr=args.reflection_lr, steps=args.reflection_steps, batch_sessions=8, token_budget=8192
+        lr=flags["reflection_lr"], steps=flags["reflection_steps"], batch_sessions=8, token_budget=8192
     )
     return base.model_copy(
         update={
@@ -59,7 +71,27 @@ def staged_config(args: argparse.Namespace) -> RunConfig:
             "stages": ("imitation", "rl", "reflection"),
             "evaluation": base.evaluation.model_copy(update={"tasks": args.eval_tasks}),
             "reflection": ReflectionSection(
-                tasks=args.reflect_tasks, held_out=args.held_out, trainer=trainer
+                tasks=flags["reflect_tasks"], held_out=args.held_out, trainer=trainer
+            ),
+        }
+    )
+
+
+def smollm2_config(args: argparse.Namespace) -> RunConfig:
+    """`examples/orders-smollm2-reflection.yaml` on the policy `--policy` names, reported on test tasks,
+    with the flags that were given in place of the file's values."""
+    base = RunConfig.load(EXAMPLES / "orders-smollm2-reflection.yaml")
+    rc = base.reflection
+    given = (("lr", args.reflection_lr), ("steps", args.reflection_steps))
+    trainer = dataclasses.replace(rc.trainer, **{k: v for k, v in given if v is not None})
+    tasks = rc.tasks if args.reflect_tasks is None else args.reflect_tasks
+    return base.model_copy(
+        update={
+            "run_dir": args.run_dir,
+            "model": base.model.model_copy(update={"path": args.policy}),
+            "evaluation": base.evaluation.model_copy(update={"split": Split.TEST, "tasks": args.eval_tasks}),
+            "reflection": rc.model_copy(
+                update={"tasks": tasks, "held_out": args.held_out, "trainer": trainer}
             ),
         }
     )
@@ -77,11 +109,14 @@ def described(name: str, c: PairedComparison) -> str:
 
 def summary(result: StagesResult, console: Console) -> dict[str, Any]:
     """The paired comparisons, printed, and the JSON summary's figures."""
-    by_stage = {r.stage: r for r in result.stages}
-    stage2, stage3 = by_stage.get("rl"), by_stage.get("reflection")
+    stage3 = result.stages[-1] if result.stages and result.stages[-1].stage == "reflection" else None
+    # stage 2 is the policy reflection started from: the RL policy, or the loaded one (--model smollm2)
+    before = result.stages[:-1] if stage3 is not None else result.stages
+    stage2 = before[-1] if before else None
+    stage1 = before[0] if len(before) > 1 else None
     out: dict[str, Any] = {
-        f"stage{i}_success": by_stage[s].metrics.success if s in by_stage else None
-        for i, s in enumerate(("imitation", "rl", "reflection"), 1)
+        f"stage{i}_success": None if r is None else r.metrics.success
+        for i, r in enumerate((stage1, stage2, stage3), 1)
     }
     if stage2 is not None and stage3 is not None:
         stages = paired_comparison(success_by_task(stage2.sessions), success_by_task(stage3.sessions))
@@ -119,19 +154,32 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=240, help="the demo's imitation steps")
     parser.add_argument("--rl-iterations", type=int, default=4, help="the demo runs 12")
     parser.add_argument("--eval-tasks", type=int, default=100, help="the demo's held-out test tasks")
-    parser.add_argument("--reflect-tasks", type=int, default=200)
+    parser.add_argument("--reflect-tasks", type=int, default=None, help="tiny: 200; smollm2: its example's")
     parser.add_argument("--held-out", type=int, default=100)
-    parser.add_argument("--reflection-steps", type=int, default=80)
-    parser.add_argument("--reflection-lr", type=float, default=2e-3)
+    parser.add_argument("--reflection-steps", type=int, default=None, help="tiny: 80; smollm2: its example's")
+    parser.add_argument(
+        "--reflection-lr", type=float, default=None, help="tiny: 2e-3; smollm2: its example's"
+    )
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="tiny", help="whose reflection")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=Path("runs/orders-smollm2-grpo/rl_policy"),
+        help="smollm2: the policy to reflect on (the recipe's GRPO policy)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one on crowded cores)")
     parser.add_argument(
         "--resume", action="store_true", help="go on with the run in --run-dir: reflection runs again"
     )
     args = parser.parse_args()
+    if args.model == "smollm2" and not args.policy.is_dir():
+        parser.error(
+            f"--policy {args.policy}: no policy folder there (train the recipe first: docs/recipe.md)"
+        )
     torch.set_num_threads(args.threads)
     if not args.resume:
         shutil.rmtree(args.run_dir, ignore_errors=True)
-    config = staged_config(args)
+    config = smollm2_config(args) if args.model == "smollm2" else staged_config(args)
     console = Console()
     started = time.monotonic()
     result = train_stages(config, resume=args.resume, console=console)
@@ -140,6 +188,7 @@ def main() -> None:
     console.print(levels_table({r.stage: r.levels for r in result.stages}, title=f"{title} · levels"))
     figures = summary(result, console)
     figures["levels"] = {r.stage: r.levels.as_dict()["reached"] for r in result.stages}
+    figures["model"] = args.model
     figures["minutes"] = round((time.monotonic() - started) / 60, 2)
     print(orjson.dumps(figures).decode())
 

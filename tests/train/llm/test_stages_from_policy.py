@@ -1,6 +1,7 @@
 """Reflection on a policy trained elsewhere: a staged run of no GRPO iterations that loads its policy by
 `model.path` reflects on that policy (its `sft` export), through LoRA adapters when the config has them,
-and measures CU against it; a run stopped at the gate reflects on nothing."""
+and measures CU against it (as `bench/reflection.py --model smollm2` runs it); a run stopped at the gate
+reflects on nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from safetensors.torch import load_file
 
+import reflection as bench  # bench/reflection.py
 from sessionrl.episodes import RolloutConfig
 from sessionrl.policy.llm import LoRAConfig, SamplingConfig
 from sessionrl.policy.tiny import TinyModelConfig
@@ -76,6 +79,12 @@ def test_a_run_of_no_grpo_iterations_reflects_on_the_policy_it_loaded(trained: P
     moved = {name for name in loaded if not torch.equal(loaded[name], after[name])}
     assert moved, "the reflection stage changed no weight"
     assert all(".layers.1." in name for name in moved), sorted(moved)
+    # bench/reflection.py --model smollm2 reports such a run: stage 2 is the loaded policy
+    figures = bench.summary(result, Console(quiet=True))
+    assert figures["stage1_success"] is None
+    assert figures["stage2_success"] == result.stages[0].metrics.success
+    assert figures["stage3_success"] == result.stages[1].metrics.success
+    assert figures["held_out_failures"] == result.uplift.failures
 
 
 def test_a_run_stopped_at_the_gate_reflects_on_nothing(trained: Path, tmp_path: Path) -> None:
