@@ -208,7 +208,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="which policy model")
     parser.add_argument("--data", default=None, help="retail data folder (else $SESSIONRL_RETAIL_DATA)")
     parser.add_argument("--batch", type=int, default=16, help="episodes sampled together")
-    parser.add_argument("--turns", type=int, default=4, help="turns of each episode")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=7,
+        help="turns of each episode (retail-smollm2's rollouts average 8, its evaluations 9)",
+    )
     parser.add_argument("--new-tokens", type=int, default=48, help="longest reply, in tokens")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
