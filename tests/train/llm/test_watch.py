@@ -66,6 +66,11 @@ def test_the_gate_s_verdict_names_the_stages_that_follow_it() -> None:
         "not passed: rejection sampling then GRPO does not start (sft_policy/ is kept)"
     )
     assert gate_verdict(RunConfig.model_validate(tiny_run()), None, True).endswith("passed: GRPO starts")
+    staged = {"stages": ["imitation", "rl", "reflection"], "rl": {"iterations": 0}}
+    reflects = RunConfig.model_validate(tiny_run(**staged))
+    assert gate_verdict(reflects, 0.0, True).endswith("passed: reflection starts")
+    nothing = RunConfig.model_validate(tiny_run(rl={"iterations": 0}))
+    assert gate_verdict(nothing, 0.0, True).endswith("passed: the evaluation starts")
 
 
 DESTRUCTIVE: dict[str, Any] = {

@@ -390,11 +390,16 @@ def rl_stages(config: RunConfig) -> str:
 
     >>> rl_stages(RunConfig.model_validate({"rft": {"rounds": 2}, "rl": {"iterations": 0}}))
     'rejection sampling'
+    >>> staged, none = {"stages": ["imitation", "rl", "reflection"]}, {"rl": {"iterations": 0}}
+    >>> rl_stages(RunConfig.model_validate(staged)), rl_stages(RunConfig.model_validate(none))
+    ('GRPO then reflection', 'the evaluation')
     """
-    stages = (["rejection sampling"] if config.rft is not None else []) + (
-        ["GRPO"] if config.rl.iterations > 0 or config.rft is None else []
+    stages = (
+        (["rejection sampling"] if config.rft is not None else [])
+        + (["GRPO"] if config.rl.iterations > 0 else [])
+        + (["reflection"] if config.stages is not None and "reflection" in config.stages else [])
     )
-    return " then ".join(stages)
+    return " then ".join(stages) or "the evaluation"
 
 
 def logged_gate(run: Run) -> float | None:
