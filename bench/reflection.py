@@ -17,7 +17,10 @@ stages are compared task by task (exact McNemar p, bootstrap 95% interval of the
 Prints the dimensions and levels tables after each stage and the paired comparisons; last line: one JSON
 object with `cu`, `cu_p`, `cu_ci`, `held_out_failures`, `root_causes`, `retry_success_without`,
 `retry_success_with`, `untrained_cu`, `untrained_cu_p`, `stage1_success`, `stage2_success`,
-`stage3_success`, `stage3_vs_stage2_p`, `stage3_vs_stage2_ci`, `levels` and `minutes`.
+`stage3_success`, `stage3_vs_stage2_p`, `stage3_vs_stage2_ci`, `levels` and `minutes`. A second control
+tells reading the reflection apart from the stage's training: the reflection policy retries the same
+failures without a reflection (`retry_success_trained_without`), and `read_cu` (with `read_cu_p`,
+`read_cu_ci`) is its success with the reflection minus without.
 
 `--model smollm2` reflects on SmolLM2 instead: on the policy `--policy` names (by default the recipe's
 GRPO policy, `runs/orders-smollm2-grpo/rl_policy`), as `examples/orders-smollm2-reflection.yaml` says
@@ -141,6 +144,15 @@ def summary(result: StagesResult, console: Console) -> dict[str, Any]:
             "untrained_cu": untrained.second_rate - untrained.first_rate,
             "untrained_cu_p": round(untrained.p_value, 6),
         }
+        read = uplift.read()
+        if read is not None:
+            console.print(described("read CU (stage 3 both)", read), markup=False, highlight=False)
+            out |= {
+                "retry_success_trained_without": read.first_rate,
+                "read_cu": read.second_rate - read.first_rate,
+                "read_cu_p": round(read.p_value, 6),
+                "read_cu_ci": read.delta.as_list(),
+            }
     else:
         out |= {"cu": None, "held_out_failures": 0}
     return out

@@ -192,6 +192,13 @@ def _print_stages(console: Console, result: StagesResult, title: str) -> None:
             f"CU on {u.failures} held-out failures: {u.cu:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}]"
             f" (McNemar p={u.p_value:.3f})"
         )
+        if (read := u.read()) is not None:
+            low, high = read.delta.as_list()
+            console.print(
+                f"reading the reflection: {read.delta.estimate:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}]"
+                f" (the reflection policy's retries with it, {read.second_rate:.3f}, against without,"
+                f" {read.first_rate:.3f}; McNemar p={read.p_value:.3f})"
+            )
 
 
 def _print_structured(console: Console, result: StructuredResult, title: str) -> None:

@@ -85,6 +85,14 @@ def test_a_run_of_no_grpo_iterations_reflects_on_the_policy_it_loaded(trained: P
     assert figures["stage2_success"] == result.stages[0].metrics.success
     assert figures["stage3_success"] == result.stages[1].metrics.success
     assert figures["held_out_failures"] == result.uplift.failures
+    # the control: the reflection policy retried every failure without a reflection too, on its tasks
+    plain = result.uplift.trained_without_reflection
+    assert len(plain) == result.uplift.failures
+    requests = [(s.metadata["task_id"], s.user_query) for s in plain]
+    assert requests == [(s.metadata["task_id"], s.user_query) for s in result.uplift.without]  # no reflection
+    read = result.uplift.read()
+    assert read is not None
+    assert figures["read_cu"] == read.second_rate - read.first_rate
 
 
 def test_a_run_stopped_at_the_gate_reflects_on_nothing(trained: Path, tmp_path: Path) -> None:

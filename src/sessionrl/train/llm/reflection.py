@@ -16,7 +16,10 @@
               0.1 → 0.2) over the stage's steps ──▶ reflection_policy/
     measure   correction uplift on held-out failures: the RL policy's failures on the report split, each
               retried once by the RL policy without a reflection and once by the reflection policy with
-              it, on the same seeds (so the same faults); CU is the difference of their success rates
+              it, on the same seeds (so the same faults); CU is the difference of their success rates.
+              Two controls: the RL policy retrying with the reflection (what the reflection does
+              untrained), and the reflection policy retrying without one (what the training does
+              without the reflection; `Uplift.read` is what reading it adds to the trained policy)
 
 The reflection a held-out retry reads is the judge's (`reflection.reflector: judge`), or the reflection
 policy's own (`policy`): asked `ROOT_CAUSE_QUESTION` after the failed transcript, it names a cause, and the
@@ -263,6 +266,9 @@ class Uplift:
     with_reflection: tuple[Session, ...]
     untrained_with_reflection: tuple[Session, ...]
     """The RL policy's retries with the reflection: what the reflection alone does, untrained."""
+    trained_without_reflection: tuple[Session, ...] = ()
+    """The reflection policy's retries without a reflection: what the stage's training alone does, so
+    that `read` tells reading the reflection apart from being trained."""
 
     @property
     def cu(self) -> float | None:
@@ -286,6 +292,13 @@ class Uplift:
     def p_value(self) -> float:
         """McNemar's p of the paired retries."""
         return self.comparison().p_value
+
+    def read(self) -> PairedComparison | None:
+        """What reading the reflection adds to the reflection policy: its retries with the reflection
+        against its retries without; None when the latter were not played."""
+        if not self.trained_without_reflection:
+            return None
+        return self.comparison(self.trained_without_reflection)
 
 
 def success_by_task(sessions: Sequence[Session]) -> dict[str, bool]:
@@ -388,8 +401,16 @@ def held_out_uplift(
         run, stage3, reflected, f"cu-reflected-{stamp(weights(stage3.model), *read)}", "cu-retry", marks(True)
     )
     untrained = attempt(run, stage2, reflected, f"cu-reflected-rl-{stamp(*read)}", "cu-retry")
+    trained = attempt(run, stage3, plain, f"cu-plain-{stamp(weights(stage3.model))}", "cu-retry")
     causes = Counter(r.root_cause.value for _, r in failed)
-    return Uplift(len(failed), tuple(without), tuple(with_), tuple(untrained), dict(sorted(causes.items())))
+    return Uplift(
+        len(failed),
+        tuple(without),
+        tuple(with_),
+        tuple(untrained),
+        causes=dict(sorted(causes.items())),
+        trained_without_reflection=tuple(trained),
+    )
 
 
 # the staged run
