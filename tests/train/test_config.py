@@ -28,7 +28,9 @@ def test_shipped_examples_validate_and_round_trip(path: Path, tmp_path: Path) ->
         trained = path.stem.removeprefix(f"{config.env.name}-").removesuffix("-vllm").removesuffix("-small")
         model = str(config.model.gguf or config.model.path or "").lower()  # or the pretrained model it runs
         staged = trained == "stages" and config.stages is not None  # or the stages it runs
-        recipe = trained.removesuffix(f"-{config.trainer}") in model  # or the model, then the trainer
+        # or the model, then the trainer or the last stage it runs (a recipe's stage: orders-smollm2-rft)
+        last = [str(config.trainer), *(config.stages or ())[-1:]]
+        recipe = any(trained.removesuffix(f"-{name}") in model for name in last)
         assert trained in (config.trainer, config.env.name) or trained in model or staged or recipe
     copy = tmp_path / "again.yaml"
     copy.write_text(config.dump())
