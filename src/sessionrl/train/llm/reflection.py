@@ -397,11 +397,12 @@ def held_out_uplift(
 
     without = attempt(run, stage2, plain, "cu-retry", "cu-retry", marks(False))
     read = [t.instruction for t in reflected]
+    trained_weights = weights(stage3.model)  # hashed once, for both retries' ids
     with_ = attempt(
-        run, stage3, reflected, f"cu-reflected-{stamp(weights(stage3.model), *read)}", "cu-retry", marks(True)
+        run, stage3, reflected, f"cu-reflected-{stamp(trained_weights, *read)}", "cu-retry", marks(True)
     )
     untrained = attempt(run, stage2, reflected, f"cu-reflected-rl-{stamp(*read)}", "cu-retry")
-    trained = attempt(run, stage3, plain, f"cu-plain-{stamp(weights(stage3.model))}", "cu-retry")
+    trained = attempt(run, stage3, plain, f"cu-plain-{stamp(trained_weights)}", "cu-retry")
     causes = Counter(r.root_cause.value for _, r in failed)
     return Uplift(
         len(failed),
