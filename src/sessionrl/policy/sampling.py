@@ -53,6 +53,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from sessionrl.policy.engine import Completion
+from sessionrl.policy.memory import give_back_freed
 from sessionrl.policy.products import BF16Matmuls, bf16_by_default
 
 if TYPE_CHECKING:
@@ -624,13 +625,16 @@ class TorchEngine:
             self._policy_version = version
             self.store.clear()
             self._matmuls = None
+            give_back_freed()
 
     def release(self) -> None:
         """Drop the kept key/value caches and the bfloat16 copies (up to `KVStore.max_tokens` tokens of
-        cache: 3 GB for SmolLM2-135M) before the weights change."""
+        cache: 3 GB for SmolLM2-135M) before the weights change, and hand the freed pages back to the
+        system (`give_back_freed`)."""
         with self._lock:
             self.store.clear()
             self._matmuls = None
+            give_back_freed()
 
     def sample(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, generator: torch.Generator

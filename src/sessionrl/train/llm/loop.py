@@ -140,6 +140,7 @@ def evaluate(
     sessions = tuple(run.store.get(r.session_id) for r in ran)
     metrics = compute(sessions, ks=(1,))
     accuracy = measure_tool_accuracy(run, policy, split, n_tasks) if tools else None
+    policy.release()  # what the engine kept for these episodes and turns: none of them goes on
     measured = accuracy.as_dict() if accuracy is not None else {}
     run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict(), **measured})
     return Evaluation(label, metrics, sessions, accuracy)
