@@ -23,7 +23,7 @@ from sessionrl.store import SessionStore
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.llm.loop import evaluate, learn, resumed_policy, rl_specs, start_rl, train
 from sessionrl.train.llm.run import open_run
 from sessionrl.train.llm.sft import SFTConfig
 
@@ -235,3 +235,20 @@ def test_an_update_runs_after_the_engine_gave_back_the_rollouts_caches(tmp_path:
         learned = learn(run, trainer)
     assert learned.stats is not None
     assert kept_at_update == [0]
+
+
+def test_an_evaluation_gives_back_what_its_episodes_kept(tmp_path: Path) -> None:
+    """An evaluation's episodes and tool-accuracy turns are over when it returns: the engine keeps none
+    of their caches for a rollout that could never reuse them."""
+    from sessionrl.policy.sampling import TorchEngine
+
+    config = tiny_run(tmp_path / "run", iterations=0)
+    train(config)
+    with open_run(config) as run:
+        policy = resumed_policy(run)
+        engine = policy.engine
+        assert isinstance(engine, TorchEngine)
+        evaluated = evaluate(run, policy, Split.DEV, 2, "again", tools=True)
+        assert evaluated.metrics.n_tasks == 2
+        assert engine.store.builds + engine.store.hits > 0, "the engine kept caches while it ran"
+        assert not engine.store.entries
