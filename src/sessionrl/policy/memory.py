@@ -33,7 +33,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def give_back_freed() -> bool:
     """Return the pages the C allocator holds free, in every arena, to the system; False where the C
-    library cannot (the memory is then reused by later allocations of the same thread only)."""
+    library cannot (the memory then stays with the process, for its later allocations)."""
     trim = _malloc_trim()
     if trim is None:
         return False
