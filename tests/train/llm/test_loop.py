@@ -24,6 +24,7 @@ from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSect
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.loop import evaluate, learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.llm.reflection import attempt
 from sessionrl.train.llm.run import open_run
 from sessionrl.train.llm.sft import SFTConfig
 
@@ -238,8 +239,8 @@ def test_an_update_runs_after_the_engine_gave_back_the_rollouts_caches(tmp_path:
 
 
 def test_an_evaluation_gives_back_what_its_episodes_kept(tmp_path: Path) -> None:
-    """An evaluation's episodes and tool-accuracy turns are over when it returns: the engine keeps none
-    of their caches for a rollout that could never reuse them."""
+    """An evaluation's episodes and tool-accuracy turns, and reflection's attempts, are over when they
+    return: the engine keeps none of their caches for a rollout that could never reuse them."""
     from sessionrl.policy.sampling import TorchEngine
 
     config = tiny_run(tmp_path / "run", iterations=0)
@@ -251,4 +252,9 @@ def test_an_evaluation_gives_back_what_its_episodes_kept(tmp_path: Path) -> None
         evaluated = evaluate(run, policy, Split.DEV, 2, "again", tools=True)
         assert evaluated.metrics.n_tasks == 2
         assert engine.store.builds + engine.store.hits > 0, "the engine kept caches while it ran"
+        assert not engine.store.entries
+        built = engine.store.builds + engine.store.hits
+        tried = attempt(run, policy, run.env.tasks(Split.DEV)[:2], "retry", "cu-retry")  # reflection's
+        assert len(tried) == 2
+        assert engine.store.builds + engine.store.hits > built
         assert not engine.store.entries

@@ -107,7 +107,9 @@ def attempt(
     extra = extra or {}
     specs = [dataclasses.replace(s, metadata={**s.metadata, **extra.get(s.task.task_id, {})}) for s in specs]
     batch = run_episodes(run.env, specs, PolicyAgent(view, policy.version), run.store, cfg.rollout)
-    return [run.store.get(r.session_id) for r in asyncio.run(batch)]
+    ran = asyncio.run(batch)
+    policy.release()  # what the engine kept for these episodes: none of them goes on
+    return [run.store.get(r.session_id) for r in ran]
 
 
 def attempt_faults(config: RunConfig) -> Faults:
