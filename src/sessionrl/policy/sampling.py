@@ -29,10 +29,11 @@ than `max_tokens` tokens; an episode's entry is dropped once its next turn's bat
 finished row is kept as it leaves, so no more than the store holds is ever copied out of a batch.
 `TorchEngine.refresh` (a new policy version) clears them all: nothing computed by older weights is reused.
 
-Everything runs under `torch.inference_mode` with the model's own attention (SDPA by default). On a CPU
-with bfloat16 matrix units (AMX, AVX512-BF16), the float32 model's linear layers but the output head are
-multiplied in bfloat16 (`sessionrl.policy.products.BF16Matmuls`): the logprobs stay within about 0.01 nats
-of float32's (docs/engines.md).
+Everything runs under `torch.inference_mode`. On a CPU with bfloat16 matrix units (AMX, AVX512-BF16),
+the float32 model's linear layers but the output head are multiplied in bfloat16
+(`sessionrl.policy.products.BF16Matmuls`), and the caches are kept in bfloat16 (`KVStore.dtype`), read by
+the attention of `sessionrl.policy.attention`; otherwise the model's own attention (SDPA by default)
+reads float32 caches. docs/engines.md measures what each costs in logprobs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from sessionrl.policy.attention import use_kept_attention
 from sessionrl.policy.engine import Completion
 from sessionrl.policy.memory import give_back_freed
 from sessionrl.policy.products import BF16Matmuls, bf16_by_default
@@ -129,8 +131,8 @@ class KVStore:
 
     max_tokens: int = 65536
     """Most tokens kept over all entries (least recently used entries go first): 3 GB for SmolLM2-135M in
-    float32, room for 16 to 20 episodes of 3 to 4k tokens, so that none of them prefills its whole
-    conversation again (docs/engines.md)."""
+    float32 (1.5 GB in bfloat16), room for 16 to 20 episodes of 3 to 4k tokens, so that none of them
+    prefills its whole conversation again (docs/engines.md)."""
     min_shared: int = 64
     """Shortest shared prefix worth computing once for a batch."""
     min_alone: int = 256
@@ -138,6 +140,10 @@ class KVStore:
     prefilled together, every row would be padded to its length."""
     turns: bool = True
     """Keep each row's prompt and reply for the episode's next turn (else only shared prefixes)."""
+    dtype: torch.dtype | None = None
+    """What the caches are kept in; None: the model's dtype. Narrower (bfloat16 under a float32 model)
+    halves their memory and what a decode step reads, and needs an attention that reads it
+    (`sessionrl.policy.attention`)."""
     entries: OrderedDict[tuple[int, ...], Kept] = field(default_factory=OrderedDict)
     builds: int = 0
     """Shared prefixes computed so far."""
@@ -204,7 +210,7 @@ class KVStore:
         if len(prompts) > 1:
             n = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
             if n >= self.min_shared and any(r.tokens < n for r in taken):
-                kv = prefill(model, prompts[0][:n])
+                kv = prefill(model, prompts[0][:n], dtype=self.dtype)
                 shared = self.put(prompts[0][:n], kv, shared=True)
                 self.builds += 1
                 self.prefilled_tokens += n
@@ -232,7 +238,7 @@ class KVStore:
             gains = {j: n for j, n in shares.items() if n - taken[j].tokens >= self.min_shared}
             new = len(seed) - taken[i].tokens
             if new > 0 and (gains or new >= self.min_alone):
-                kv = prefill(model, seed, taken[i])
+                kv = prefill(model, seed, taken[i], self.dtype)
                 # alone, it keeps the key of what it reused: that episode entry is settled as before
                 key = self.put(seed.tolist(), kv, shared=True) if gains else taken[i].key
                 self.builds += bool(gains)
@@ -261,15 +267,17 @@ class Reuse:
     kv: KV | None
 
 
-def prefill(model: Any, ids: Sequence[int] | np.ndarray, start: Reuse | None = None) -> KV:
-    """The key/value cache of `ids`, computed at batch size 1 after the first `start.tokens` of them, which
-    `start` holds (from the first token without it)."""
+def prefill(
+    model: Any, ids: Sequence[int] | np.ndarray, start: Reuse | None = None, dtype: torch.dtype | None = None
+) -> KV:
+    """The key/value cache of `ids` (in `dtype`, or the model's), computed at batch size 1 after the first
+    `start.tokens` of them, which `start` holds (from the first token without it)."""
     device = next(model.parameters()).device
     kept = start.kv if start is not None else None
     done = start.tokens if start is not None and kept is not None else 0
-    cache = None
-    if kept is not None and done:
-        cache = DynamicCache(ddp_cache_data=[(k[None, :, :done], v[None, :, :done]) for k, v in kept])
+    # room for exactly the new tokens (the first update of an empty cache allocates what it writes)
+    room = len(ids) - done if done else 0
+    cache = batch_cache([kept], [done], model.config.num_hidden_layers, room, dtype)
     new = torch.as_tensor(np.asarray(ids[done:], dtype=np.int64), device=device)[None]
     positions = torch.arange(done, done + new.shape[1], device=device)[None]
     out = model(input_ids=new, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
@@ -302,11 +310,18 @@ def extend_batch(
 class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A cache layer whose keys and values live in buffers with room for more tokens, so a decode step
     writes its token in place where `DynamicLayer` copies the whole layer (`torch.cat`) to append it; a
-    full buffer doubles. `keys` and `values` are views of the filled part, as the attention reads them."""
+    full buffer doubles. `keys` and `values` are views of the filled part.
 
-    def __init__(self, room: int) -> None:
+    With `dtype` narrower than the model computes in (bfloat16 under float32), the buffers hold that
+    dtype, and a decode step's `update` (one new position) hands the attention the whole buffers, room
+    included and zeroed, for `sessionrl.policy.attention.kept_or_sdpa` to read as far as the mask goes:
+    bfloat16 products are fast on contiguous memory only. Otherwise it hands over the filled part."""
+
+    def __init__(self, room: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.room = room
+        self.dtype = dtype
+        """The buffers' dtype; None: the keys' own."""
         self.length = 0
         self.buffers: tuple[Tensor, Tensor] | None = None
 
@@ -323,7 +338,8 @@ class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         end = self.length + key_states.shape[-2]
         if self.buffers is None:
             shape = (*key_states.shape[:2], end + self.room, key_states.shape[-1])
-            self.buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
+            keys = key_states.new_zeros(shape, dtype=self.dtype or key_states.dtype)
+            self.buffers = (keys, torch.zeros_like(keys))
             self.lazy_initialization(key_states, value_states)
         keys, values = self.buffers
         if end > keys.shape[-2]:
@@ -333,11 +349,13 @@ class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         keys[:, :, self.length : end] = key_states
         values[:, :, self.length : end] = value_states
         self.length = end
-        return self._views()
+        views = self._views()
+        decoding = key_states.shape[-2] == 1
+        return (keys, values) if decoding and keys.dtype != key_states.dtype else views
 
     def _grown(self, buffer: Tensor, capacity: int) -> Tensor:
         shape = (*buffer.shape[:2], capacity, buffer.shape[-1])
-        grown = buffer.new_empty(shape)
+        grown = buffer.new_zeros(shape)
         grown[:, :, : self.length] = buffer[:, :, : self.length]
         return grown
 
@@ -383,22 +401,26 @@ class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
 
 
 class RoomyCache(DynamicCache):
-    """A `DynamicCache` of `RoomyLayer`s, one per layer of the model."""
+    """A `DynamicCache` of `RoomyLayer`s, one per layer of the model (in `dtype`, or the keys' own)."""
 
-    def __init__(self, layers: int, room: int) -> None:
-        Cache.__init__(self, layers=[RoomyLayer(room) for _ in range(layers)])
+    def __init__(self, layers: int, room: int, dtype: torch.dtype | None = None) -> None:
+        Cache.__init__(self, layers=[RoomyLayer(room, dtype) for _ in range(layers)])
 
 
 def batch_cache(
-    kvs: Sequence[KV | None], reused: Sequence[int], layers: int, room: int | None
+    kvs: Sequence[KV | None],
+    reused: Sequence[int],
+    layers: int,
+    room: int | None,
+    dtype: torch.dtype | None = None,
 ) -> DynamicCache | None:
     """One cache over the batch: row i's first `reused[i]` kept tokens, right-aligned (`extend_batch`) over
-    ``max(reused)`` positions, with room for `room` more (`RoomyCache`). With `room` None: a `DynamicCache`,
-    which appends by concatenation (the sampler before the engine boundary), or None when nothing is
-    reused."""
+    ``max(reused)`` positions, with room for `room` more (`RoomyCache`, in the kept caches' dtype, or in
+    `dtype` when nothing is reused). With `room` None: a `DynamicCache`, which appends by concatenation
+    (the sampler before the engine boundary), or None when nothing is reused."""
     slots, rows = max(reused), len(kvs)
     if slots == 0:
-        return RoomyCache(layers, room) if room is not None else None
+        return RoomyCache(layers, room, dtype) if room is not None else None
     like = next(kv for kv in kvs if kv is not None)
     k0 = like[0][0]
     # one allocation for every layer (see `packed`), zeros where rows are padded
@@ -413,7 +435,7 @@ def batch_cache(
         filled.append((keys, values))
     if room is None:
         return DynamicCache(ddp_cache_data=filled)
-    cache = RoomyCache(layers, room)
+    cache = RoomyCache(layers, room, k0.dtype)
     for held, (keys, values) in zip(cache.layers, filled, strict=True):
         assert isinstance(held, RoomyLayer)
         held.hold(keys, values, slots)
@@ -452,7 +474,8 @@ def sample_batch(
     suffixes = [p[n:] for p, n in zip(prompts, reused, strict=True)]
     ids, mask, positions = (t.to(device) for t in extend_batch(suffixes, reused, pad_id))
     room = ids.shape[1] + config.max_new_tokens if in_place else None
-    cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room)
+    dtype = prefix.dtype if prefix is not None else None
+    cache = batch_cache([r.kv for r in taken], reused, model.config.num_hidden_layers, room, dtype)
     keep = None
     if prefix is not None and prefix.turns:
         prefix.settle(taken)  # the batch's cache holds its own copy of what its rows reused
@@ -585,9 +608,9 @@ def inverse_cdf(probs: Tensor, generator: torch.Generator) -> Tensor:
 
 class TorchEngine:
     """The CPU `Engine` (`sessionrl.policy.engine`): `sample_batch` over the trainer's own module, with a
-    `KVStore` kept while the policy version stays, and its linear layers multiplied in bfloat16
-    (`BF16Matmuls`) where the CPU has the units for it. Safe to call from several threads (one batch at
-    a time)."""
+    `KVStore` kept while the policy version stays, and, where the CPU has bfloat16 units, its linear layers
+    multiplied in bfloat16 (`BF16Matmuls`) and its caches kept in bfloat16. Safe to call from several
+    threads (one batch at a time)."""
 
     def __init__(
         self,
@@ -609,7 +632,8 @@ class TorchEngine:
         self._matmuls: BF16Matmuls | None = None
         self.pad_id = pad_id
         self.stop_ids = stop_ids
-        self.store = store if store is not None else KVStore()
+        self.store = store if store is not None else KVStore(dtype=torch.bfloat16 if self.bf16 else None)
+        """The kept caches; by default in bfloat16 where the linear layers multiply in it."""
         self._policy_version = version
         self._lock = threading.Lock()
 
@@ -617,6 +641,12 @@ class TorchEngine:
     def version(self) -> int:
         """The policy version sampled with now."""
         return self._policy_version
+
+    @property
+    def narrow(self) -> bool:
+        """Whether the caches are kept narrower than the model computes (read by `kept_or_sdpa`)."""
+        dtype = self.store.dtype
+        return dtype is not None and dtype != next(self.model.parameters()).dtype
 
     def refresh(self, model: Any, version: int) -> None:
         """Sample with `model` as policy `version` from now on; nothing kept from before is reused."""
@@ -629,7 +659,7 @@ class TorchEngine:
 
     def release(self) -> None:
         """Drop the kept key/value caches and the bfloat16 copies (up to `KVStore.max_tokens` tokens of
-        cache: 3 GB for SmolLM2-135M) before the weights change, and hand the freed pages back to the
+        cache: 1.5 to 3 GB for SmolLM2-135M) before the weights change, and hand the freed pages back to the
         system (`give_back_freed`)."""
         with self._lock:
             self.store.clear()
@@ -645,6 +675,8 @@ class TorchEngine:
             self.model.eval()
             if self.bf16 and self._matmuls is None:
                 self._matmuls = BF16Matmuls(self.model)  # the weights of this version, copied once
+            if self.narrow:
+                use_kept_attention(self.model)  # a packed training pass may have switched it since
             products = self._matmuls if self._matmuls is not None else contextlib.nullcontext()
             try:
                 with products:
