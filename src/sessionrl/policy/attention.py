@@ -1,9 +1,9 @@
 """Attention over a key/value cache kept narrower than the model computes: bfloat16 under float32.
 
 At the few thousand positions a τ-bench episode reaches, reading the key/value cache is most of a decode
-step, and the read is bound by memory (docs/engines.md). The torch engine therefore keeps its caches in
-bfloat16 where the CPU multiplies bfloat16 in hardware (`sessionrl.policy.sampling.KVStore.dtype`): half
-the bytes to read, and half the memory to keep. In a decode step a narrow cache hands the attention its
+step, and the read is bound by memory (docs/engines.md). The torch engine can therefore keep its caches
+in bfloat16 (`sessionrl.policy.sampling.KVStore.dtype`; `batching.kv_cache: bfloat16` in a run's config):
+half the bytes to read, and half the memory to keep. In a decode step a narrow cache hands the attention its
 whole buffer, room for the tokens still to come included (`RoomyLayer`), because torch's bfloat16 batched
 products are fast on contiguous memory only; the attention reads the positions the mask covers.
 

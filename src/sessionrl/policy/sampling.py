@@ -31,9 +31,10 @@ finished row is kept as it leaves, so no more than the store holds is ever copie
 
 Everything runs under `torch.inference_mode`. On a CPU with bfloat16 matrix units (AMX, AVX512-BF16),
 the float32 model's linear layers but the output head are multiplied in bfloat16
-(`sessionrl.policy.products.BF16Matmuls`), and the caches are kept in bfloat16 (`KVStore.dtype`), read by
-the attention of `sessionrl.policy.attention`; otherwise the model's own attention (SDPA by default)
-reads float32 caches. docs/engines.md measures what each costs in logprobs.
+(`sessionrl.policy.products.BF16Matmuls`). The caches are kept in the model's dtype and read by its own
+attention (SDPA by default), or, asked for (`KVStore.dtype`; `batching.kv_cache: bfloat16` in a run's
+config), in bfloat16, read by the attention of `sessionrl.policy.attention`. docs/engines.md measures
+what each costs in time and logprobs.
 """
 
 from __future__ import annotations
@@ -608,9 +609,9 @@ def inverse_cdf(probs: Tensor, generator: torch.Generator) -> Tensor:
 
 class TorchEngine:
     """The CPU `Engine` (`sessionrl.policy.engine`): `sample_batch` over the trainer's own module, with a
-    `KVStore` kept while the policy version stays, and, where the CPU has bfloat16 units, its linear layers
-    multiplied in bfloat16 (`BF16Matmuls`) and its caches kept in bfloat16. Safe to call from several
-    threads (one batch at a time)."""
+    `KVStore` kept while the policy version stays (in bfloat16 when the store says so), and its linear
+    layers multiplied in bfloat16 (`BF16Matmuls`) where the CPU has the units for it. Safe to call from
+    several threads (one batch at a time)."""
 
     def __init__(
         self,
@@ -632,8 +633,8 @@ class TorchEngine:
         self._matmuls: BF16Matmuls | None = None
         self.pad_id = pad_id
         self.stop_ids = stop_ids
-        self.store = store if store is not None else KVStore(dtype=torch.bfloat16 if self.bf16 else None)
-        """The kept caches; by default in bfloat16 where the linear layers multiply in it."""
+        self.store = store if store is not None else KVStore()
+        """The kept caches, in the store's dtype (`KVStore.dtype`)."""
         self._policy_version = version
         self._lock = threading.Lock()
 
