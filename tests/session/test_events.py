@@ -140,6 +140,20 @@ def test_feedback_to_unknown_anchor_is_rejected(anchor: Anchor, field: str) -> N
     assert err.value.field == field
 
 
+def test_feedback_that_gives_no_time_is_not_late() -> None:
+    # one reading of the clock: a reward discounted by received_at - occurred_at is not moved by the
+    # microseconds between two readings (it made seeded RL runs differ run to run)
+    now = Feedback(type=FeedbackType.AUTO_VALIDATION, score=1.0)
+    assert now.received_at == now.occurred_at
+    happened = datetime.now(UTC) - timedelta(hours=2)
+    rated = Feedback(type=FeedbackType.HUMAN_RATING, score=4.0, occurred_at=happened)
+    assert rated.occurred_at == happened
+    assert rated.received_at - happened >= timedelta(hours=2)
+    arrived = Feedback(type=FeedbackType.HUMAN_RATING, score=4.0, received_at=T0)
+    assert arrived.occurred_at == arrived.received_at == T0
+    assert Feedback.model_validate_json(rated.model_dump_json()) == rated
+
+
 def test_anchor_names_at_most_one_target() -> None:
     with pytest.raises(ValueError, match="at most one"):
         Anchor(call_id="c1", subgoal_id="g1")

@@ -226,7 +226,12 @@ ANONYMOUS = "anonymous"
 
 
 class Feedback(Record):
-    """One piece of feedback. `occurred_at` is when it happened, `received_at` when it reached us."""
+    """One piece of feedback. `occurred_at` is when it happened, `received_at` when it reached us.
+
+    Left out, `received_at` is now and `occurred_at` is `received_at`: one reading of the clock, so
+    feedback that does not say when it happened is not late (its reward is not discounted by the
+    microseconds between two readings, and a retry can tell that no time was given).
+    """
 
     feedback_id: str = Field(default_factory=lambda: new_id("f"))
     type: FeedbackType
@@ -241,6 +246,14 @@ class Feedback(Record):
     occurred_at: datetime = Field(default_factory=utcnow)
     received_at: datetime = Field(default_factory=utcnow)
     data: dict[str, Any] = Field(default_factory=dict, description="Structured extras (reason, pair, ...).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arrival(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or ("occurred_at" in data and "received_at" in data):
+            return data
+        data = {"received_at": utcnow()} | data
+        return {"occurred_at": data["received_at"]} | data
 
     @property
     def source(self) -> str:

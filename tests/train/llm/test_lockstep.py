@@ -1,5 +1,5 @@
-"""Lockstep rounds: each holds the next call of every running episode, in the order of their text, however
-the episodes' timing falls."""
+"""Lockstep rounds: each holds the next call of every running episode, in the order of their text (then of
+their sessions' ids), however the episodes' timing falls."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
 from sessionrl.session.model import Message
-from sessionrl.train.llm.lockstep import Lockstep
+from sessionrl.train.llm.lockstep import Lockstep, seat
 
 
 class Recorder:
@@ -69,3 +69,35 @@ def test_a_failed_round_fails_each_of_its_calls_with_the_reason() -> None:
 
     results = asyncio.run(main())
     assert all(isinstance(r, PolicyError) and "fell over" in str(r) for r in results)
+
+
+class Rows:
+    """Stands in for the policy: answers each row of a round with its place in the round (its draw)."""
+
+    def generate_now(self, conversations: Sequence[Sequence[Message]]) -> list[PolicyReply]:
+        return [PolicyReply(text=str(row)) for row in range(len(conversations))]
+
+
+def twins(first: str) -> dict[str, str]:
+    """Two episodes asking the same conversation, `first` asking first: what each session was answered."""
+
+    async def ask(lockstep: Lockstep, session: str, wait: float) -> tuple[str, str]:
+        with seat(session):
+            await asyncio.sleep(wait)
+            try:
+                reply = await lockstep.generate([Message(role="user", content="same")], purpose="act")
+            finally:
+                lockstep.leave()
+        return session, reply.text
+
+    async def main() -> dict[str, str]:
+        policy: Any = Rows()
+        lockstep = Lockstep(policy, episodes=2)
+        asked = [ask(lockstep, s, 0.0 if s == first else 0.01) for s in ("rl-b", "rl-a")]
+        return dict(await asyncio.gather(*asked))
+
+    return asyncio.run(main())
+
+
+def test_identical_conversations_draw_in_the_order_of_their_sessions_whoever_asks_first() -> None:
+    assert twins(first="rl-b") == twins(first="rl-a") == {"rl-a": "0", "rl-b": "1"}

@@ -157,35 +157,24 @@ def test_rl_draws_unseen_tasks_when_asked_and_a_group_shares_its_faults(tmp_path
 
 
 def test_a_seed_gives_the_same_run_twice(tmp_path: Path) -> None:
-    """Rollouts sample in lockstep rounds and updates read sequences in an order of their own, so two runs
-    of one seed take the same samples (tokens, sessions, outcomes) and end with the same weights up to float
-    rounding: a batched kernel may sum in another order when the machine schedules it differently, which
-    moves a loss by 1e-8, never a sample."""
+    """Two runs of one seed take the same samples, rewards and updates, and end with the same weights bit
+    for bit: rollouts sample in lockstep rounds (identical conversations in the order of their sessions'
+    ids), the shaper scores in the order of ids, updates read sequences in an order of their own, and
+    feedback that gives no time is not late. Before those last three, runs differed in the 8th digit of a
+    loss and then in their samples."""
     runs = []
     for name in ("first", "second"):
-        config = tiny_run(tmp_path / name, iterations=1)
+        config = tiny_run(tmp_path / name, iterations=2)
         result = train(config)
         timing = {"seconds", "rollout_s", "rewards_s", "learn_s"}
         curve = [{k: v for k, v in record.items() if k not in timing} for record in result.curve]
         weights = load_file(str(config.run_dir / "rl_policy" / "model.safetensors"))
         runs.append((curve, weights))
     (curve_a, weights_a), (curve_b, weights_b) = runs
-    assert [r.keys() for r in curve_a] == [r.keys() for r in curve_b]
-    for record_a, record_b in zip(curve_a, curve_b, strict=True):
-        floats = {k for k, v in record_a.items() if isinstance(v, float)}
-        assert {k: v for k, v in record_a.items() if k not in floats} == {
-            k: v for k, v in record_b.items() if k not in floats
-        }
-        assert {k: record_a[k] for k in floats} == pytest.approx(
-            {k: record_b[k] for k in floats}, rel=1e-4, abs=1e-6
-        )
     assert any("tokens" in record for record in curve_a)  # an update happened
+    assert curve_a == curve_b
     assert weights_a.keys() == weights_b.keys()
-    drift = max(
-        (weights_a[k] - weights_b[k]).norm() / weights_a[k].norm().clamp_min(1e-12) for k in weights_a
-    )
-    print(f"largest relative weight difference: {float(drift):.2e}")
-    assert drift < 1e-3
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 
 def test_lora_adapters_start_from_the_seed_whatever_ran_before(tmp_path: Path) -> None:

@@ -56,11 +56,15 @@ class RewardShaper:
     def follow(self, after: int, now: int | None = None) -> tuple[int, int]:
         """Score what changed after cursor `after`, and the held sessions due by iteration `now`; return the
         next cursor and how many were scored. A session whose `verdict_due` lies past `now` is held (with
-        `now` None, nothing is: outside the RL loop every verdict counts at once)."""
+        `now` None, nothing is: outside the RL loop every verdict counts at once).
+
+        They are scored in the order of their ids, not the feed's: each score reads the layer statistics
+        the ones before it left, and the feed's order is the order in which concurrent episodes happened
+        to commit, so a seeded run would not give the same rewards twice."""
         cursor, ids = changed_sessions(self.store, after, SESSION_CHANGES)
         due = [sid for sid, at in self.held.items() if now is None or at <= now]
         scored = 0
-        for sid in dict.fromkeys([*ids, *due]):
+        for sid in sorted({*ids, *due}):
             session = self.store.get(sid)
             if session.state is not SessionState.FINISHED or task_success(session) is None:
                 continue

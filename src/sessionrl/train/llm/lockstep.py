@@ -4,9 +4,12 @@ The policy's own batcher (`sessionrl.policy.llm.Batcher`) starts a batch after a
 requests share a batch, and in which order they draw from the sampling generator, follow the machine's
 timing. Here a batch starts only once every episode still running has asked for its next reply: each
 batch is then "the next call of every unfinished episode", whatever the timing, and its rows are put in
-the order of their conversations' text before they draw. Episodes whose conversations are identical (the
-K episodes of a GRPO group before they part) are interchangeable, so which of them gets which draw does
-not change what the group holds.
+the order of their conversations' text, then of their sessions' ids, before they draw. Episodes whose
+conversations are identical (the K episodes of a GRPO group before they part) would otherwise draw in
+the order they happened to ask; the group would hold the same replies, but under other ids, and the
+reward shaper (which scores in id order, each score reading the statistics of those before it) and the
+update would then see them in another order. The id is that of the session whose episode asks, which
+`LockstepAgent` sets in the episode's asyncio task, as `EpisodeSkills` binds its skills.
 
 Every episode of the batch must be able to run at once: `LockstepAgent` needs the rollout's concurrency and
 the engine's LLM lane at least as wide as the number of episodes.
@@ -15,7 +18,9 @@ the engine's LLM lane at least as wide as the number of episodes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from sessionrl.envs.base import Task
@@ -28,6 +33,20 @@ from sessionrl.policy.toolcalls import ToolFormat
 from sessionrl.session.model import Message
 
 Conversation = tuple[tuple[str, str], ...]
+Seat = tuple[Conversation, str]
+"""Where a call sits in its round: its conversation, then the id of the session asking."""
+
+_SESSION: ContextVar[str] = ContextVar("sessionrl_lockstep_session", default="")
+
+
+@contextmanager
+def seat(session_id: str) -> Iterator[None]:
+    """The lockstep calls the current asyncio task makes until the block ends ask for `session_id`."""
+    token = _SESSION.set(session_id)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
 
 
 @dataclass(eq=False)
@@ -39,9 +58,7 @@ class Lockstep:
     """Episodes still running; a round starts when that many wait (each ending one lowers it)."""
     rounds: list[int] = field(default_factory=list)
     """Size of every round sampled, in order."""
-    _waiting: list[tuple[Conversation, Sequence[Message], asyncio.Future[PolicyReply]]] = field(
-        default_factory=list
-    )
+    _waiting: list[tuple[Seat, Sequence[Message], asyncio.Future[PolicyReply]]] = field(default_factory=list)
     _running: asyncio.Task[None] | None = None
 
     @property
@@ -52,8 +69,8 @@ class Lockstep:
     async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
         """The reply to `messages`, sampled in the round every running episode joins."""
         future: asyncio.Future[PolicyReply] = asyncio.get_running_loop().create_future()
-        key = tuple((m.role, m.content) for m in messages)
-        self._waiting.append((key, messages, future))
+        seat = (tuple((m.role, m.content) for m in messages), _SESSION.get())
+        self._waiting.append((seat, messages, future))
         self._release()
         return await future
 
@@ -69,9 +86,7 @@ class Lockstep:
         self._waiting = []
         self._running = asyncio.get_running_loop().create_task(self._sample(batch))
 
-    async def _sample(
-        self, batch: list[tuple[Conversation, Sequence[Message], asyncio.Future[PolicyReply]]]
-    ) -> None:
+    async def _sample(self, batch: list[tuple[Seat, Sequence[Message], asyncio.Future[PolicyReply]]]) -> None:
         self.rounds.append(len(batch))
         try:
             replies = await asyncio.to_thread(self.policy.generate_now, [m for _, m, _ in batch])
@@ -110,9 +125,10 @@ class LockstepAgent:
     async def act(self, attempt: Attempt) -> str | None:
         """The policy agent's episode; the lockstep stops waiting for it once it ends, however it ends."""
         try:
-            return await PolicyAgent(self.lockstep, self.policy_version, self.name).act(attempt)
+            with seat(attempt.session_id):
+                return await PolicyAgent(self.lockstep, self.policy_version, self.name).act(attempt)
         finally:
             self.lockstep.leave()
 
 
-__all__ = ["Lockstep", "LockstepAgent"]
+__all__ = ["Lockstep", "LockstepAgent", "seat"]
