@@ -69,8 +69,8 @@ class Lockstep:
     async def generate(self, messages: Sequence[Message], *, purpose: str) -> PolicyReply:
         """The reply to `messages`, sampled in the round every running episode joins."""
         future: asyncio.Future[PolicyReply] = asyncio.get_running_loop().create_future()
-        seat = (tuple((m.role, m.content) for m in messages), _SESSION.get())
-        self._waiting.append((seat, messages, future))
+        place = (tuple((m.role, m.content) for m in messages), _SESSION.get())
+        self._waiting.append((place, messages, future))
         self._release()
         return await future
 
