@@ -49,6 +49,35 @@ def test_the_dense_judge_keeps_only_answered_episodes_no_term_charged() -> None:
     assert rft.dense_verdict(worked, fine) is None
 
 
+def sampled(*replies: tuple[tuple[int, ...], tuple[float, ...]]) -> Any:
+    """A session whose policy calls drew `replies` (token ids, their logprobs)."""
+    calls = [
+        SimpleNamespace(call_id=f"l{i}", prompt_token_ids=(1,), token_ids=ids, logprobs=lps)
+        for i, (ids, lps) in enumerate(replies)
+    ]
+    return SimpleNamespace(llm_calls=calls)
+
+
+def test_a_round_counts_its_distinct_episodes_and_the_surprise_of_their_tokens() -> None:
+    one = sampled(((5, 6), (-0.5, -0.25)), ((7,), (-0.75,)))
+    twin = sampled(((5, 6), (-0.5, -0.25)), ((7,), (-0.75,)))
+    other = sampled(((5, 9), (-0.5, -2.5)))
+    judged = rft.Judged((one, twin, other), {"task not solved": 2})
+    assert judged.distinct == 2
+    # tokens: 0.5 0.25 0.75, twice, then 0.5 2.5: 6.0 nats over 8 tokens
+    assert judged.nats == pytest.approx(6.0 / 8)
+    assert judged.as_record() == {
+        "sampled": 5,
+        "kept": 3,
+        "distinct": 2,
+        "kept_nats": 0.75,
+        "rejected_task_not_solved": 2,
+    }
+    nothing = rft.Judged((), {"task not solved": 4})
+    assert nothing.nats is None
+    assert "kept_nats" not in nothing.as_record()
+
+
 def records(run_dir: Path, stage: str) -> list[dict[str, Any]]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["stage"] == stage]
@@ -69,6 +98,8 @@ def test_an_rft_run_counts_every_episode_it_judged_and_reports_both_policies(
     rejected = sum(v for k, v in judged.items() if k.startswith("rejected_"))
     assert judged["sampled"] == 4 == judged["kept"] + rejected
     assert judged["accept"] == accept
+    assert judged["distinct"] <= judged["kept"]
+    assert judged.get("kept_nats", 0.0) >= 0.0
     labels = {r["label"]: r for r in records(tmp_path, "eval")}
     assert "tool_acc" in labels["rft"]
     assert "tool_acc" in labels["sft"]

@@ -17,10 +17,13 @@ The judge (`rft.accept`):
 The K episodes of a task share their environment seed, so they meet the same faults. The kept episodes
 train through the imitation trainer (`SFTTrainer`, the one SFT implementation) on the tokens the policy
 sampled (the turns' recorded ids: nothing is tokenised again). Every round counts what it sampled, kept
-and rejected, by reason, prints it and logs it (the `rft` record of metrics.jsonl). A round that keeps
-fewer than `rft.min_kept` episodes trains on none and says so: imitating a handful of episodes for many
-steps teaches them by rote (measured on SmolLM2: one episode kept of 16, 12 steps, took the parse rate of
-its replies from 0.97 to 0.38 and tool accuracy from 0.25 to 0.13).
+and rejected, by reason, how many kept episodes are distinct and how surprising their tokens were to the
+policy that drew them, prints it and logs it (the `rft` record of metrics.jsonl): a policy that draws one
+episode K times keeps copies, and steps on a few distinct, unsurprising episodes teach them by rote (see
+docs/training.md, "The demo's recipe"). A round that keeps fewer than `rft.min_kept` episodes trains on
+none and says so: imitating a handful of episodes for many steps teaches them by rote (measured on
+SmolLM2: one episode kept of 16, 12 steps, took the parse rate of its replies from 0.97 to 0.38 and tool
+accuracy from 0.25 to 0.13).
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
@@ -96,10 +99,26 @@ class Judged:
     kept: tuple[Session, ...]
     rejected: dict[str, int]
 
-    def as_record(self) -> dict[str, int]:
-        """`sampled`, `kept`, and `rejected_<reason>` for each reason (spaces as underscores)."""
+    @property
+    def distinct(self) -> int:
+        """Kept episodes that differ in what the policy sampled: K copies of one episode teach it once."""
+        return len({tuple(t.completion for t in policy_turns(s, {})) for s in self.kept})
+
+    @property
+    def nats(self) -> float | None:
+        """Mean surprise of the kept episodes' sampled tokens (minus their recorded logprobs), in nats: the
+        loss the round's first step starts from. Near 0, the kept episodes are what the policy would draw
+        anyway, and its steps have little to teach (None: nothing kept, or no logprobs recorded)."""
+        logprobs = [lp for s in self.kept for t in policy_turns(s, {}) for lp in t.logprobs or ()]
+        return -sum(logprobs) / len(logprobs) if logprobs else None
+
+    def as_record(self) -> dict[str, int | float]:
+        """`sampled`, `kept`, `distinct`, `kept_nats` (when known), and `rejected_<reason>` for each reason
+        (spaces as underscores)."""
         reasons = {f"rejected_{r.replace(' ', '_')}": n for r, n in sorted(self.rejected.items())}
-        return {"sampled": len(self.kept) + sum(self.rejected.values()), "kept": len(self.kept), **reasons}
+        sampled = len(self.kept) + sum(self.rejected.values())
+        nats = {} if self.nats is None else {"kept_nats": round(self.nats, 6)}
+        return {"sampled": sampled, "kept": len(self.kept), "distinct": self.distinct, **nats, **reasons}
 
 
 def judge(run: Run, accept: str, ran: Sequence[Ran]) -> Judged:
@@ -153,7 +172,9 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
         run.log.write("rft", round_, {"round": round_, "accept": section.accept, **record})
         console.print(
             f"rft round {round_ + 1}/{section.rounds}: kept {record['kept']} of {record['sampled']}"
-            f" episodes ({section.accept} judge); rejected: {judged.rejected or 'none'}",
+            f" episodes ({section.accept} judge), {record['distinct']} distinct"
+            + (f", {judged.nats:.3g} nats a sampled token" if judged.nats is not None else "")
+            + f"; rejected: {judged.rejected or 'none'}",
             markup=False,
             highlight=False,
         )
