@@ -258,8 +258,9 @@ class RFTSection(Section):
     min_kept: int = Field(
         default=8,
         ge=1,
-        description="A round that keeps fewer episodes trains on none: a few episodes imitated for many "
-        "steps are learned by rote (one kept of 16 took SmolLM2's parse rate from 0.97 to 0.38).",
+        description="A round that keeps fewer distinct episodes trains on none: a few episodes imitated "
+        "for many steps are learned by rote (one kept of 16 took SmolLM2's parse rate from 0.97 to 0.38), "
+        "and copies of one episode, which a nearly deterministic policy samples, count once.",
     )
     accept: Literal["task", "dense", "clean"] = Field(
         default="task",

@@ -136,6 +136,24 @@ def test_a_round_that_keeps_too_few_trains_on_none(tmp_path: Path, monkeypatch: 
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_copies_of_one_episode_count_once_against_the_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def keep_copies(run: Any, accept: str, ran: Any) -> rft.Judged:
+        return rft.Judged((run.store.get(ran[0].session_id),) * len(ran), {})
+
+    monkeypatch.setattr(rft, "judge", keep_copies)
+    rounds = RFT | {"min_kept": 2}  # 4 kept, 1 distinct
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
+    run_trainer(RunConfig.model_validate(data))
+    assert records(tmp_path, "rft_update") == []
+    (judged,) = records(tmp_path, "rft")
+    assert (judged["kept"], judged["distinct"]) == (4, 1)
+    before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_the_clean_judge_keeps_a_solved_episode_only_when_no_step_was_charged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,10 +20,10 @@ sampled (the turns' recorded ids: nothing is tokenised again). Every round count
 and rejected, by reason, how many kept episodes are distinct and how surprising their tokens were to the
 policy that drew them, prints it and logs it (the `rft` record of metrics.jsonl): a policy that draws one
 episode K times keeps copies, and steps on a few distinct, unsurprising episodes teach them by rote (see
-docs/training.md, "The demo's recipe"). A round that keeps fewer than `rft.min_kept` episodes trains on
-none and says so: imitating a handful of episodes for many steps teaches them by rote (measured on
-SmolLM2: one episode kept of 16, 12 steps, took the parse rate of its replies from 0.97 to 0.38 and tool
-accuracy from 0.25 to 0.13).
+docs/training.md, "The demo's recipe"). A round that keeps fewer than `rft.min_kept` distinct episodes
+trains on none and says so: imitating a handful of episodes for many steps teaches them by rote (measured
+on SmolLM2: one episode kept of 16, 12 steps, took the parse rate of its replies from 0.97 to 0.38 and
+tool accuracy from 0.25 to 0.13), and K copies of one episode are one episode.
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
@@ -180,10 +180,11 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
         )
         rounds.append(judged)
         # imitate
-        if len(judged.kept) < section.min_kept:
+        if judged.distinct < section.min_kept:
             console.print(
-                f"rft round {round_ + 1}: {len(judged.kept)} kept, under rft.min_kept={section.min_kept},"
-                " so nothing trained (sample more tasks or episodes, or lower the bar)",
+                f"rft round {round_ + 1}: {judged.distinct} distinct episodes kept (of {len(judged.kept)}),"
+                f" under rft.min_kept={section.min_kept}, so nothing trained (sample more tasks, at a"
+                " higher temperature, or lower the bar)",
                 markup=False,
                 highlight=False,
             )
