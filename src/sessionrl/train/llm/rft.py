@@ -17,13 +17,13 @@ The judge (`rft.accept`):
 The K episodes of a task share their environment seed, so they meet the same faults. The kept episodes
 train through the imitation trainer (`SFTTrainer`, the one SFT implementation) on the tokens the policy
 sampled (the turns' recorded ids: nothing is tokenised again). Every round counts what it sampled, kept
-and rejected, by reason, how many kept episodes are distinct and how surprising their tokens were to the
-policy that drew them, prints it and logs it (the `rft` record of metrics.jsonl): a policy that draws one
-episode K times keeps copies, and steps on a few distinct, unsurprising episodes teach them by rote (see
-docs/training.md, "The demo's recipe"). A round that keeps fewer than `rft.min_kept` distinct episodes
-trains on none and says so: imitating a handful of episodes for many steps teaches them by rote (measured
-on SmolLM2: one episode kept of 16, 12 steps, took the parse rate of its replies from 0.97 to 0.38 and
-tool accuracy from 0.25 to 0.13), and K copies of one episode are one episode.
+and rejected, by reason, how many kept episodes are distinct, and how surprising their tokens were to the
+policy that drew them; it prints that and logs it (the `rft` record of metrics.jsonl). A nearly
+deterministic policy draws one episode K times, and its kept tokens carry almost no surprise: such a round
+has little to teach (docs/training.md, "The demo's recipe"). A round that keeps fewer than `rft.min_kept`
+distinct episodes trains on none and says so: a handful of episodes imitated for many steps is learned by
+rote (measured on SmolLM2: one episode kept of 16, 12 steps, took the parse rate of its replies from 0.97
+to 0.38 and tool accuracy from 0.25 to 0.13), and K copies of one episode are one episode.
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
