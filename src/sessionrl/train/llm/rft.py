@@ -173,16 +173,16 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
         console.print(
             f"rft round {round_ + 1}/{section.rounds}: kept {record['kept']} of {record['sampled']}"
             f" episodes ({section.accept} judge), {record['distinct']} distinct"
-            + (f", {judged.nats:.3g} nats a sampled token" if judged.nats is not None else "")
+            + (f", {record['kept_nats']:.3g} nats a sampled token" if "kept_nats" in record else "")
             + f"; rejected: {judged.rejected or 'none'}",
             markup=False,
             highlight=False,
         )
         rounds.append(judged)
         # imitate
-        if judged.distinct < section.min_kept:
+        if record["distinct"] < section.min_kept:
             console.print(
-                f"rft round {round_ + 1}: {judged.distinct} distinct episodes kept (of {len(judged.kept)}),"
+                f"rft round {round_ + 1}: {record['distinct']} distinct episodes kept (of {record['kept']}),"
                 f" under rft.min_kept={section.min_kept}, so nothing trained (sample more tasks, at a"
                 " higher temperature, or lower the bar)",
                 markup=False,
