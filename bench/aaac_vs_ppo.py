@@ -63,8 +63,8 @@ from sessionrl.train.structured.rollout import (
     Summary,
     build_run,
     evaluate,
-    torch_threads,
 )
+from sessionrl.train.threads import torch_threads
 
 OUT = Path("runs/bench")
 TARGET = 0.8

@@ -44,7 +44,8 @@ from sessionrl.envs.base import Split
 from sessionrl.envs.gym import DecisionGymEnv, GymConfig
 from sessionrl.policy.encoder import HashingEncoder
 from sessionrl.train.structured.ppo import PPOConfig, train_ppo
-from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
+from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate
+from sessionrl.train.threads import torch_threads
 
 BINS = 21
 ENVS, STEPS = 8, 64

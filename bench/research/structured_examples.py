@@ -28,7 +28,8 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import imitate
 from sessionrl.train.structured.ppo import PPOConfig, train_ppo
-from sessionrl.train.structured.rollout import Summary, evaluate, torch_threads
+from sessionrl.train.structured.rollout import Summary, evaluate
+from sessionrl.train.threads import torch_threads
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "example": {},

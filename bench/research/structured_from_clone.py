@@ -27,7 +27,8 @@ from sessionrl.envs.orders import DomainConfig, OrdersEnv
 from sessionrl.train.structured.aaac import AAACConfig, train_aaac
 from sessionrl.train.structured.imitation import ImitationConfig, imitate
 from sessionrl.train.structured.ppo import PPOConfig, UpdateConfig, train_ppo
-from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate, torch_threads
+from sessionrl.train.structured.rollout import StructuredRunConfig, Summary, evaluate
+from sessionrl.train.threads import torch_threads
 
 BENCH_UPDATE = UpdateConfig(lr=3e-4, anchor_coef=0.0)
 """The update `bench/aaac_vs_ppo.py` ran before this study (its ``--lr`` default; the rest as the trainer's

@@ -77,13 +77,13 @@ def train_command(
 
 
 def quiet_model_loading(threads: int | None) -> None:
-    """Set torch's thread count when given, and keep transformers' download and loading bars out of the
-    run's log (the run prints its own progress)."""
-    import torch
+    """Set torch's thread count (to torch's own when None: `sessionrl.train.threads`), and keep
+    transformers' download and loading bars out of the run's log (the run prints its own progress)."""
     from transformers.utils import logging as hf_logging
 
-    if threads is not None:
-        torch.set_num_threads(threads)
+    from sessionrl.train.threads import pin_threads
+
+    pin_threads(threads)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 

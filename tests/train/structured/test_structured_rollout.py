@@ -17,8 +17,8 @@ from sessionrl.train.structured.rollout import (
     build_run,
     minibatches,
     normalise,
-    torch_threads,
 )
+from sessionrl.train.threads import torch_threads
 
 ENV = OrdersEnv(DomainConfig(train=24, dev=0, test=0, time_factor=0, transient_failures=False))
 

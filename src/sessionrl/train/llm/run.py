@@ -40,6 +40,7 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import LoopState
 from sessionrl.train.llm.data import call_message
 from sessionrl.train.llm.feed import RewardShaper
+from sessionrl.train.threads import pin_threads
 
 
 def max_rss_mb() -> float:
@@ -182,7 +183,10 @@ def split_digits(tokenizer: Any) -> None:
 
 def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPolicy:
     """The run's policy: the configured checkpoint (or GGUF file), or a tiny model built on `texts` and
-    saved to `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says."""
+    saved to `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says.
+
+    Sets torch's thread count to the one it has (`pin_threads`): training is reproducible only once set."""
+    pin_threads()
     sampling = config.rl.sampling
     checkpoint = config.model.checkpoint()
     if checkpoint is not None:

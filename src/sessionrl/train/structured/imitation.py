@@ -47,8 +47,8 @@ from sessionrl.train.structured.rollout import (
     env_action,
     gym_view,
     minibatches,
-    torch_threads,
 )
+from sessionrl.train.threads import torch_threads
 
 EDGE = 1.0 - 1e-6
 """Largest ``|x|`` written back for a number, so ``atanh(x)`` stays finite."""

@@ -45,8 +45,8 @@ from sessionrl.train.structured.rollout import (
     minibatches,
     normalise,
     round_log,
-    torch_threads,
 )
+from sessionrl.train.threads import torch_threads
 
 
 @dataclass(frozen=True, slots=True)

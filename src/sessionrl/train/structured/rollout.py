@@ -19,8 +19,7 @@ return was confirmed).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -170,21 +169,6 @@ def gym_view(
     """A Gymnasium view of `env`'s `split`, with `prototypes` as macro-actions when there are any."""
     inner = DecisionGymEnv(env, split, seed=seed, config=gym)
     return MacroGymEnv(inner, prototypes) if prototypes else inner
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the block with `count` torch CPU threads, then restore the caller's setting.
-
-    Networks this small spend more time synchronising threads than computing, so one thread trains them
-    faster than several.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def env_action(params: Tensor, skill: Tensor, row: int) -> dict[str, Any]:
@@ -512,5 +496,4 @@ __all__ = [
     "minibatches",
     "normalise",
     "round_log",
-    "torch_threads",
 ]

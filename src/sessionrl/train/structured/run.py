@@ -42,8 +42,8 @@ from sessionrl.train.structured.rollout import (
     Summary,
     evaluate,
     gym_view,
-    torch_threads,
 )
+from sessionrl.train.threads import torch_threads
 
 STRUCTURED = frozenset({Trainer.PPO, Trainer.AAAC})
 """The trainers a structured run serves."""
