@@ -7,8 +7,8 @@ gradients of `scaled_dot_product_attention` with heads of 32 dimensions match th
 `torch.set_num_threads(2)` is called. (Measured with torch 2.13; heads of 16 dimensions, forward passes
 and matrix products agree bit for bit.) An imitation run trained with the count left alone and one
 trained with it set therefore end on different weights, and a small run's held-out figures differ by more
-than the gains we measure. So building a run's policy sets it, to the count torch chose, and
-`sessionrl train --threads N` to N (`pin_threads`).
+than the gains we measure. So opening a run (`open_run`, and each other rank of a `torchrun` launch) sets
+it, to the count torch chose, and `sessionrl train --threads N` to N (`pin_threads`).
 """
 
 from __future__ import annotations

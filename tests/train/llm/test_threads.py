@@ -1,5 +1,5 @@
 """A run's gradients do not depend on whether its caller set torch's thread count (sessionrl.train.threads):
-building the run's policy sets it."""
+opening the run (`open_run`) sets it."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ import torch
 sys.path.insert(0, {tests!r})
 from tiny_run_support import tiny_run
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.run import build_policy
+from sessionrl.train.llm.run import build_policy, open_run
 
 if sys.argv[1] == "set":
     torch.set_num_threads(torch.get_num_threads())
 heads = {{"hidden_size": 64, "num_heads": 2}}  # heads of 32: where the attention backward differed
 config = RunConfig.model_validate(tiny_run(run_dir=sys.argv[2], model={{"tiny": heads}}))
+open_run(config).close()  # opening the run is what sets the count
 policy = build_policy(config, ["the order #W123 ships to Lisbon"] * 4, Path(sys.argv[2]) / "base")
 ids = torch.randint(0, policy.model.config.vocab_size, (1, 512), generator=torch.Generator().manual_seed(0))
 policy.model(input_ids=ids, labels=ids).loss.backward()

@@ -40,6 +40,7 @@ from sessionrl.train.llm.data import TokenSequence
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
 from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import UpdateStats, data_parallel, world_size
+from sessionrl.train.threads import pin_threads
 
 PATIENCE = timedelta(hours=6)
 """How long a rank waits on the others (the process group's timeout): following ranks wait through rank
@@ -166,7 +167,8 @@ class Followed:
 def follow(config: RunConfig) -> Followed:
     """On ranks other than 0: build each trainer rank 0 leads with and step with it on every batch it
     sends, until it releases them; then leave the process group (the last trainer, returned, no longer
-    data-parallel)."""
+    data-parallel). Sets torch's thread count first, as rank 0's `open_run` does."""
+    pin_threads()
     trainer: Trainer | None = None
     steps = 0
     while (header := _receive()).event is not Event.STOP:

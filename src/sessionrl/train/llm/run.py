@@ -134,7 +134,9 @@ class Run:
 
 
 def open_run(config: RunConfig) -> Run:
-    """Create (or reopen) the run folder and its parts; the loop state starts fresh."""
+    """Create (or reopen) the run folder and its parts; the loop state starts fresh. Sets torch's thread
+    count to the one it has (`pin_threads`): a run is reproducible only once it is set."""
+    pin_threads()
     folder = config.run_dir
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(config.dump(), encoding="utf-8")
@@ -183,10 +185,7 @@ def split_digits(tokenizer: Any) -> None:
 
 def build_policy(config: RunConfig, texts: Iterable[str], folder: Path) -> HFPolicy:
     """The run's policy: the configured checkpoint (or GGUF file), or a tiny model built on `texts` and
-    saved to `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says.
-
-    Sets torch's thread count to the one it has (`pin_threads`): training is reproducible only once set."""
-    pin_threads()
+    saved to `folder`; with LoRA adapters when configured. Samples as `config.rl.sampling` says."""
     sampling = config.rl.sampling
     checkpoint = config.model.checkpoint()
     if checkpoint is not None:
