@@ -9,6 +9,12 @@ and matrix products agree bit for bit.) An imitation run trained with the count 
 trained with it set therefore end on different weights, and a small run's held-out figures differ by more
 than the gains we measure. So opening a run (`open_run`, and each other rank of a `torchrun` launch) sets
 it, to the count torch chose, and `sessionrl train --threads N` to N (`pin_threads`).
+
+Setting the count makes one thread reproducible, not two. At two threads, once a matrix product has run,
+float32 `exp` returns other bits in about one fresh process in three (measured with torch 2.13 and MKL
+2024.2 on this build: 30 processes each; never twice within one process; `MKL_CBWR` does not remove it,
+one thread does). A two-thread run of a seed is therefore one of a few neighbouring runs, chosen per
+process; the learning bench measures its acceptance line at one thread and at two for that reason.
 """
 
 from __future__ import annotations
