@@ -25,9 +25,19 @@ def command(
     eval_tasks: Annotated[
         int, typer.Option(min=1, help="Held-out test tasks each policy is judged on.")
     ] = 100,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Torch CPU threads (default: torch's); at one, a seed's run is the same in every process.",
+        ),
+    ] = None,
 ) -> None:
     """Imitation, then rejection sampling (and GRPO), on orders; the held-out metrics, the paired
     comparison and one JSON line."""
+    from sessionrl.cli.train import quiet_model_loading
+
+    quiet_model_loading(threads)
     from sessionrl.train.llm.demo import main
 
     main(out, seed=seed, rl_iterations=rl_iterations, eval_tasks=eval_tasks)

@@ -38,7 +38,7 @@ def train_command(
         typer.Option(
             "--threads",
             min=1,
-            help="Torch CPU threads (default: torch's). A seed gives the same run for the same thread count.",
+            help="Torch CPU threads (default: torch's); at one, a seed's run is the same in every process.",
         ),
     ] = None,
 ) -> None:

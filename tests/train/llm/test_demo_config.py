@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from sessionrl.cli.demo import command
 from sessionrl.eval import compute
@@ -113,3 +114,19 @@ def test_the_demo_reports_the_last_policy_the_run_made() -> None:
 
 def test_the_cli_default_budget_is_the_demos() -> None:
     assert inspect.signature(command).parameters["rl_iterations"].default == RL_ITERATIONS
+
+
+def test_the_demo_runs_on_the_thread_count_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from sessionrl.cli import app
+    from sessionrl.train.llm import demo
+    from sessionrl.train.threads import torch_threads
+
+    counts: list[int] = []
+    monkeypatch.setattr(demo, "main", lambda *_, **__: counts.append(torch.get_num_threads()))
+    with torch_threads(torch.get_num_threads()):
+        for threads in ("1", "2"):
+            result = CliRunner().invoke(app, ["demo", "--threads", threads])
+            assert result.exit_code == 0, result.output
+    assert counts == [1, 2]
