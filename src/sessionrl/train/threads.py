@@ -36,8 +36,8 @@ def pin_threads(count: int | None = None) -> int:
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block with `count` torch CPU threads, then restore the caller's setting.
 
-    Networks this small spend more time synchronising threads than computing, so one thread trains them
-    faster than several.
+    The structured trainers use it: their skill-policy networks are small enough to spend more time
+    synchronising threads than computing, so one thread trains them faster than several.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(count)
