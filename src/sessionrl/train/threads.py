@@ -12,7 +12,7 @@ it, to the count torch chose, and `sessionrl train --threads N` to N (`pin_threa
 
 Setting the count makes one thread reproducible, not two. At two threads, once a matrix product has run,
 float32 `exp` returns other bits in about one fresh process in three (measured with torch 2.13 and MKL
-2024.2 on this build: 30 processes each; never twice within one process; `MKL_CBWR` does not remove it,
+2024.2 on this build, 30 processes each; within one process it never changes; `MKL_CBWR` does not remove it,
 one thread does). A two-thread run of a seed is therefore one of a few neighbouring runs, chosen per
 process; the learning bench measures its acceptance line at one thread and at two for that reason.
 """
