@@ -262,6 +262,14 @@ class RFTSection(Section):
         "for many steps are learned by rote (one kept of 16 took SmolLM2's parse rate from 0.97 to 0.38), "
         "and copies of one episode, which a nearly deterministic policy samples, count once.",
     )
+    dev_tasks: int = Field(
+        default=0,
+        ge=0,
+        description="Dev tasks that judge each round (0: none). The policy is evaluated greedily on them "
+        "before the first round and after each round that trained; a round after which it solves fewer of "
+        "them than the weights it started from is undone (those weights come back), so the rounds never "
+        "end on a policy that validation found worse than imitation's.",
+    )
     accept: Literal["task", "dense", "clean"] = Field(
         default="task",
         description="task: keep episodes the environment judged solved; dense: keep those that answered "

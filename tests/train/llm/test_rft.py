@@ -154,6 +154,70 @@ def test_copies_of_one_episode_count_once_against_the_bar(
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
+    return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
+
+
+def test_dev_tasks_judge_each_round_and_the_rounds_end_on_the_policy_they_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rft, "judge", keep_all)
+    data = tiny_run(
+        run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=RFT | {"dev_tasks": 3}
+    )
+    run_trainer(RunConfig.model_validate(data))
+    evals = {r["label"]: r for r in records(tmp_path, "eval")}
+    (verdict,) = records(tmp_path, "rft_dev")
+    assert verdict["dev_tasks"] == 3
+    assert verdict["before"] == round(evals["rft-dev-0"]["success"] * 3)
+    assert verdict["solved"] == round(evals["rft-dev-1"]["success"] * 3)
+    assert verdict["kept"] is (verdict["solved"] >= verdict["before"])
+    before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before) is verdict["kept"]
+
+
+def test_a_round_that_solves_fewer_dev_tasks_is_undone_and_the_next_starts_from_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    solved = iter([2, 1, 2])  # before the rounds, after round 1 (worse: undone), after round 2 (as good)
+    weights: list[dict[str, torch.Tensor]] = []
+
+    def on_dev(run: Any, tasks: int, label: str) -> int:
+        weights.append({k: v.clone() for k, v in run.need_policy().model.state_dict().items()})
+        return next(solved)
+
+    monkeypatch.setattr(rft, "solved_on_dev", on_dev)
+    monkeypatch.setattr(rft, "judge", keep_all)
+    rounds = RFT | {"dev_tasks": 4, "rounds": 2}
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
+    run_trainer(RunConfig.model_validate(data))
+    verdicts = records(tmp_path, "rft_dev")
+    assert [(v["before"], v["solved"], v["kept"]) for v in verdicts] == [(2, 1, False), (2, 2, True)]
+    assert len(records(tmp_path, "rft_update")) == 4  # both rounds trained
+    start, after_first, after_second = weights
+    exported = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
+    assert all(torch.equal(exported[k], after_second[k]) for k in exported)  # round 2 kept
+    assert any(not torch.equal(start[k], after_first[k]) for k in start)  # round 1 had trained ...
+    sft = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
+    assert all(torch.equal(sft[k], start[k]) for k in sft)  # ... from the imitation policy,
+    second_updates = [u for u in records(tmp_path, "rft_update") if u["round"] == 1]
+    assert second_updates and any(not torch.equal(start[k], exported[k]) for k in start)
+
+
+def test_validation_without_dev_tasks_says_so(tmp_path: Path) -> None:
+    data = tiny_run(
+        run_dir=str(tmp_path),
+        trainer="rft",
+        env={"dev": 0},
+        sft=SFT_SECTION,
+        rollout=ROLLOUT,
+        rft=RFT | {"dev_tasks": 3},
+    )
+    with pytest.raises(ValueError, match="rft.dev_tasks needs dev tasks"):
+        run_trainer(RunConfig.model_validate(data))
+
+
 def test_the_clean_judge_keeps_a_solved_episode_only_when_no_step_was_charged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -90,6 +90,9 @@ GRPO_ITERATIONS = 12
 RFT_ROUNDS = 2
 """Rounds of rejection sampling after the gate (each: sample, keep the clean solved episodes, imitate)."""
 
+DEV_TASKS = 100
+"""Dev tasks that judge each round of rejection sampling: a round that solves fewer is undone."""
+
 
 def demo_config(
     run_dir: Path = Path("runs/demo"),
@@ -114,7 +117,7 @@ def demo_config(
     return RunConfig(
         run_dir=run_dir,
         seed=seed,
-        env=EnvSection(name="orders", options={"train": 800, "dev": 50, "test": 100}),
+        env=EnvSection(name="orders", options={"train": 800, "dev": DEV_TASKS, "test": 100}),
         model=ModelSection(tiny=tiny),
         rollout=RolloutConfig(
             max_steps=7, full_schemas=False, domain_policy=False, max_tool_chars=300, executor=executor
@@ -158,7 +161,8 @@ def demo_config(
 
 def rejection_sampling(rounds: int, temperature: float, seed: int) -> RFTSection | None:
     """The demo's warm start before GRPO (none at 0 rounds): each round samples 4 episodes of each of 64
-    training tasks, keeps the clean solved ones (`accept: clean`), and imitates them for 40 small steps."""
+    training tasks, keeps the clean solved ones (`accept: clean`), imitates them for 40 small steps, and
+    stays only if the policy then solves at least as many of the `DEV_TASKS` dev tasks as before it."""
     if rounds == 0:
         return None
     return RFTSection(
@@ -166,6 +170,7 @@ def rejection_sampling(rounds: int, temperature: float, seed: int) -> RFTSection
         tasks=64,
         samples=4,
         accept="clean",
+        dev_tasks=DEV_TASKS,
         sampling=SamplingConfig(
             max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536, seed=seed
         ),

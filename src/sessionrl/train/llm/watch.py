@@ -42,6 +42,17 @@ def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def restore_weights(model: torch.nn.Module, saved: Mapping[str, torch.Tensor], source: str) -> None:
+    """Copy `saved` (as `trainable_weights` took them) back into `model`'s trainable parameters; `source`
+    names where they came from in the error when some are missing."""
+    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    if missing := sorted(trained.keys() - saved.keys()):
+        raise ValueError(f"{source} lacks {len(missing)} trained weights ({missing[0]}, ...)")
+    with torch.no_grad():
+        for name, p in trained.items():
+            p.copy_(saved[name].to(p.device))
+
+
 class Guard:
     """The collapse watch of one RL stage (see the module doc)."""
 
@@ -73,13 +84,7 @@ class Guard:
     def roll_back(self) -> int:
         """Load the last good weights into the model; the iteration whose rollouts judged them (-1: the
         weights RL started from, not judged yet)."""
-        saved = load_file(str(self.path))
-        trained = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
-        if missing := sorted(trained.keys() - saved.keys()):
-            raise ValueError(f"{self.path} lacks {len(missing)} trained weights ({missing[0]}, ...)")
-        with torch.no_grad():
-            for name, p in trained.items():
-                p.copy_(saved[name].to(p.device))
+        restore_weights(self.model, load_file(str(self.path)), str(self.path))
         return int(_iteration_of(self.path))
 
     def _save_good(self, weights: Mapping[str, torch.Tensor], iteration: int) -> None:
@@ -142,4 +147,4 @@ def warn_unsettled(run: Run, guard: Guard, console: Console) -> str | None:
     return message
 
 
-__all__ = ["GOOD", "Guard", "stop_collapsed", "trainable_weights", "warn_unsettled"]
+__all__ = ["GOOD", "Guard", "restore_weights", "stop_collapsed", "trainable_weights", "warn_unsettled"]
