@@ -1,5 +1,6 @@
-"""The benches' tool accuracy keys from per-task counts, worked out by hand: bench/learning.py pools seeds,
-bench/real_model.py reports each stage and the paired change from imitation to RL."""
+"""The benches' tool accuracy keys from per-task counts, worked out by hand (bench/learning.py pools seeds,
+bench/real_model.py reports each stage and the paired change from imitation to RL), and the learning
+bench's column of the rounds its dev tasks judged."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def test_learning_pools_every_seed_and_task_pair() -> None:
     low, high = pooled["tool_acc_ci"]
     assert low <= 0.25 <= high
     assert learning.pooled_tool_accuracy([{"seed": 0}]) == {}
+
+
+def test_the_learning_table_marks_the_rounds_the_dev_tasks_undid() -> None:
+    assert learning.dev_rounds({"rft_dev": [[30, 28, False], [30, 33, True]]}) == "30 x28 33"
+    assert learning.dev_rounds({"rft_dev": []}) == "-"
+    assert learning.dev_rounds({}) == "-"  # a row from before the rounds were judged
 
 
 def test_real_model_reports_each_stage_and_the_change_on_common_tasks() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from sessionrl.session import (
     fold,
 )
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config, final_policy
+from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config, dev_verdicts, final_policy
 from sessionrl.train.llm.loop import Evaluation
 
 
@@ -41,7 +42,18 @@ def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) 
     assert config.rft is not None
     assert config.rft.accept == "clean"  # a solved episode's wrong calls and non-actions are not imitated
     assert config.rft.trainer.lr < config.sft.trainer.lr
+    assert 0 < config.rft.dev_tasks <= config.env.options["dev"]  # every round judged on dev tasks it has
     assert demo_config(tmp_path / "bare", rft_rounds=0).rft is None
+
+
+def test_the_summary_lists_each_round_the_dev_tasks_judged(tmp_path: Path) -> None:
+    lines = [
+        {"stage": "rft", "step": 0, "kept": 30},
+        {"stage": "rft_dev", "step": 0, "round": 0, "before": 30, "solved": 28, "kept": False},
+        {"stage": "rft_dev", "step": 1, "round": 1, "before": 30, "solved": 33, "kept": True},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert dev_verdicts(tmp_path) == [(30, 28, False), (30, 33, True)]
 
 
 def test_the_demo_rules_load_and_charge_only_the_policys_own_mistakes(tmp_path: Path) -> None:

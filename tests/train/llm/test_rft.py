@@ -78,6 +78,11 @@ def test_a_round_counts_its_distinct_episodes_and_the_surprise_of_their_tokens()
     assert "kept_nats" not in nothing.as_record()
 
 
+def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
+    """A judge that keeps every episode the round ran."""
+    return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
+
+
 def records(run_dir: Path, stage: str) -> list[dict[str, Any]]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["stage"] == stage]
@@ -106,9 +111,6 @@ def test_an_rft_run_counts_every_episode_it_judged_and_reports_both_policies(
 
 
 def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
-        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
-
     monkeypatch.setattr(rft, "judge", keep_all)
     data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=RFT)
     run_trainer(RunConfig.model_validate(data))
@@ -121,9 +123,6 @@ def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: py
 
 
 def test_a_round_that_keeps_too_few_trains_on_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
-        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
-
     monkeypatch.setattr(rft, "judge", keep_all)
     rounds = RFT | {"min_kept": 5}  # 2 tasks x 2 episodes kept: 4
     data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
@@ -154,10 +153,6 @@ def test_copies_of_one_episode_count_once_against_the_bar(
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
-    return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
-
-
 def test_dev_tasks_judge_each_round_and_the_rounds_end_on_the_policy_they_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,28 +176,40 @@ def test_a_round_that_solves_fewer_dev_tasks_is_undone_and_the_next_starts_from_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     solved = iter([2, 1, 2])  # before the rounds, after round 1 (worse: undone), after round 2 (as good)
-    weights: list[dict[str, torch.Tensor]] = []
+    judged: list[dict[str, torch.Tensor]] = []  # the weights each dev evaluation saw
+    started: list[dict[str, torch.Tensor]] = []  # the weights each round's imitation started from
+
+    def copy(run: Any) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in run.need_policy().model.state_dict().items()}
 
     def on_dev(run: Any, tasks: int, label: str) -> int:
-        weights.append({k: v.clone() for k, v in run.need_policy().model.state_dict().items()})
+        judged.append(copy(run))
         return next(solved)
 
+    def imitate(run: Any, *args: Any) -> None:
+        started.append(copy(run))
+        real_imitate(run, *args)
+
+    real_imitate = rft.imitate
     monkeypatch.setattr(rft, "solved_on_dev", on_dev)
+    monkeypatch.setattr(rft, "imitate", imitate)
     monkeypatch.setattr(rft, "judge", keep_all)
     rounds = RFT | {"dev_tasks": 4, "rounds": 2}
     data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
     run_trainer(RunConfig.model_validate(data))
+
     verdicts = records(tmp_path, "rft_dev")
     assert [(v["before"], v["solved"], v["kept"]) for v in verdicts] == [(2, 1, False), (2, 2, True)]
-    assert len(records(tmp_path, "rft_update")) == 4  # both rounds trained
-    start, after_first, after_second = weights
+    start, after_first, after_second = judged
+    assert not same(start, after_first)  # round 1 trained, and was undone:
+    assert same(started[1], start)  # round 2 started from the weights before round 1
     exported = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
-    assert all(torch.equal(exported[k], after_second[k]) for k in exported)  # round 2 kept
-    assert any(not torch.equal(start[k], after_first[k]) for k in start)  # round 1 had trained ...
-    sft = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
-    assert all(torch.equal(sft[k], start[k]) for k in sft)  # ... from the imitation policy,
-    second_updates = [u for u in records(tmp_path, "rft_update") if u["round"] == 1]
-    assert second_updates and any(not torch.equal(start[k], exported[k]) for k in start)
+    assert same(exported, after_second)  # round 2 kept: the rounds end on it
+    assert not same(exported, start)
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_validation_without_dev_tasks_says_so(tmp_path: Path) -> None:
@@ -214,7 +221,7 @@ def test_validation_without_dev_tasks_says_so(tmp_path: Path) -> None:
         rollout=ROLLOUT,
         rft=RFT | {"dev_tasks": 3},
     )
-    with pytest.raises(ValueError, match="rft.dev_tasks needs dev tasks"):
+    with pytest.raises(ValueError, match=r"rft\.dev_tasks needs dev tasks"):
         run_trainer(RunConfig.model_validate(data))
 
 
@@ -256,9 +263,6 @@ GRPO_AFTER_RFT = {
 def test_grpo_with_an_rft_section_samples_judges_and_imitates_between_the_gate_and_grpo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def keep_all(run: Any, accept: str, ran: Any) -> rft.Judged:
-        return rft.Judged(tuple(run.store.get(r.session_id) for r in ran), {})
-
     monkeypatch.setattr(rft, "judge", keep_all)
     result = run_trainer(RunConfig.model_validate(tiny_run(run_dir=str(tmp_path), **GRPO_AFTER_RFT)))
     assert isinstance(result, TrainResult)

@@ -1,4 +1,4 @@
-"""The main job, `sessionrl demo`: a tiny policy learns the orders domain by imitation, then by GRPO.
+"""The main job, `sessionrl demo`: a tiny policy learns the orders domain by imitation, then by RL.
 
 What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
 
@@ -7,15 +7,16 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
 3. imitates the experts for a deliberately small number of steps, so the imitation policy is competent
    but rough: it copies ids and amounts wrongly now and then, and it saw few tool failures (the
    demonstrations meet transient faults at 5%, and the expert calls again after one);
-4. runs GRPO on the other 400 training tickets (none of them imitated) with transient tool faults at
-   15%, K episodes per ticket sampled at temperature 0.6 with the same faults (the group's baseline
-   compares what the policy did), rewards from the demo's rules (`demo_rewards.yaml`: the task's outcome
-   ranks the group; a failed call the policy caused, or a reply that is not an action, is charged to the
-   reply that made it, and a call again after an outage is credited to it), updates from the change
-   feed. The update raises only the replies that beat their group, or that earned a recovery credit
-   (`negative_weight=0`), in small steps: most of the rough policy's episodes fail, and plain GRPO,
-   pushing down every token of those, unlearned the imitation (fewer calls per episode, more bad
-   parameters) within a dozen iterations;
+4. runs two rounds of rejection sampling on the other 400 training tickets (none of them imitated), with
+   transient tool faults at 15%: each round samples K = 4 episodes of each of 64 tickets at temperature
+   0.6, keeps the solved ones in which no reward term (`demo_rewards.yaml`) charged a step, and imitates
+   them in small steps; 100 dev tickets judge each round, and one after which the policy solves fewer of
+   them is undone. GRPO can follow (`--rl-iterations N`): K episodes per ticket, the task's outcome
+   ranking the group, a failed call the policy caused or a reply that is not an action charged to the
+   reply that made it, a call again after an outage credited to it; it raises only the replies that beat
+   their group or earned a recovery credit (`negative_weight=0`), in small steps, since plain GRPO,
+   pushing down every token of the rough policy's many failed episodes, unlearned the imitation within a
+   dozen iterations;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
    same faults, and prints the learning curve, the metrics table, the paired comparison (exact McNemar
    p for success; bootstrap 95% intervals for the change in success and in TCSR, tasks resampled in
@@ -24,8 +25,9 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
 GRPO runs a fixed number of iterations (`RL_ITERATIONS`), not a wall-clock budget, so a seed gives the
 same run on a fast machine and a slow one.
 
-Nothing is tuned on the test tickets: the learning curve is on training tickets, the report on the first
-`eval_tasks` test tickets, and both policies meet the same faults there (their seeds follow the ticket).
+Nothing is tuned on the test tickets: the learning curve is on training tickets, the rounds are judged on
+dev tickets, the report is on the first `eval_tasks` test tickets, and both policies meet the same faults
+there (their seeds follow the ticket).
 
 The system prompt here leaves out the domain's policy text and the full tool schemas (it keeps the
 action format and the tool signatures): a tiny model cannot read rules, and its context is the CPU cost.
@@ -276,8 +278,17 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "rl_iterations": len(result.curve),
         "stage": result.stage,
         "minutes": round(minutes, 2),
+        "rft_dev": dev_verdicts(config.run_dir),
         **tools,
     }
+
+
+def dev_verdicts(run_dir: Path) -> list[tuple[int, int, bool]]:
+    """Each rejection-sampling round the dev tasks judged (`rft.dev_tasks`), as the run logged it: dev
+    tasks solved before the round, after it, and whether it was kept."""
+    lines = (run_dir / "metrics.jsonl").read_bytes().splitlines()
+    records = [orjson.loads(line) for line in lines if line.strip()]
+    return [(r["before"], r["solved"], r["kept"]) for r in records if r["stage"] == "rft_dev"]
 
 
 def final_policy(report: dict[str, Evaluation]) -> Evaluation:
