@@ -189,9 +189,9 @@ class Validation:
         solved = solved_on_dev(run, tasks, "rft-dev-0")
         return cls(tasks, solved, trainable_weights(run.need_policy().model))
 
-    def judge(self, run: Run, round_: int, console: Console) -> bool:
+    def judge(self, run: Run, round_: int, console: Console) -> None:
         """Evaluate the weights round `round_` made; keep them when they solve at least as many dev tasks
-        as the kept ones, else restore those. Says which, logs it, and returns whether the round stays."""
+        as the kept ones, else restore those; says which, and logs it."""
         policy = run.need_policy()
         solved = solved_on_dev(run, self.tasks, f"rft-dev-{round_ + 1}")
         kept = solved >= self.solved
@@ -213,7 +213,6 @@ class Validation:
             markup=False,
             highlight=False,
         )
-        return kept
 
 
 def solved_on_dev(run: Run, tasks: int, label: str) -> int:
