@@ -270,6 +270,14 @@ class RFTSection(Section):
         "them than the weights it started from is undone (those weights come back), so the rounds never "
         "end on a policy that validation found worse than imitation's.",
     )
+    replay: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of each batch of a round's imitation drawn from the demonstrations imitation "
+        "learned from (0: the kept episodes only). The kept episodes are the policy's own, from the states "
+        "it reaches; replayed demonstrations keep it answering well where the expert's episodes go too.",
+    )
     accept: Literal["task", "dense", "clean"] = Field(
         default="task",
         description="task: keep episodes the environment judged solved; dense: keep those that answered "

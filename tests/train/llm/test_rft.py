@@ -20,6 +20,7 @@ from sessionrl.train.dispatch import run_trainer
 from sessionrl.train.llm import rft
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.loop import TrainResult
+from sessionrl.train.llm.sft import SFTTrainer
 from tiny_run_support import SFT_SECTION, tiny_run
 
 ROLLOUT = {"full_schemas": False, "domain_policy": False}
@@ -120,6 +121,45 @@ def test_kept_episodes_train_on_their_own_tokens(tmp_path: Path, monkeypatch: py
     before = load_file(str(tmp_path / "sft_policy" / "model.safetensors"))
     after = load_file(str(tmp_path / "rft_policy" / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The session ids of each batch a round's imitation steps on, as the run goes."""
+    stepped: list[list[str]] = []
+
+    class Recording(SFTTrainer):
+        def step(self, batch: Any) -> Any:
+            stepped.append([seq.session_id for seq in batch])
+            return super().step(batch)
+
+    monkeypatch.setattr(rft, "SFTTrainer", Recording)
+    return stepped
+
+
+def test_replay_draws_its_share_of_each_batch_from_the_demonstrations(
+    batches: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rft, "judge", keep_all)
+    rounds = RFT | {"replay": 0.5, "trainer": RFT["trainer"] | {"batch_sessions": 4}}
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=rounds)
+    run_trainer(RunConfig.model_validate(data))
+    assert len(batches) == 2
+    for ids in batches:
+        assert sum(i.startswith("demo-") for i in ids) == 2
+        assert sum(i.startswith("rft-") for i in ids) == 2
+    assert [u["replayed"] for u in records(tmp_path, "rft_update")] == [2, 2]
+
+
+def test_without_replay_a_round_trains_on_its_kept_episodes_alone(
+    batches: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rft, "judge", keep_all)
+    data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=SFT_SECTION, rollout=ROLLOUT, rft=RFT)
+    run_trainer(RunConfig.model_validate(data))
+    assert len(batches) == 2
+    assert all(i.startswith("rft-") for ids in batches for i in ids)
+    assert {u["replayed"] for u in records(tmp_path, "rft_update")} == {0}
 
 
 def test_a_round_that_keeps_too_few_trains_on_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -287,3 +327,23 @@ def test_grpo_without_an_rft_section_goes_from_the_gate_to_grpo(tmp_path: Path) 
     assert isinstance(result, TrainResult)
     assert set(result.report) == {"sft", "rl"}
     assert records(tmp_path, "rft") == []
+
+
+def test_a_run_resumed_before_its_rounds_replays_the_demonstrations_it_reads_back(
+    batches: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rft, "judge", keep_all)
+    replaying = RFT | {"replay": 0.5, "trainer": RFT["trainer"] | {"batch_sessions": 4}}
+    config = RunConfig.model_validate(tiny_run(run_dir=str(tmp_path), **GRPO_AFTER_RFT | {"rft": replaying}))
+    with monkeypatch.context() as stopped:
+        stopped.setattr(rft, "rejection_rounds", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_trainer(config)
+    assert batches == []
+    result = run_trainer(config, resume=True)
+    assert isinstance(result, TrainResult)
+    assert result.stage is Stage.RL
+    assert [sum(i.startswith("demo-") for i in ids) for ids in batches] == [2, 2]

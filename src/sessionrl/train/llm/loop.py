@@ -313,16 +313,29 @@ def replayed_tasks(run: Run, console: Console) -> list[Task]:
     return replay.tasks
 
 
+def demonstration_sessions(run: Run, console: Console) -> list[Session]:
+    """What imitation learns from: the expert's solved episodes (recorded once), or the sessions `sft.store`
+    selects."""
+    source = run.config.sft.store
+    if source is None:
+        return record_demonstrations(run, console)
+    return stored_sessions(source.db, source.filters, source.limit)
+
+
+def demonstration_sequences(
+    run: Run, console: Console, policy: HFPolicy, demos: Sequence[Session]
+) -> list[TokenSequence]:
+    """`demonstration_sessions`' sessions as `policy`'s training sequences."""
+    if run.config.sft.store is None:
+        return demonstrations(run, policy, demos)
+    return captured(run, console, policy, demos)
+
+
 def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
     """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export;
     returns the demonstrations."""
     cfg = run.config
-    source = cfg.sft.store
-    demos = (
-        record_demonstrations(run, console)
-        if source is None
-        else stored_sessions(source.db, source.filters, source.limit)
-    )
+    demos = demonstration_sessions(run, console)
     texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
     run.policy = policy = build_policy(cfg, texts, run.folder / "base")
     trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
@@ -333,9 +346,7 @@ def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
         )
         trainer.steps = run.state.step
     lead(trainer, resumed=resumed)  # under torchrun, the other ranks build theirs and take its weights
-    sequences = (
-        demonstrations(run, policy, demos) if source is None else captured(run, console, policy, demos)
-    )
+    sequences = demonstration_sequences(run, console, policy, demos)
     run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
     steps = cfg.sft.trainer.steps
     with progress(console, "imitation", steps, completed=run.state.step) as bar:
@@ -701,9 +712,10 @@ def train(
     with start_run(config, resume) as run:
         saved = read_state(run.folder / "checkpoint") if resume else None
         gated: Evaluation | None = None
+        demos: list[Session] | None = None  # a resumed run past imitation reads them back if it needs them
         try:
             if saved is None or saved.stage is Stage.SFT:
-                imitation(run, console, resume=saved is not None)
+                demos = imitation(run, console, resume=saved is not None)
                 gated = gate(run, console)
             else:
                 run.policy = resumed_policy(run)
@@ -713,7 +725,7 @@ def train(
             if run.state.stage is Stage.RFT:
                 from sessionrl.train.llm.rft import warm_start  # rft builds on this module's stages
 
-                warm_start(run, console)
+                warm_start(run, console, demos)
             if run.state.stage is Stage.RL and config.rl.iterations > 0:
                 reinforce(run, console, saved is not None and saved.stage is Stage.RL, on_iteration)
         finally:

@@ -33,6 +33,12 @@ printed and logged (the `rft_dev` record; the evaluations are `eval` records lab
 (docs/training.md, "The demo's recipe"): validation keeps a round that does harm on dev from reaching the
 report.
 
+With `rft.replay: r`, a share r of each batch of a round's imitation is drawn from the demonstrations
+imitation learned from (read again from the store, so a resumed run has them too), the rest from the kept
+episodes. The kept episodes are the policy's own, from the states it reaches; imitating only them, the
+tiny model's tool accuracy on the expert's turns fell at every seed of the learning bench, by naming the
+wrong tool or writing no action where the expert's episodes go (docs/training.md).
+
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
 and before GRPO (`warm_start`), so GRPO starts from the policy they made.
@@ -60,6 +66,8 @@ from sessionrl.train.llm.data import TokenSequence, merge_turns, policy_turns
 from sessionrl.train.llm.loop import (
     SEED_BITS,
     TrainResult,
+    demonstration_sequences,
+    demonstration_sessions,
     evaluate,
     evaluate_exported,
     generators,
@@ -156,19 +164,49 @@ def kept_sequences(sessions: Sequence[Session]) -> list[TokenSequence]:
     return [seq for s in sessions for seq in merge_turns(policy_turns(s, {}), s.session_id)]
 
 
-def imitate(run: Run, section: RFTSection, sequences: Sequence[TokenSequence], round_: int) -> None:
+def imitate(
+    run: Run,
+    section: RFTSection,
+    sequences: Sequence[TokenSequence],
+    round_: int,
+    demonstrations: Sequence[TokenSequence] = (),
+) -> None:
     """`rft.trainer.steps` SFT steps on `sequences` (a fresh optimiser and schedule each round), each on a
-    batch drawn by a generator named by the round and the step."""
+    batch drawn by a generator named by the round and the step; with `rft.replay`, that share of each
+    batch is drawn from `demonstrations` instead."""
     cfg, policy = run.config, run.need_policy()
+    size = section.trainer.batch_sessions
+    replayed = min(round(size * section.replay), len(demonstrations))
     trainer = SFTTrainer(policy.model, section.trainer, policy.tokenizer.pad_token_id)
     policy.release()  # the round's caches: no episode goes on with these weights
     for step in range(section.trainer.steps):
         rng = random.Random(stream_seed(cfg.seed, "rft-batch", round_, step, bits=SEED_BITS))
-        batch = rng.sample(list(sequences), min(section.trainer.batch_sessions, len(sequences)))
+        batch = rng.sample(list(sequences), min(size - replayed, len(sequences)))
+        batch += rng.sample(list(demonstrations), replayed)
         stats = trainer.step(batch)
         done = round_ * section.trainer.steps + step  # steps of all rounds, in order
-        run.log.write("rft_update", done, {"round": round_, "loss": stats.loss, "tokens": stats.tokens})
+        record = {"round": round_, "loss": stats.loss, "tokens": stats.tokens, "replayed": replayed}
+        run.log.write("rft_update", done, record)
     policy.version += 1  # the engine serves the updated weights from now on
+
+
+def replay_data(
+    run: Run, section: RFTSection, console: Console, demos: Sequence[Session] | None
+) -> list[TokenSequence]:
+    """The demonstrations imitation learned from (`demos`; None: read back, as a resumed run does), as the
+    policy's sequences, when `rft.replay` asks for them (none otherwise)."""
+    if not section.replay:
+        return []
+    demos = demonstration_sessions(run, console) if demos is None else demos
+    sequences = demonstration_sequences(run, console, run.need_policy(), demos)
+    if not sequences:
+        raise ValueError("rft.replay needs demonstrations to replay, and imitation had none")
+    console.print(
+        f"rft replays {len(sequences)} demonstration sequences, {section.replay:.0%} of each batch",
+        markup=False,
+        highlight=False,
+    )
+    return sequences
 
 
 @dataclass(slots=True)
@@ -221,11 +259,15 @@ def solved_on_dev(run: Run, tasks: int, label: str) -> int:
     return sum(1 for s in evaluation.sessions if task_success(s))
 
 
-def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Judged]:
-    """Every round: sample with the current policy, judge, imitate what was kept (and, with
-    `rft.dev_tasks`, keep or undo the round by its dev tasks); each round's counts are printed and logged."""
+def rejection_rounds(
+    run: Run, section: RFTSection, console: Console, demos: Sequence[Session] | None
+) -> list[Judged]:
+    """Every round: sample with the current policy, judge, imitate what was kept (with `rft.replay`, beside
+    `demos`, imitation's demonstrations), and, with `rft.dev_tasks`, keep or undo the round by its dev
+    tasks; each round's counts are printed and logged."""
     policy, rounds = run.need_policy(), []
     validation = Validation.start(run, section.dev_tasks) if section.dev_tasks else None
+    demonstrations = replay_data(run, section, console, demos)
     for round_ in range(section.rounds):
         # sample
         ran = in_lockstep(run, round_specs(run, section, round_), policy.view(section.sampling))
@@ -252,20 +294,21 @@ def rejection_rounds(run: Run, section: RFTSection, console: Console) -> list[Ju
                 highlight=False,
             )
             continue
-        imitate(run, section, kept_sequences(judged.kept), round_)
+        imitate(run, section, kept_sequences(judged.kept), round_, demonstrations)
         if validation is not None:
             validation.judge(run, round_, console)
     return rounds
 
 
-def warm_start(run: Run, console: Console) -> None:
+def warm_start(run: Run, console: Console, demos: Sequence[Session] | None) -> None:
     """GRPO's warm start (`trainer: grpo` with an `rft:` section), after the gate: the rejection-sampling
-    rounds, `rft_policy/` exported, and a checkpoint at the start of RL with the weights they made. A run
-    interrupted during the rounds resumes them from the imitation policy."""
+    rounds (`demos` as for `rejection_rounds`), `rft_policy/` exported, and a checkpoint at the start of RL
+    with the weights they made. A run interrupted during the rounds resumes them from the imitation
+    policy."""
     section = run.config.rft
     if section is None:
         raise ValueError("warm_start needs the run's `rft:` section")
-    rejection_rounds(run, section, console)
+    rejection_rounds(run, section, console, demos)
     policy = run.need_policy()
     export_policy(policy, run.folder / "rft_policy")
     run.state = dataclasses.replace(run.state, stage=Stage.RL, step=0, policy_version=policy.version)
@@ -280,8 +323,8 @@ def train_rft(config: RunConfig, *, console: Console | None = None) -> TrainResu
     if section is None:
         raise ValueError("trainer rft needs an `rft:` section (`rft: {}` for defaults)")
     with start_run(config, resume=False) as run:
-        imitation(run, console, resume=False)
-        rejection_rounds(run, section, console)
+        demos = imitation(run, console, resume=False)
+        rejection_rounds(run, section, console, demos)
         policy = run.need_policy()
         run.state = dataclasses.replace(run.state, stage=Stage.RFT, policy_version=policy.version)
         export_policy(policy, run.folder / "rft_policy")
@@ -296,6 +339,7 @@ __all__ = [
     "judge",
     "kept_sequences",
     "rejection_rounds",
+    "replay_data",
     "round_specs",
     "train_rft",
     "warm_start",
