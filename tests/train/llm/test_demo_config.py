@@ -43,6 +43,7 @@ def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) 
     assert config.rft.accept == "clean"  # a solved episode's wrong calls and non-actions are not imitated
     assert config.rft.trainer.lr < config.sft.trainer.lr
     assert 0 < config.rft.dev_tasks <= config.env.options["dev"]  # every round judged on dev tasks it has
+    assert 0 < config.rft.replay < 1  # the rounds replay demonstrations beside the kept episodes
     assert demo_config(tmp_path / "bare", rft_rounds=0).rft is None
 
 

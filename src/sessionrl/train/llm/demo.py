@@ -10,13 +10,13 @@ What it does, in a few minutes on two CPU cores, all under `runs/demo/`:
 4. runs two rounds of rejection sampling on the other 400 training tickets (none of them imitated), with
    transient tool faults at 15%: each round samples K = 4 episodes of each of 64 tickets at temperature
    0.6, keeps the solved ones in which no reward term (`demo_rewards.yaml`) charged a step, and imitates
-   them in small steps; 100 dev tickets judge each round, and one after which the policy solves fewer of
-   them is undone. GRPO can follow (`--rl-iterations N`): K episodes per ticket, the task's outcome
-   ranking the group, a failed call the policy caused or a reply that is not an action charged to the
-   reply that made it, a call again after an outage credited to it; it raises only the replies that beat
-   their group or earned a recovery credit (`negative_weight=0`), in small steps, since plain GRPO,
-   pushing down every token of the rough policy's many failed episodes, unlearned the imitation within a
-   dozen iterations;
+   them in small steps, half of each batch replayed from the demonstrations; 100 dev tickets judge each
+   round, and one after which the policy solves fewer of them is undone. GRPO can follow
+   (`--rl-iterations N`): K episodes per ticket, the task's outcome ranking the group, a failed call the
+   policy caused or a reply that is not an action charged to the reply that made it, a call again after an
+   outage credited to it; it raises only the replies that beat their group or earned a recovery credit
+   (`negative_weight=0`), in small steps, since plain GRPO, pushing down every token of the rough
+   policy's many failed episodes, unlearned the imitation within a dozen iterations;
 5. evaluates the imitation policy and the RL policy greedily on the same held-out test tickets, with the
    same faults, and prints the learning curve, the metrics table, the paired comparison (exact McNemar
    p for success; bootstrap 95% intervals for the change in success and in TCSR, tasks resampled in
@@ -163,8 +163,11 @@ def demo_config(
 
 def rejection_sampling(rounds: int, temperature: float, seed: int) -> RFTSection | None:
     """The demo's warm start before GRPO (none at 0 rounds): each round samples 4 episodes of each of 64
-    training tasks, keeps the clean solved ones (`accept: clean`), imitates them for 40 small steps, and
-    stays only if the policy then solves at least as many of the `DEV_TASKS` dev tasks as before it."""
+    training tasks, keeps the clean solved ones (`accept: clean`), imitates them for 40 small steps with
+    half of each batch replayed from the demonstrations (`replay`: on 100 dev tasks, at two threads and
+    five seeds, it kept per-turn tool accuracy at imitation's, 0.742 against 0.705 without, and solved 142
+    tasks against 141; docs/training.md), and stays only if the policy then solves at least as many of the
+    `DEV_TASKS` dev tasks as before it."""
     if rounds == 0:
         return None
     return RFTSection(
@@ -173,6 +176,7 @@ def rejection_sampling(rounds: int, temperature: float, seed: int) -> RFTSection
         samples=4,
         accept="clean",
         dev_tasks=DEV_TASKS,
+        replay=0.5,
         sampling=SamplingConfig(
             max_new_tokens=64, temperature=temperature, max_prompt_tokens=1536, seed=seed
         ),
