@@ -88,7 +88,8 @@ def build_app(kind: str, db: str, upstream: int | None = None) -> Any:
     async def direct(session_id: str, request: Request) -> Response:
         body = ChatRequest.model_validate_json(await request.body())
         reply = await backend.complete(body, session_id)
-        answer = completion("chatcmpl-direct", reply.model, reply.text, reply.tool_calls, reply.usage)
+        made = int(time.time())
+        answer = completion("chatcmpl-direct", reply.model, reply.text, reply.tool_calls, reply.usage, made)
         return Response(json.dumps(answer), media_type="application/json")
 
     return app

@@ -139,6 +139,9 @@ class RecordedReply(Input):
         default=None, ge=0, description="The version of the policy that sampled the reply, when known."
     )
     error: str | None = Field(default=None, max_length=20_000, description="The call failed, and why.")
+    finished_at: Timestamp | None = Field(
+        default=None, description="When the call ended, as the agent saw it; default: when it is recorded."
+    )
 
     @model_validator(mode="after")
     def _logprobs_match_tokens(self) -> RecordedReply:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -60,6 +61,16 @@ async def test_a_recorded_llm_step_keeps_everything_the_agent_reported(engine: O
     assert call.tool_calls[0].name == "find"
     assert call.tokens_used == 15
     assert (call.finished_at - call.started_at).total_seconds() == pytest.approx(0.042)
+
+
+async def test_a_recorded_llm_step_ends_when_the_agent_says_in_utc(engine: Orchestrator) -> None:
+    sid = await engine.init_session("q")
+    reply = {**REPLY, "finished_at": "2026-03-01T09:30:00.250+01:00"}
+    assert (await engine.execute_step(sid, "llm", {"reply": reply})).ok
+    (call,) = (await engine.session(sid)).llm_calls
+    assert call.finished_at == datetime(2026, 3, 1, 8, 30, 0, 250000, tzinfo=UTC)
+    assert call.finished_at.utcoffset() == timedelta(0)
+    assert call.started_at == call.finished_at - timedelta(milliseconds=42)
 
 
 async def test_a_failed_model_call_is_recorded_as_failed(engine: Orchestrator) -> None:

@@ -4,6 +4,7 @@ same body replays the first answer and writes nothing; the same key with another
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -124,3 +125,18 @@ async def test_gateway(client: httpx.AsyncClient) -> None:
     first = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     other = {"model": "m", "messages": [{"role": "user", "content": "bye"}]}
     await replay_then_refuse(client, "/gateway/sessions/g-1/v1/chat/completions", first, other)
+
+
+async def test_a_gateway_retry_in_a_later_second_answers_with_the_first_answers_time(
+    client: httpx.AsyncClient,
+) -> None:
+    path = "/gateway/sessions/g-2/v1/chat/completions"
+    body, key = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, {"Idempotency-Key": "k-t"}
+    answer = await client.post(path, json=body, headers=key)
+    assert answer.status_code == 200, answer.text
+    await asyncio.sleep(1.1)  # `created` counts whole seconds: the retry comes in a later one
+    again = await client.post(path, json=body, headers=key)
+    assert again.json() == answer.json()
+    store = client.app.state.engine.store  # type: ignore[attr-defined]
+    (call,) = store.get("g-2").llm_calls
+    assert answer.json()["created"] == int(call.finished_at.timestamp())

@@ -21,7 +21,8 @@ import contextlib
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -164,12 +165,14 @@ def token_source(backend: ChatBackend) -> str:
 
 @dataclass(frozen=True)
 class Turn:
-    """What one request through the gateway came to: the completion's id, and the model's answer or
-    why there is none (the backend's error)."""
+    """What one request through the gateway came to: the completion's id, the model's answer or why
+    there is none (the backend's error), and when the answer was made (Unix seconds, OpenAI's `created`:
+    the recorded call's end, so a retry answered from the record is the same answer)."""
 
     call_id: str
     reply: ChatReply | None = None
     error: UpstreamError | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
 
 
 async def take_turn(
@@ -197,13 +200,16 @@ async def take_turn(
     try:
         reply, error = await ask(backend, request, session_id)
         latency_ms = (time.perf_counter() - started) * 1000
+        finished = utcnow()
     finally:
         await before
     outcome = reply if reply is not None else error.message if error is not None else ""
-    await record_llm(engine, session_id, request, call_id, outcome, latency_ms, key=key, token_source=source)
+    await record_llm(
+        engine, session_id, request, call_id, outcome, latency_ms, key=key, token_source=source, at=finished
+    )
     if reply is not None and finish_on_answer and not reply.tool_calls:
         await finish_answered(engine, session_id, reply.text)
-    return Turn(call_id, reply, error)
+    return Turn(call_id, reply, error, created=int(finished.timestamp()))
 
 
 async def ask(
@@ -230,12 +236,14 @@ async def replayed(
         return None
     if call.messages != tuple(m.to_message() for m in request.messages):
         raise KeyReused(key, "a chat request with other messages")
+    created = int(call.finished_at.timestamp())
     if call.status is not CallStatus.SUCCESS:
-        return Turn(call_id, error=UpstreamError(502, call.error_message or "the backend failed"))
+        error = UpstreamError(502, call.error_message or "the backend failed")
+        return Turn(call_id, error=error, created=created)
     reply = ChatReply(
         text=call.response, tool_calls=call.tool_calls, model=call.model or "", usage=dict(call.usage or {})
     )
-    return Turn(call_id, reply=reply)
+    return Turn(call_id, reply=reply, created=created)
 
 
 async def record_llm(
@@ -249,12 +257,15 @@ async def record_llm(
     key: str | None = None,
     error: str | None = None,
     token_source: str = RETOKENISED,
+    at: datetime | None = None,
 ) -> StepResult:
     """Record the model call: its answer, or (a string) why it failed; an answer with an `error` is what
-    had arrived of a call that failed on the way (a stream cut off). The session's first request opens
-    it (`create_session`)."""
+    had arrived of a call that failed on the way (a stream cut off). It ended `at` (default: as it is
+    recorded). The session's first request opens it (`create_session`)."""
     if isinstance(outcome, str):
-        reply = RecordedReply(model=request.model or None, latency_ms=latency_ms, error=outcome)
+        reply = RecordedReply(
+            model=request.model or None, latency_ms=latency_ms, error=outcome, finished_at=at
+        )
     else:
         reply = RecordedReply(
             text=outcome.text,
@@ -267,6 +278,7 @@ async def record_llm(
             logprobs=outcome.logprobs,
             policy_version=outcome.policy_version,
             error=error,
+            finished_at=at,
         )
     payload = LLMPayload(
         messages=tuple(m.to_message() for m in request.messages), purpose="chat", reply=reply, call_id=call_id

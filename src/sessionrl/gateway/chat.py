@@ -9,7 +9,6 @@ as plain JSON objects.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -157,16 +156,21 @@ def wire_tool_calls(calls: tuple[ToolRequest, ...]) -> list[dict[str, Any]]:
 
 
 def completion(
-    call_id: str, model: str, text: str | None, calls: tuple[ToolRequest, ...], usage: dict[str, int]
+    call_id: str,
+    model: str,
+    text: str | None,
+    calls: tuple[ToolRequest, ...],
+    usage: dict[str, int],
+    created: int,
 ) -> dict[str, Any]:
-    """A `chat.completion` answer with one choice."""
+    """A `chat.completion` answer with one choice, made at `created` (Unix seconds)."""
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         message["tool_calls"] = wire_tool_calls(calls)
     return {
         "id": call_id,
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [
             {"index": 0, "message": message, "finish_reason": finish_reason(calls), "logprobs": None}

@@ -11,7 +11,7 @@ for the gateway and the importers alike.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
@@ -173,7 +173,7 @@ def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LL
     """The model call `payload` reports (its messages default to the user's query, as a policy step's)."""
     reply = payload.reply
     assert reply is not None
-    finished = utcnow()
+    finished = utcnow() if reply.finished_at is None else in_utc(reply.finished_at)
     return LLMCall(
         call_id=call_id,
         purpose=payload.purpose,
@@ -194,6 +194,11 @@ def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LL
         error_message=reply.error,
         recorded=True,
     )
+
+
+def in_utc(moment: datetime) -> datetime:
+    """`moment` in UTC; one without a zone is read as UTC, as the store keeps every time."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _before(finished: datetime, latency_ms: float) -> datetime:

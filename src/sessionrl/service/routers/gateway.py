@@ -274,7 +274,8 @@ def answer_turn(turn: Turn, body: ChatRequest) -> Response:
         error = turn.error or UpstreamError(502, "the backend gave no answer")
         return openai_error(agent_status(error.status), error.message, "upstream_error", "upstream_failed")
     reply = turn.reply
-    answer = completion(turn.call_id, reply.model or body.model, reply.text, reply.tool_calls, reply.usage)
+    model = reply.model or body.model
+    answer = completion(turn.call_id, model, reply.text, reply.tool_calls, reply.usage, turn.created)
     if body.stream:
         events = stream_events(answer, include_usage=body.include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
