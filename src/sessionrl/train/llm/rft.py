@@ -34,8 +34,8 @@ printed and logged (the `rft_dev` record; the evaluations are `eval` records lab
 report.
 
 With `rft.replay: r`, a share r of each batch of a round's imitation is drawn from the demonstrations
-imitation learned from (read again from the store, so a resumed run has them too), the rest from the kept
-episodes. The kept episodes are the policy's own, from the states it reaches; imitating only them, the
+imitation learned from (a run resumed after imitation reads them back from its store), the rest from the
+kept episodes. The kept episodes are the policy's own, from the states it reaches; imitating only them, the
 tiny model's tool accuracy on the expert's turns fell at every seed of the learning bench, by naming the
 wrong tool or writing no action where the expert's episodes go (docs/training.md).
 
