@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import torch
 from rich.console import Console
 
+from sessionrl.cli.train import quiet_model_loading
 from sessionrl.envs.base import Split
 from sessionrl.eval.significance import mcnemar_p
 from sessionrl.eval.tool_accuracy import pooled_change
@@ -112,7 +112,7 @@ def one_seed_alone(
     threads: int,
 ) -> dict[str, Any]:
     """`one_seed` in a worker process of its own, on `threads` torch threads."""
-    torch.set_num_threads(threads)
+    quiet_model_loading(threads)
     return one_seed(model, seed, folder, rl_iterations, eval_tasks, quiet)
 
 
@@ -159,7 +159,7 @@ def seed_rows(args: argparse.Namespace, seeds: list[int]) -> Iterator[dict[str, 
     run = (args.out, args.rl_iterations, args.eval_tasks, not args.verbose)
     seeds_of = [(args.model, seed) for seed in seeds]
     if args.jobs <= 1:
-        torch.set_num_threads(args.threads)
+        quiet_model_loading(args.threads)
         for model, seed in seeds_of:
             yield one_seed(model, seed, *run)
         return
