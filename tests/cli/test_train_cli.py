@@ -3,6 +3,7 @@ and a run the gate stops exits with status 1 saying why and what to try."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -58,6 +59,27 @@ def test_threads_sets_torchs_thread_count_and_silences_loading_bars() -> None:
     finally:
         torch.set_num_threads(before)
         hf_logging.enable_progress_bar()
+
+
+def test_eval_reads_a_runs_policy_back_without_loading_bars(tmp_path: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    config = tmp_path / "run.yaml"
+    rollout = {"full_schemas": False, "domain_policy": False}
+    run = tiny_run(trainer="sft", rollout=rollout, sft=SFT_SECTION, run_dir=str(tmp_path / "run"))
+    config.write_text(yaml.safe_dump(run), encoding="utf-8")
+    trained = CliRunner().invoke(app, ["train", str(config)])
+    assert trained.exit_code == 0, trained.output
+    hf_logging.enable_progress_bar()  # as a process that has not trained before would find it
+    try:
+        result = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--split", "dev", "--tasks", "1"])
+        assert result.exit_code == 0, result.output
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+    evaluated = json.loads(result.output.strip().splitlines()[-1])
+    assert set(evaluated) == {"sft"}
+    assert evaluated["sft"]["n_tasks"] == 1
 
 
 def test_the_plan_of_a_stage_that_starts_from_a_trained_policy_names_it() -> None:

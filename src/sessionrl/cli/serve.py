@@ -115,8 +115,10 @@ def serve(
     config = service_config(config_file, flagged, db_url=store_url(db), tokens=_tokens(tokens, tokens_file))
     backends: list[PolicyBackend] = []
     if policy is not None:
+        from sessionrl.cli.train import quiet_model_loading
         from sessionrl.policy.llm import HFPolicy  # loads torch: only when a model is served
 
+        quiet_model_loading(None)
         backends.append(HFPolicy.load(policy))
     app = create_app(config, backends=backends)
     if "ops" in flagged and config.upstream_url is None:

@@ -245,6 +245,7 @@ def eval_command(
     if config.trainer in STRUCTURED:
         _eval_structured(console, config, chosen_split, n_tasks, title)
         return
+    quiet_model_loading(None)
     with open_run(config) as opened:
         report = evaluate_exported(opened, chosen_split, n_tasks, prefix=f"cli-{chosen_split}-")
     columns = {label: evaluation.metrics for label, evaluation in report.items()}
