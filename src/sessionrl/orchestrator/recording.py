@@ -11,7 +11,7 @@ for the gateway and the importers alike.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
@@ -27,6 +27,7 @@ from sessionrl.session.model import (
     Session,
     SessionCreate,
     ToolCall,
+    in_utc,
     utcnow,
 )
 from sessionrl.skills.contract import SkillContract
@@ -194,11 +195,6 @@ def recorded_llm_call(session: Session, payload: LLMPayload, call_id: str) -> LL
         error_message=reply.error,
         recorded=True,
     )
-
-
-def in_utc(moment: datetime) -> datetime:
-    """`moment` in UTC; one without a zone is read as UTC, as the store keeps every time."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _before(finished: datetime, latency_ms: float) -> datetime:

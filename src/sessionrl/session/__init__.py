@@ -36,6 +36,7 @@ from sessionrl.session.model import (
     ShardVersions,
     SubGoal,
     ToolCall,
+    in_utc,
     new_id,
     utcnow,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "created",
     "export_schemas",
     "fold",
+    "in_utc",
     "load_session",
     "migrate",
     "new_id",

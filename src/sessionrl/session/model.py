@@ -23,6 +23,15 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def in_utc(moment: datetime) -> datetime:
+    """`moment` in UTC; one without a zone is read as UTC, as the store keeps every time.
+
+    >>> in_utc(datetime.fromisoformat("2025-03-01T08:00:00+02:00")).isoformat()
+    '2025-03-01T06:00:00+00:00'
+    """
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def new_id(prefix: str) -> str:
     """A short random identifier such as `s_3f9c2a...`."""
     return f"{prefix}_{uuid.uuid4().hex[:20]}"

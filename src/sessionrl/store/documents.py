@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from sessionrl.errors import InvalidEvent
 from sessionrl.session.events import EVENT_ADAPTER, Event, invalid_from, parse_event
-from sessionrl.session.model import SCHEMA_VERSION, Session
+from sessionrl.session.model import SCHEMA_VERSION, Session, in_utc
 from sessionrl.session.schema import load_session, plan_v1_to_v2
 from sessionrl.store.backend import Connection
 
@@ -54,10 +54,8 @@ def iso(value: str | datetime) -> str:
         if len(value) == 20 and value[19] == "Z":
             return value[:19] + ".000000Z"
         value = datetime.fromisoformat(value)
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
     # isoformat is several times faster than strftime; without a zone it is the same fixed-width text
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return in_utc(value).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def head_row(session: Session) -> tuple[Any, ...]:
