@@ -39,7 +39,8 @@ from rich.console import Console
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage, read_state
 from sessionrl.train.llm.demo import GRPO_ITERATIONS, compare, demo_config
-from sessionrl.train.llm.loop import Evaluation, TrainResult, train
+from sessionrl.train.llm.evaluation import Evaluation
+from sessionrl.train.llm.loop import TrainResult, train
 
 
 def arm(

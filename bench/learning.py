@@ -54,7 +54,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MODELS = ("tiny", "smollm2")
 DEFAULT_SEEDS = {"tiny": [0, 1, 2, 3, 4], "smollm2": [0, 1, 2]}
 
-HEADER = "seed  sft    rl     gain    rl_only sft_only p       tcsr_ci            dev rounds  minutes"
+HEADER = "seed  sft    rl     gain    rl_only sft_only p       tcsr_ci            dev rounds  dev rl  minutes"
 
 
 def smollm2_config(run_dir: Path, *, seed: int, rl_iterations: int | None, eval_tasks: int) -> RunConfig:
@@ -124,15 +124,17 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['seed']:<5} {r['sft_success']:.3f}  {r['rl_success']:.3f}  {gain:+.3f}  "
             f"{r['rl_only']:<7} {r['sft_only']:<8} {r['p_success']:<7.3g} "
-            f"[{r['tcsr_ci'][0]:+.3f}, {r['tcsr_ci'][1]:+.3f}]  {dev_rounds(r):<11} {r['minutes']:.1f}"
+            f"[{r['tcsr_ci'][0]:+.3f}, {r['tcsr_ci'][1]:+.3f}]  {dev_judged(r, 'rft_dev'):<11} "
+            f"{dev_judged(r, 'rl_dev'):<7} {r['minutes']:.1f}"
         )
     return "\n".join(lines)
 
 
-def dev_rounds(row: dict[str, Any]) -> str:
-    """The rejection-sampling rounds the dev tasks judged, as dev successes in order with each undone
-    round marked (`31 33 x32`: the first kept, the second undone), or `-` where none was judged."""
-    verdicts = row.get("rft_dev") or []
+def dev_judged(row: dict[str, Any], key: str) -> str:
+    """What the dev tasks judged (`rft_dev`: the rejection-sampling rounds; `rl_dev`: GRPO's iterations),
+    as dev successes in order with each undone one marked (`31 33 x32`: the first kept, the second
+    undone), or `-` where none was judged."""
+    verdicts = row.get(key) or []
     if not verdicts:
         return "-"
     return " ".join([str(verdicts[0][0])] + [("" if kept else "x") + str(n) for _, n, kept in verdicts])

@@ -38,7 +38,8 @@ from sessionrl.session import Session
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.demo import demo_config
 from sessionrl.train.llm.dpo import DPOConfig, DPOTrainer, Preference
-from sessionrl.train.llm.loop import Evaluation, evaluate, imitation, in_lockstep, once_per_task, start_run
+from sessionrl.train.llm.evaluation import Evaluation, evaluate, in_lockstep, once_per_task
+from sessionrl.train.llm.loop import imitation, start_run
 from sessionrl.train.llm.reflection import success_by_task
 from sessionrl.train.llm.run import Run, evaluation_view, open_run
 

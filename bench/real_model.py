@@ -43,7 +43,8 @@ from sessionrl.eval.metrics import AgentMetrics
 from sessionrl.eval.report import metrics_table
 from sessionrl.eval.tool_accuracy import pooled_change
 from sessionrl.train.config import EnvSection, RunConfig
-from sessionrl.train.llm.loop import Evaluation, evaluate, train
+from sessionrl.train.llm.evaluation import Evaluation, evaluate
+from sessionrl.train.llm.loop import train
 from sessionrl.train.llm.run import build_policy, open_run
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "retail-smollm2.yaml"

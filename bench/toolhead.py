@@ -41,7 +41,8 @@ from sessionrl.policy.llm import HFPolicy
 from sessionrl.session.model import Message, Session
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.data import demonstration_replies
-from sessionrl.train.llm.loop import imitation, once_per_task
+from sessionrl.train.llm.evaluation import once_per_task
+from sessionrl.train.llm.loop import imitation
 from sessionrl.train.llm.run import Run, evaluation_view, open_run
 
 CHUNK = 16

@@ -29,7 +29,8 @@ from sessionrl.session import CallStatus
 from sessionrl.train.config import RunConfig
 from sessionrl.train.dispatch import run_trainer
 from sessionrl.train.llm.checkpoint import Stage
-from sessionrl.train.llm.loop import Evaluation, TrainResult
+from sessionrl.train.llm.evaluation import Evaluation
+from sessionrl.train.llm.loop import TrainResult
 from sessionrl.train.llm.reflection import StagesResult
 from sessionrl.train.structured.run import StructuredResult
 from tiny_run_support import merged

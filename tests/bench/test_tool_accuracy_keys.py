@@ -23,10 +23,12 @@ def test_learning_pools_every_seed_and_task_pair() -> None:
     assert learning.pooled_tool_accuracy([{"seed": 0}]) == {}
 
 
-def test_the_learning_table_marks_the_rounds_the_dev_tasks_undid() -> None:
-    assert learning.dev_rounds({"rft_dev": [[30, 28, False], [30, 33, True]]}) == "30 x28 33"
-    assert learning.dev_rounds({"rft_dev": []}) == "-"
-    assert learning.dev_rounds({}) == "-"  # a row from before the rounds were judged
+def test_the_learning_table_marks_what_the_dev_tasks_undid() -> None:
+    row = {"rft_dev": [[30, 28, False], [30, 33, True]], "rl_dev": [[33, 31, False]]}
+    assert learning.dev_judged(row, "rft_dev") == "30 x28 33"
+    assert learning.dev_judged(row, "rl_dev") == "33 x31"
+    assert learning.dev_judged({"rft_dev": []}, "rft_dev") == "-"
+    assert learning.dev_judged({}, "rl_dev") == "-"  # a row from before GRPO was judged
 
 
 def test_real_model_reports_each_stage_and_the_change_on_common_tasks() -> None:

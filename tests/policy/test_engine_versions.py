@@ -17,9 +17,10 @@ from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
+from sessionrl.train.llm.evaluation import in_lockstep
 from sessionrl.train.llm.feed import StaleFeed
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
-from sessionrl.train.llm.loop import imitation, in_lockstep, learn, rl_specs
+from sessionrl.train.llm.loop import imitation, learn, rl_specs
 from sessionrl.train.llm.run import Run, open_run
 from sessionrl.train.llm.sft import SFTConfig
 

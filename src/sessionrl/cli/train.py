@@ -20,7 +20,8 @@ from sessionrl.envs.base import Split
 if TYPE_CHECKING:
     from sessionrl.session import Session
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.llm.loop import Evaluation, TrainResult
+    from sessionrl.train.llm.evaluation import Evaluation
+    from sessionrl.train.llm.loop import TrainResult
     from sessionrl.train.llm.reflection import StagesResult
     from sessionrl.train.structured.run import StructuredResult
 
@@ -230,7 +231,7 @@ def eval_command(
     or fail, of the sessions the run stored, by evaluation label."""
     from sessionrl.eval.report import metrics_table
     from sessionrl.train.config import RunConfig
-    from sessionrl.train.llm.loop import evaluate_exported
+    from sessionrl.train.llm.evaluation import evaluate_exported
     from sessionrl.train.llm.run import open_run
     from sessionrl.train.structured.run import STRUCTURED
 

@@ -211,6 +211,20 @@ class RLSection(Section):
         "late, as annotators' outcomes do (a simulation; 0: none).",
     )
     late_after: int = Field(default=2, ge=1, description="Iterations a late session's verdict waits.")
+    dev_tasks: int = Field(
+        default=0,
+        ge=0,
+        description="Dev tasks that judge the stage (0: none), as `rft.dev_tasks` judges the rounds: the "
+        "policy is evaluated greedily on them before the first iteration, every `dev_every` iterations, "
+        "and after the last; weights that solve fewer of them than the kept ones are undone (the kept "
+        "weights come back, with a fresh optimiser), so RL never ends below the policy it started from on "
+        "validation.",
+    )
+    dev_every: int = Field(
+        default=0,
+        ge=0,
+        description="Iterations between dev judgements with `dev_tasks` (0: only after the last).",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")
     collapse: CollapseConfig = Field(
@@ -222,6 +236,12 @@ class RLSection(Section):
     def _same_temperature(self) -> RLSection:
         if self.sampling.temperature != self.trainer.temperature:
             raise ValueError("rl.sampling.temperature and rl.trainer.temperature must be equal")
+        return self
+
+    @model_validator(mode="after")
+    def _dev_every_needs_dev_tasks(self) -> RLSection:
+        if self.dev_every and not self.dev_tasks:
+            raise ValueError("rl.dev_every judges on rl.dev_tasks dev tasks: set rl.dev_tasks too")
         return self
 
 

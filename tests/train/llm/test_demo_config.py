@@ -28,7 +28,7 @@ from sessionrl.session import (
 )
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.demo import RL_ITERATIONS, compare, demo_config, dev_verdicts, final_policy
-from sessionrl.train.llm.loop import Evaluation
+from sessionrl.train.llm.evaluation import Evaluation
 
 
 def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) -> None:
@@ -47,14 +47,16 @@ def test_the_demo_config_round_trips_and_leaves_rl_unseen_tasks(tmp_path: Path) 
     assert demo_config(tmp_path / "bare", rft_rounds=0).rft is None
 
 
-def test_the_summary_lists_each_round_the_dev_tasks_judged(tmp_path: Path) -> None:
+def test_the_summary_lists_each_round_and_iteration_the_dev_tasks_judged(tmp_path: Path) -> None:
     lines = [
         {"stage": "rft", "step": 0, "kept": 30},
         {"stage": "rft_dev", "step": 0, "round": 0, "before": 30, "solved": 28, "kept": False},
         {"stage": "rft_dev", "step": 1, "round": 1, "before": 30, "solved": 33, "kept": True},
+        {"stage": "rl_dev", "step": 4, "iteration": 4, "before": 33, "solved": 31, "kept": False},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert dev_verdicts(tmp_path) == [(30, 28, False), (30, 33, True)]
+    assert dev_verdicts(tmp_path, "rft_dev") == [(30, 28, False), (30, 33, True)]
+    assert dev_verdicts(tmp_path, "rl_dev") == [(33, 31, False)]
 
 
 def test_the_demo_rules_load_and_charge_only_the_policys_own_mistakes(tmp_path: Path) -> None:

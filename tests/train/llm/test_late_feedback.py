@@ -17,9 +17,10 @@ from sessionrl.session.events import FeedbackAdded
 from sessionrl.session.model import Feedback, FeedbackType
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.data import lag
+from sessionrl.train.llm.evaluation import in_lockstep
 from sessionrl.train.llm.feed import VERDICT_DUE, GroupMemory, RewardShaper, read_scored
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import in_lockstep, learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.llm.loop import learn, resumed_policy, rl_specs, start_rl, train
 from sessionrl.train.llm.run import Run, open_run
 from sessionrl.train.llm.sft import SFTConfig
 

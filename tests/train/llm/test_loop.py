@@ -22,8 +22,9 @@ from sessionrl.session.model import SessionState
 from sessionrl.store import SessionStore
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.checkpoint import read_state
+from sessionrl.train.llm.evaluation import evaluate
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import evaluate, learn, resumed_policy, rl_specs, start_rl, train
+from sessionrl.train.llm.loop import learn, resumed_policy, rl_specs, start_rl, train
 from sessionrl.train.llm.reflection import attempt
 from sessionrl.train.llm.run import open_run
 from sessionrl.train.llm.sft import SFTConfig

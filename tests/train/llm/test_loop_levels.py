@@ -29,7 +29,8 @@ from sessionrl.session import (
 from sessionrl.store import SessionStore
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import LoopState
-from sessionrl.train.llm.loop import Evaluation, curriculum_pool, levels_gate, paused, rl_curriculum, rl_specs
+from sessionrl.train.llm.evaluation import Evaluation
+from sessionrl.train.llm.loop import curriculum_pool, levels_gate, paused, rl_curriculum, rl_specs
 from sessionrl.train.llm.run import MetricsLog
 
 

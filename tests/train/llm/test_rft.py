@@ -17,7 +17,7 @@ from sessionrl.session import SessionCreate, created, fold
 from sessionrl.session.model import CallStatus, FinalOutput, ToolCall
 from sessionrl.train.config import RunConfig
 from sessionrl.train.dispatch import run_trainer
-from sessionrl.train.llm import rft
+from sessionrl.train.llm import evaluation, rft
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.loop import TrainResult
 from sessionrl.train.llm.sft import SFTTrainer
@@ -231,7 +231,7 @@ def test_a_round_that_solves_fewer_dev_tasks_is_undone_and_the_next_starts_from_
         real_imitate(run, *args)
 
     real_imitate = rft.imitate
-    monkeypatch.setattr(rft, "solved_on_dev", on_dev)
+    monkeypatch.setattr(evaluation, "solved_on_dev", on_dev)
     monkeypatch.setattr(rft, "imitate", imitate)
     monkeypatch.setattr(rft, "judge", keep_all)
     rounds = RFT | {"dev_tasks": 4, "rounds": 2}

@@ -67,8 +67,9 @@ from sessionrl.train.config import (
     RunConfig,
     SFTSection,
 )
+from sessionrl.train.llm.evaluation import Evaluation
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import Evaluation, train
+from sessionrl.train.llm.loop import train
 from sessionrl.train.llm.sft import SFTConfig
 from sessionrl.train.llm.view import curve_table
 
@@ -282,17 +283,19 @@ def run_demo(config: RunConfig, console: Console) -> dict[str, Any]:
         "rl_iterations": len(result.curve),
         "stage": result.stage,
         "minutes": round(minutes, 2),
-        "rft_dev": dev_verdicts(config.run_dir),
+        "rft_dev": dev_verdicts(config.run_dir, "rft_dev"),
+        "rl_dev": dev_verdicts(config.run_dir, "rl_dev"),
         **tools,
     }
 
 
-def dev_verdicts(run_dir: Path) -> list[tuple[int, int, bool]]:
-    """Each rejection-sampling round the dev tasks judged (`rft.dev_tasks`), as the run logged it: dev
-    tasks solved before the round, after it, and whether it was kept."""
+def dev_verdicts(run_dir: Path, stage: str) -> list[tuple[int, int, bool]]:
+    """Each verdict of the dev tasks the run logged under `stage` (`rft_dev`: the rejection-sampling
+    rounds, `rft.dev_tasks`; `rl_dev`: GRPO's iterations, `rl.dev_tasks`): dev tasks solved by the weights
+    kept before, by the weights judged, and whether those were kept."""
     lines = (run_dir / "metrics.jsonl").read_bytes().splitlines()
     records = [orjson.loads(line) for line in lines if line.strip()]
-    return [(r["before"], r["solved"], r["kept"]) for r in records if r["stage"] == "rft_dev"]
+    return [(r["before"], r["solved"], r["kept"]) for r in records if r["stage"] == stage]
 
 
 def final_policy(report: dict[str, Evaluation]) -> Evaluation:

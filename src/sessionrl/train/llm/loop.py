@@ -21,7 +21,7 @@ import functools
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,19 +29,16 @@ from typing import Any
 from rich.console import Console
 
 from sessionrl.envs.base import Split, Task, stream_seed
-from sessionrl.envs.faults import Faults
 from sessionrl.envs.splits import TRAIN_SPLIT_NEEDED, tasks_of
-from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes, settle
+from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
 from sessionrl.eval.autopause import AutoPause
 from sessionrl.eval.curriculum import Curriculum, expert_steps
 from sessionrl.eval.levels import LevelReport, assess
-from sessionrl.eval.metrics import AgentMetrics, compute
-from sessionrl.eval.tool_accuracy import ToolAccuracy
+from sessionrl.eval.metrics import compute
 from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.session.model import Session
-from sessionrl.train.config import EXPORTED, RunConfig
-from sessionrl.train.llm.accuracy import measure_tool_accuracy
+from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
 from sessionrl.train.llm.checkpoint import (
     Stage,
@@ -50,8 +47,6 @@ from sessionrl.train.llm.checkpoint import (
     read_state,
     save_checkpoint,
     saved_at,
-    stamp,
-    weights,
 )
 from sessionrl.train.llm.data import (
     TokenSequence,
@@ -63,102 +58,30 @@ from sessionrl.train.llm.data import (
     session_advantages,
 )
 from sessionrl.train.llm.distributed import follow, join, lead, release, step_everywhere
+from sessionrl.train.llm.evaluation import (
+    DEV_POLICY,
+    SEED_BITS,
+    DevValidation,
+    Evaluation,
+    evaluate,
+    evaluate_exported,
+    in_lockstep,
+    once_per_task,
+)
 from sessionrl.train.llm.feed import VERDICT_DUE, FeedRead, GroupMemory, read_scored
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
-from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
 from sessionrl.train.llm.run import (
     Run,
     build_policy,
-    evaluation_view,
     export_policy,
     open_run,
     tokenizer_corpus,
 )
 from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import UpdateStats
-from sessionrl.train.llm.watch import Guard, stop_collapsed, warn_unsettled
-
-SEED_BITS = 31
-"""Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
-the same streams as earlier runs with that seed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """A labelled evaluation: the metrics and the sessions they came from."""
-
-    label: str
-    metrics: AgentMetrics
-    sessions: tuple[Session, ...]
-    tools: ToolAccuracy | None = None
-    """Per-turn tool accuracy on the same tasks (`sessionrl.train.llm.accuracy`), where it was measured."""
-
+from sessionrl.train.llm.watch import Guard, stop_collapsed, trainable_weights, warn_unsettled
 
 # episodes
-
-
-def once_per_task(
-    seed: int,
-    tasks: Sequence[Task],
-    stream: str,
-    prefix: str,
-    faults: Faults,
-    metadata: Mapping[str, Any],
-) -> list[EpisodeSpec]:
-    """One episode per task, in session `<prefix>-<task id>`, seeded by the task alone within `stream`
-    (so any two runs of the same tasks meet the same faults)."""
-    return [
-        EpisodeSpec(
-            task=task,
-            session_id=f"{prefix}-{task.task_id}",
-            seed=stream_seed(seed, stream, task.task_id, bits=SEED_BITS),
-            faults=faults,
-            metadata=dict(metadata),
-        )
-        for task in tasks
-    ]
-
-
-def evaluate(
-    run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str, *, tools: bool = False
-) -> Evaluation:
-    """Episodes on the first `n_tasks` of `split` (greedy unless `evaluation.temperature` > 0), with the
-    evaluation fault rate; with `tools`, the per-turn tool accuracy on the same tasks too (its keys join
-    the `eval` record: `tool_acc`, `tool_name_acc`, `tool_parse_rate`, ...).
-
-    Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
-    faults on the same tasks. Session ids carry a digest of the policy's weights: an interrupted evaluation
-    reads back the episodes it finished, but a resumed run whose policy has trained further evaluates anew.
-    """
-    cfg = run.config
-    view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
-    faults = cfg.faults.fixed(cfg.faults.eval_rate)
-    tasks = run.env.tasks(split)[:n_tasks]
-    prefix = f"eval-{label}-{stamp(weights(policy.model))}"
-    specs = once_per_task(cfg.seed, tasks, "eval", prefix, faults, {"stage": "eval", "label": label})
-    ran = in_lockstep(run, specs, view)
-    sessions = tuple(run.store.get(r.session_id) for r in ran)
-    metrics = compute(sessions, ks=(1,))
-    accuracy = measure_tool_accuracy(run, policy, split, n_tasks) if tools else None
-    policy.release()  # what the engine kept for these episodes and turns: none of them goes on
-    measured = accuracy.as_dict() if accuracy is not None else {}
-    run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict(), **measured})
-    return Evaluation(label, metrics, sessions, accuracy)
-
-
-def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
-    """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
-    evaluated on the same tasks under labels `<prefix><label>`, with their per-turn tool accuracy; keyed
-    by label. The run's live policy is let go first: the report is on the exported weights, and nothing
-    here reads the live ones."""
-    cfg, report = run.config, {}
-    run.policy = None
-    for label in EXPORTED.values():
-        folder = run.folder / f"{label}_policy"
-        if folder.is_dir():
-            policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
-            report[label] = evaluate(run, policy, split, n_tasks, f"{prefix}{label}", tools=True)
-    return report
 
 
 def record_demonstrations(run: Run, console: Console | None = None) -> list[Session]:
@@ -254,16 +177,6 @@ def rollouts(run: Run) -> Iterator[Rollout]:
         return
 
     yield functools.partial(in_lockstep, run)
-
-
-def in_lockstep(run: Run, specs: Sequence[EpisodeSpec], policy: HFPolicy) -> list[Ran]:
-    """Run `policy` on `specs` in this process, its calls batched round by round (`Lockstep`), so the
-    same seed samples the same replies whatever the machine's timing; one `Ran` per spec, in order."""
-    cfg = run.config
-    to_run = sum(settle(run.store, spec)[1] is None for spec in specs)
-    agent = LockstepAgent(Lockstep(policy, to_run), policy.version)
-    wide = dataclasses.replace(cfg.rollout, concurrency=max(cfg.rollout.concurrency, len(specs)))
-    return asyncio.run(run_episodes(run.env, specs, agent, run.store, wide, orchestrator=cfg.orchestrator))
 
 
 # imitation
@@ -524,6 +437,11 @@ def reinforce(
     reached: LevelReport | None = None  # the levels the last rollouts reached (the curriculum's promotion)
     watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
     guard = Guard(cfg.rl.collapse, policy.model, run.folder, run.state.curve)
+    validation = (
+        DevValidation.start(run, "rl", cfg.rl.dev_tasks, run.folder / DEV_POLICY)
+        if cfg.rl.dev_tasks
+        else None
+    )
     started = time.monotonic()
     with (
         rollouts(run) as rollout,
@@ -555,6 +473,8 @@ def reinforce(
             verdict = guard.judge(iteration, sessions, record)  # adds the rollouts' parse share and TCSR
             run.log.write("rl", iteration, record)
             on_iteration(record)
+            if validation is not None and due(cfg.rl.dev_every, iteration):
+                trainer = validated(run, validation, iteration, trainer, guard, console)
             run.state = dataclasses.replace(
                 run.state,
                 step=iteration + 1,
@@ -575,7 +495,31 @@ def reinforce(
                 break
     warn_unsettled(run, guard, console)
     unheard(run, console)
+    if validation is not None and validation.judged < run.state.step - 1:  # the last iterations
+        validation.judge(run, run.state.step - 1, console)
+        run.state = dataclasses.replace(run.state, policy_version=policy.version)
+        save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
     export_policy(policy, run.folder / "rl_policy")
+
+
+def due(every: int, iteration: int) -> bool:
+    """Whether `rl.dev_every` judges the weights iteration `iteration` (0-based) ended on (0: none
+    before the last, which is judged after the loop)."""
+    return every > 0 and (iteration + 1) % every == 0
+
+
+def validated(
+    run: Run, validation: DevValidation, iteration: int, trainer: GRPOTrainer, guard: Guard, console: Console
+) -> GRPOTrainer:
+    """Judge iteration `iteration`'s weights on the dev tasks. Kept: `trainer` goes on. Undone: a fresh
+    trainer on the restored weights (rank 0's, on every rank), so no optimiser moment of the undone
+    updates pushes the next ones; the collapse guard's pending weights are the restored ones too."""
+    if validation.judge(run, iteration, console):
+        return trainer
+    guard.pending = trainable_weights(run.need_policy().model)
+    fresh = GRPOTrainer(trainer.model, trainer.config, trainer.pad_id, trainer.reference)
+    fresh.updates = trainer.updates  # the KL coefficient's decay goes on
+    return lead(fresh)
 
 
 def unheard(run: Run, console: Console) -> None:

@@ -29,9 +29,10 @@ With `rft.dev_tasks: N`, N dev tasks judge the rounds: the policy is evaluated g
 first round, and again after each round that trained; a round after which it solves fewer of them than the
 weights it started from is undone, and the next round starts from those weights again. Each verdict is
 printed and logged (the `rft_dev` record; the evaluations are `eval` records labelled `rft-dev-<round>`,
-0 for the weights the rounds start from). On the tiny model a round moves success by a few tasks either way
-(docs/training.md, "The demo's recipe"): validation keeps a round that does harm on dev from reaching the
-report.
+0 for the weights the rounds start from). `sessionrl.train.llm.evaluation.DevValidation` does it, and
+judges GRPO's iterations the same way with `rl.dev_tasks`. On the tiny model a round moves success by a
+few tasks either way (docs/training.md, "The demo's recipe"): validation keeps a round that does harm on
+dev from reaching the report.
 
 With `rft.replay: r`, a share r of each batch of a round's imitation is drawn from the demonstrations
 imitation learned from (a run resumed after imitation reads them back from its store), the rest from the
@@ -52,32 +53,26 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from rich.console import Console
 
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.episodes import EpisodeSpec, Ran
-from sessionrl.episodes.verdict import task_success
 from sessionrl.rewards.vector import RewardVector
 from sessionrl.session.model import Session
 from sessionrl.train.config import RFTSection, RunConfig
 from sessionrl.train.llm.checkpoint import Stage, save_checkpoint
 from sessionrl.train.llm.data import TokenSequence, merge_turns, policy_turns
+from sessionrl.train.llm.evaluation import SEED_BITS, DevValidation, evaluate_exported, in_lockstep
 from sessionrl.train.llm.loop import (
-    SEED_BITS,
     TrainResult,
     demonstration_sequences,
     demonstration_sessions,
-    evaluate,
-    evaluate_exported,
     generators,
     imitation,
-    in_lockstep,
     start_run,
 )
 from sessionrl.train.llm.run import Run, export_policy
 from sessionrl.train.llm.sft import SFTTrainer
-from sessionrl.train.llm.watch import restore_weights, trainable_weights
 
 
 def round_specs(run: Run, section: RFTSection, round_: int) -> list[EpisodeSpec]:
@@ -209,56 +204,6 @@ def replay_data(
     return sequences
 
 
-@dataclass(slots=True)
-class Validation:
-    """The dev tasks' judgement of the rounds (`rft.dev_tasks`): the weights kept so far and how many of
-    the dev tasks they solve."""
-
-    tasks: int
-    solved: int
-    weights: dict[str, torch.Tensor]
-
-    @classmethod
-    def start(cls, run: Run, tasks: int) -> Validation:
-        """The weights the rounds start from, evaluated on the first `tasks` dev tasks."""
-        tasks = min(tasks, len(run.env.tasks(Split.DEV)))  # the evaluation takes no more than there are
-        if tasks == 0:
-            raise ValueError("rft.dev_tasks needs dev tasks, and the environment has none (its `dev` size)")
-        solved = solved_on_dev(run, tasks, "rft-dev-0")
-        return cls(tasks, solved, trainable_weights(run.need_policy().model))
-
-    def judge(self, run: Run, round_: int, console: Console) -> None:
-        """Evaluate the weights round `round_` made; keep them when they solve at least as many dev tasks
-        as the kept ones, else restore those; says which, and logs it."""
-        policy = run.need_policy()
-        solved = solved_on_dev(run, self.tasks, f"rft-dev-{round_ + 1}")
-        kept = solved >= self.solved
-        before = self.solved
-        if kept:
-            self.solved, self.weights = solved, trainable_weights(policy.model)
-        else:
-            restore_weights(policy.model, self.weights, f"the weights before rft round {round_ + 1}")
-            policy.version += 1  # the engine serves the restored weights from now on
-        run.log.write(
-            "rft_dev",
-            round_,
-            {"round": round_, "dev_tasks": self.tasks, "before": before, "solved": solved, "kept": kept},
-        )
-        verdict = "kept" if kept else "undone: the rounds go on from the weights before it"
-        console.print(
-            f"rft round {round_ + 1}: {solved} of {self.tasks} dev tasks solved, against {before} before"
-            f" it; {verdict}",
-            markup=False,
-            highlight=False,
-        )
-
-
-def solved_on_dev(run: Run, tasks: int, label: str) -> int:
-    """How many of the first `tasks` dev tasks the run's policy solves greedily (an `eval` record)."""
-    evaluation = evaluate(run, run.need_policy(), Split.DEV, tasks, label)
-    return sum(1 for s in evaluation.sessions if task_success(s))
-
-
 def rejection_rounds(
     run: Run, section: RFTSection, console: Console, demos: Sequence[Session] | None
 ) -> list[Judged]:
@@ -266,7 +211,7 @@ def rejection_rounds(
     `demos`, imitation's demonstrations), and, with `rft.dev_tasks`, keep or undo the round by its dev
     tasks; each round's counts are printed and logged."""
     policy, rounds = run.need_policy(), []
-    validation = Validation.start(run, section.dev_tasks) if section.dev_tasks else None
+    validation = DevValidation.start(run, "rft", section.dev_tasks) if section.dev_tasks else None
     demonstrations = replay_data(run, section, console, demos)
     for round_ in range(section.rounds):
         # sample
@@ -334,7 +279,6 @@ def train_rft(config: RunConfig, *, console: Console | None = None) -> TrainResu
 
 __all__ = [
     "Judged",
-    "Validation",
     "dense_verdict",
     "judge",
     "kept_sequences",

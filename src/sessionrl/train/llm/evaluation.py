@@ -1,0 +1,230 @@
+"""Evaluating a run's policy, and the dev tasks' judgement of a stage's updates.
+
+`evaluate` plays one greedy episode (at `evaluation.temperature`) on each of a split's first tasks, in
+lockstep (`in_lockstep`), and logs an `eval` record. `DevValidation` uses it to judge a training stage
+on dev tasks (`rft.dev_tasks` for the rejection-sampling rounds, `rl.dev_tasks` for GRPO's iterations):
+
+    start   the weights the stage starts from ──▶ N dev tasks ──▶ solved s0, the kept weights
+    judge   after a round (rft) or every `rl.dev_every` iterations and after the last (rl): solved s
+            s >= kept ──▶ these weights are kept          s < kept ──▶ undone: the kept weights come back
+
+So a stage never ends on weights that solve fewer dev tasks than those it started from. Each verdict is
+printed and logged (`rft_dev` or `rl_dev` records: `before`, `solved`, `kept`; the evaluations are `eval`
+records labelled `rft-dev-<n>` or `rl-dev-<n>`, 0 for the starting weights). RL's validation keeps its
+weights in the run folder (`dev_policy.safetensors`), so a resumed run judges against them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from rich.console import Console
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from sessionrl.envs.base import Split, Task, stream_seed
+from sessionrl.envs.faults import Faults
+from sessionrl.episodes import EpisodeSpec, Ran, run_episodes, settle
+from sessionrl.episodes.verdict import task_success
+from sessionrl.eval.metrics import AgentMetrics, compute
+from sessionrl.eval.tool_accuracy import ToolAccuracy
+from sessionrl.policy.llm import HFPolicy
+from sessionrl.session.model import Session
+from sessionrl.train.config import EXPORTED
+from sessionrl.train.llm.accuracy import measure_tool_accuracy
+from sessionrl.train.llm.checkpoint import stamp, weights
+from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
+from sessionrl.train.llm.run import Run, evaluation_view
+from sessionrl.train.llm.watch import restore_weights, trainable_weights
+
+SEED_BITS = 31
+"""Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
+the same streams as earlier runs with that seed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A labelled evaluation: the metrics and the sessions they came from."""
+
+    label: str
+    metrics: AgentMetrics
+    sessions: tuple[Session, ...]
+    tools: ToolAccuracy | None = None
+    """Per-turn tool accuracy on the same tasks (`sessionrl.train.llm.accuracy`), where it was measured."""
+
+
+def once_per_task(
+    seed: int,
+    tasks: Sequence[Task],
+    stream: str,
+    prefix: str,
+    faults: Faults,
+    metadata: Mapping[str, Any],
+) -> list[EpisodeSpec]:
+    """One episode per task, in session `<prefix>-<task id>`, seeded by the task alone within `stream`
+    (so any two runs of the same tasks meet the same faults)."""
+    return [
+        EpisodeSpec(
+            task=task,
+            session_id=f"{prefix}-{task.task_id}",
+            seed=stream_seed(seed, stream, task.task_id, bits=SEED_BITS),
+            faults=faults,
+            metadata=dict(metadata),
+        )
+        for task in tasks
+    ]
+
+
+def evaluate(
+    run: Run, policy: HFPolicy, split: Split, n_tasks: int, label: str, *, tools: bool = False
+) -> Evaluation:
+    """Episodes on the first `n_tasks` of `split` (greedy unless `evaluation.temperature` > 0), with the
+    evaluation fault rate; with `tools`, the per-turn tool accuracy on the same tasks too (its keys join
+    the `eval` record: `tool_acc`, `tool_name_acc`, `tool_parse_rate`, ...).
+
+    Episode seeds depend on the task only, so two policies evaluated under different labels meet the same
+    faults on the same tasks. Session ids carry a digest of the policy's weights: an interrupted evaluation
+    reads back the episodes it finished, but a resumed run whose policy has trained further evaluates anew.
+    """
+    cfg = run.config
+    view = evaluation_view(policy, cfg.evaluation.max_new_tokens, cfg.evaluation.temperature)
+    faults = cfg.faults.fixed(cfg.faults.eval_rate)
+    tasks = run.env.tasks(split)[:n_tasks]
+    prefix = f"eval-{label}-{stamp(weights(policy.model))}"
+    specs = once_per_task(cfg.seed, tasks, "eval", prefix, faults, {"stage": "eval", "label": label})
+    ran = in_lockstep(run, specs, view)
+    sessions = tuple(run.store.get(r.session_id) for r in ran)
+    metrics = compute(sessions, ks=(1,))
+    accuracy = measure_tool_accuracy(run, policy, split, n_tasks) if tools else None
+    policy.release()  # what the engine kept for these episodes and turns: none of them goes on
+    measured = accuracy.as_dict() if accuracy is not None else {}
+    run.log.write("eval", run.state.policy_version, {"label": label, **metrics.as_dict(), **measured})
+    return Evaluation(label, metrics, sessions, accuracy)
+
+
+def evaluate_exported(run: Run, split: Split, n_tasks: int, prefix: str = "") -> dict[str, Evaluation]:
+    """The run's exported policies (`<label>_policy/` for each label of `EXPORTED`, where present)
+    evaluated on the same tasks under labels `<prefix><label>`, with their per-turn tool accuracy; keyed
+    by label. The run's live policy is let go first: the report is on the exported weights, and nothing
+    here reads the live ones."""
+    cfg, report = run.config, {}
+    run.policy = None
+    for label in EXPORTED.values():
+        folder = run.folder / f"{label}_policy"
+        if folder.is_dir():
+            policy = HFPolicy.load(folder, cfg.rl.sampling, cfg.batching)
+            report[label] = evaluate(run, policy, split, n_tasks, f"{prefix}{label}", tools=True)
+    return report
+
+
+def in_lockstep(run: Run, specs: Sequence[EpisodeSpec], policy: HFPolicy) -> list[Ran]:
+    """Run `policy` on `specs` in this process, its calls batched round by round (`Lockstep`), so the
+    same seed samples the same replies whatever the machine's timing; one `Ran` per spec, in order."""
+    cfg = run.config
+    to_run = sum(settle(run.store, spec)[1] is None for spec in specs)
+    agent = LockstepAgent(Lockstep(policy, to_run), policy.version)
+    wide = dataclasses.replace(cfg.rollout, concurrency=max(cfg.rollout.concurrency, len(specs)))
+    return asyncio.run(run_episodes(run.env, specs, agent, run.store, wide, orchestrator=cfg.orchestrator))
+
+
+# the dev tasks' judgement
+
+
+def solved_on_dev(run: Run, tasks: int, label: str) -> int:
+    """How many of the first `tasks` dev tasks the run's policy solves greedily (an `eval` record)."""
+    evaluation = evaluate(run, run.need_policy(), Split.DEV, tasks, label)
+    return sum(1 for s in evaluation.sessions if task_success(s))
+
+
+Stage = Literal["rft", "rl"]
+UNIT: dict[Stage, str] = {"rft": "round", "rl": "iteration"}
+"""What each judged stage counts its updates in (the key of its `<stage>_dev` records)."""
+
+DEV_POLICY = "dev_policy.safetensors"
+"""RL's kept weights in the run folder, with the dev tasks they solved (metadata)."""
+
+
+@dataclass(slots=True)
+class DevValidation:
+    """The dev tasks' judgement of one stage (see the module doc): the weights kept so far and how many of
+    the dev tasks they solve."""
+
+    stage: Stage
+    tasks: int
+    solved: int
+    weights: dict[str, torch.Tensor]
+    judged: int = -1
+    """The last round or iteration judged (-1: none yet)."""
+    path: Path | None = None
+    """Where the kept weights persist (RL), or None (the rounds restart on resume)."""
+
+    @classmethod
+    def start(cls, run: Run, stage: Stage, tasks: int, path: Path | None = None) -> DevValidation:
+        """The weights the stage starts from, evaluated on the first `tasks` dev tasks; or, when `path`
+        holds a validation of the same size (a resumed run), what it kept."""
+        tasks = min(tasks, len(run.env.tasks(Split.DEV)))  # the evaluation takes no more than there are
+        if tasks == 0:
+            raise ValueError(
+                f"{stage}.dev_tasks needs dev tasks, and the environment has none (its `dev` size)"
+            )
+        if path is not None and path.is_file():
+            return cls.read(path, stage, tasks)
+        solved = solved_on_dev(run, tasks, f"{stage}-dev-0")
+        validation = cls(stage, tasks, solved, trainable_weights(run.need_policy().model), path=path)
+        validation.save()
+        return validation
+
+    @classmethod
+    def read(cls, path: Path, stage: Stage, tasks: int) -> DevValidation:
+        """The validation a run left in `path`; it must have judged `tasks` dev tasks."""
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+        if int(meta["tasks"]) != tasks:
+            raise ValueError(
+                f"{path} judged {meta['tasks']} dev tasks and {stage}.dev_tasks now asks {tasks}: resume with"
+                " the value the run started with"
+            )
+        return cls(stage, tasks, int(meta["solved"]), load_file(str(path)), int(meta["judged"]), path)
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        meta = {"tasks": str(self.tasks), "solved": str(self.solved), "judged": str(self.judged)}
+        save_file(self.weights, str(tmp), metadata=meta)
+        tmp.replace(self.path)
+
+    def judge(self, run: Run, step: int, console: Console) -> bool:
+        """Evaluate the weights round or iteration `step` (0-based) ended on; keep them when they solve at
+        least as many dev tasks as the kept ones, else restore those. Says which and logs it; True when
+        kept."""
+        policy, unit = run.need_policy(), UNIT[self.stage]
+        solved = solved_on_dev(run, self.tasks, f"{self.stage}-dev-{step + 1}")
+        before, kept = self.solved, solved >= self.solved
+        if kept:
+            self.solved, self.weights = solved, trainable_weights(policy.model)
+        else:
+            source = f"the weights {self.stage} kept before {unit} {step + 1}"
+            restore_weights(policy.model, self.weights, source)
+            policy.version += 1  # the engine serves the restored weights from now on
+        self.judged = step
+        self.save()
+        run.log.write(
+            f"{self.stage}_dev",
+            step,
+            {unit: step, "dev_tasks": self.tasks, "before": before, "solved": solved, "kept": kept},
+        )
+        verdict = "kept" if kept else f"undone: {self.stage} goes on from the weights kept before it"
+        console.print(
+            f"{self.stage} {unit} {step + 1}: {solved} of {self.tasks} dev tasks solved, against {before}"
+            f" before it; {verdict}",
+            markup=False,
+            highlight=False,
+        )
+        return kept

@@ -1,0 +1,149 @@
+"""Dev validation of the RL stage (`rl.dev_tasks`): GRPO's weights judged on dev tasks, undone when they
+solve fewer than the kept ones, and the verdicts logged and read back on resume; on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+
+from sessionrl.episodes import RolloutConfig
+from sessionrl.policy.llm import SamplingConfig
+from sessionrl.policy.tiny import TinyModelConfig
+from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
+from sessionrl.train.llm import evaluation, loop
+from sessionrl.train.llm.checkpoint import read_state
+from sessionrl.train.llm.evaluation import DEV_POLICY
+from sessionrl.train.llm.grpo import GRPOConfig
+from sessionrl.train.llm.loop import train
+from sessionrl.train.llm.sft import SFTConfig
+from sessionrl.train.llm.watch import trainable_weights
+
+pytestmark = pytest.mark.slow
+SMALL = TinyModelConfig(vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+Weights = dict[str, torch.Tensor]
+
+
+def dev_run(folder: Path, iterations: int, dev_every: int = 0) -> RunConfig:
+    return RunConfig(
+        run_dir=folder,
+        env=EnvSection(train=16, dev=4, test=4),
+        model=ModelSection(tiny=SMALL),
+        rollout=RolloutConfig(max_steps=3, full_schemas=False, domain_policy=False, max_tool_chars=120),
+        sft=SFTSection(demos=6, trainer=SFTConfig(steps=3, batch_sessions=4, token_budget=4096)),
+        rl=RLSection(
+            iterations=iterations,
+            tasks_per_iteration=2,
+            dev_tasks=2,
+            dev_every=dev_every,
+            sampling=SamplingConfig(max_new_tokens=16),
+            trainer=GRPOConfig(group_size=2, token_budget=4096, lr=0.01),
+        ),
+        evaluation=EvalSection(tasks=2, gate_tasks=2, max_new_tokens=16),
+    )
+
+
+def records(folder: Path, stage: str) -> list[dict[str, Any]]:
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["stage"] == stage]
+
+
+def same(a: Weights, b: Weights) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rl_is_judged_on_dev_after_its_last_iteration_and_logs_the_verdict(tmp_path: Path) -> None:
+    config = dev_run(tmp_path / "run", iterations=2)
+    train(config)
+    folder = config.run_dir
+    evals = {r["label"]: r for r in records(folder, "eval")}
+    (verdict,) = records(folder, "rl_dev")  # dev_every 0: only after the last iteration
+    assert verdict["iteration"] == 1
+    assert verdict["dev_tasks"] == 2
+    assert verdict["before"] == round(evals["rl-dev-0"]["success"] * 2)
+    assert verdict["solved"] == round(evals["rl-dev-2"]["success"] * 2)
+    assert verdict["kept"] is (verdict["solved"] >= verdict["before"])
+    start = load_file(str(folder / "sft_policy" / "model.safetensors"))
+    final = load_file(str(folder / "rl_policy" / "model.safetensors"))
+    assert same(start, final) is not verdict["kept"]  # lr 0.01 moves the weights; undone, they come back
+    kept = load_file(str(folder / DEV_POLICY))
+    assert same(kept, final)
+
+
+def test_weights_that_solve_fewer_dev_tasks_are_undone_and_rl_goes_on_from_the_kept_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    solved = iter([2, 1, 2, 3])  # before RL; after iteration 1 (worse: undone); after 2 and 3 (kept)
+    judged: list[Weights] = []  # the weights each dev evaluation saw
+    learned: list[tuple[Weights, Any, int]] = []  # each update's starting weights, trainer, optimiser state
+
+    def on_dev(run: Any, tasks: int, label: str) -> int:
+        judged.append(trainable_weights(run.need_policy().model))
+        return next(solved)
+
+    def learn(run: Any, trainer: Any, *args: Any) -> Any:
+        model = run.need_policy().model
+        learned.append((trainable_weights(model), trainer, len(trainer.optimizer.state)))
+        return real_learn(run, trainer, *args)
+
+    real_learn = loop.learn
+    monkeypatch.setattr(evaluation, "solved_on_dev", on_dev)
+    monkeypatch.setattr(loop, "learn", learn)
+    config = dev_run(tmp_path / "run", iterations=3, dev_every=1)
+    train(config)
+    folder = config.run_dir
+
+    verdicts = records(folder, "rl_dev")
+    assert [(v["iteration"], v["before"], v["solved"], v["kept"]) for v in verdicts] == [
+        (0, 2, 1, False),
+        (1, 2, 2, True),
+        (2, 2, 3, True),
+    ]
+    start, after_first, _, after_third = judged
+    assert not same(start, after_first)  # iteration 1 trained, and was undone:
+    (_, first, _), (restored, second, fresh_state), (_, third, _) = learned
+    assert same(restored, start)  # iteration 2 started from the weights RL started from,
+    assert second is not first  # with a fresh trainer
+    assert fresh_state == 0  # and optimiser,
+    assert third is second  # which then goes on
+    exported = load_file(str(folder / "rl_policy" / "model.safetensors"))
+    assert same({k: exported[k] for k in after_third}, after_third)  # kept last: RL ends on it
+    state = read_state(folder / "checkpoint")
+    assert state is not None
+    assert state.policy_version == 4  # three updates and one restore, each a version the engine serves
+
+
+def test_a_resumed_run_judges_against_what_validation_kept_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "run"
+    train(dev_run(folder, iterations=1, dev_every=1))
+    (first,) = records(folder, "rl_dev")
+    labels: list[str] = []
+
+    def on_dev(run: Any, tasks: int, label: str) -> int:
+        labels.append(label)
+        return first["solved"] if first["kept"] else first["before"]  # as good as the kept weights
+
+    monkeypatch.setattr(evaluation, "solved_on_dev", on_dev)
+    train(dev_run(folder, iterations=2, dev_every=1), resume=True)
+    assert labels == ["rl-dev-2"]  # the weights RL started from were not evaluated again
+    second = records(folder, "rl_dev")[1]
+    assert second["before"] == max(first["before"], first["solved"])
+    assert second["kept"] is True
+
+    longer = dev_run(folder, iterations=3, dev_every=1)
+    fewer = longer.model_copy(update={"rl": longer.rl.model_copy(update={"dev_tasks": 1})})
+    with pytest.raises(ValueError, match=r"judged 2 dev tasks and rl\.dev_tasks now asks 1"):
+        train(fewer, resume=True)
+
+
+def test_dev_every_without_dev_tasks_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"set rl\.dev_tasks too"):
+        RLSection(dev_every=2)
