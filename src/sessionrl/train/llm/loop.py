@@ -6,7 +6,9 @@ rollouts, rewards and updates meet in the store.
     rft   with an `rft:` section: rounds of sample, judge, imitate (`sessionrl.train.llm.rft`) ──▶ rft_policy/
     rl    per iteration: K episodes per task with the current policy ──▶ store ──▶ reward shaper scores
           them ──▶ trainer reads scored sessions from the change feed (at most `max_lag` versions old)
-          ──▶ group-relative advantages ──▶ one GRPO update ──▶ policy version + 1 ──▶ checkpoint
+          ──▶ group-relative advantages ──▶ one GRPO update ──▶ policy version + 1 ──▶ checkpoint;
+          with `rl.dev_tasks`, dev tasks judge the weights and undo those that got worse
+          (`sessionrl.train.llm.evaluation`, where evaluations live)
 
 Everything a stage does is read back from the store, never handed over in memory, so a resumed run
 (`resume=True`) continues from the last checkpoint with the same weights, optimiser, feed cursors and
