@@ -220,7 +220,7 @@ class DevValidation:
             step,
             {unit: step, "dev_tasks": self.tasks, "before": before, "solved": solved, "kept": kept},
         )
-        verdict = "kept" if kept else f"undone: {self.stage} goes on from the weights kept before it"
+        verdict = "kept" if kept else "undone: the weights kept before it come back"
         console.print(
             f"{self.stage} {unit} {step + 1}: {solved} of {self.tasks} dev tasks solved, against {before}"
             f" before it; {verdict}",
