@@ -12,41 +12,32 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
-from sessionrl.episodes import RolloutConfig
-from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.tiny import TinyModelConfig
-from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
+from sessionrl.train.config import RLSection, RunConfig
 from sessionrl.train.llm import evaluation, loop
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.evaluation import DEV_POLICY
-from sessionrl.train.llm.grpo import GRPOConfig
 from sessionrl.train.llm.loop import train
-from sessionrl.train.llm.sft import SFTConfig
 from sessionrl.train.llm.watch import trainable_weights
+from tiny_run_support import SFT_SECTION, tiny_run
 
 pytestmark = pytest.mark.slow
-SMALL = TinyModelConfig(vocab_size=700, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 
 Weights = dict[str, torch.Tensor]
 
 
 def dev_run(folder: Path, iterations: int, dev_every: int = 0) -> RunConfig:
-    return RunConfig(
-        run_dir=folder,
-        env=EnvSection(train=16, dev=4, test=4),
-        model=ModelSection(tiny=SMALL),
-        rollout=RolloutConfig(max_steps=3, full_schemas=False, domain_policy=False, max_tool_chars=120),
-        sft=SFTSection(demos=6, trainer=SFTConfig(steps=3, batch_sessions=4, token_budget=4096)),
-        rl=RLSection(
-            iterations=iterations,
-            tasks_per_iteration=2,
-            dev_tasks=2,
-            dev_every=dev_every,
-            sampling=SamplingConfig(max_new_tokens=16),
-            trainer=GRPOConfig(group_size=2, token_budget=4096, lr=0.01),
-        ),
-        evaluation=EvalSection(tasks=2, gate_tasks=2, max_new_tokens=16),
-    )
+    """Imitation, then `iterations` of GRPO judged on 2 dev tasks (every `dev_every` and after the last)
+    at a learning rate that moves the weights."""
+    rl = {
+        "iterations": iterations,
+        "tasks_per_iteration": 2,
+        "dev_tasks": 2,
+        "dev_every": dev_every,
+        "sampling": {"max_new_tokens": 16},
+        "trainer": {"group_size": 2, "token_budget": 4096, "lr": 0.01},
+    }
+    rollout = {"full_schemas": False, "domain_policy": False}  # short prompts for the tiny model
+    return RunConfig.model_validate(tiny_run(run_dir=str(folder), sft=SFT_SECTION, rollout=rollout, rl=rl))
 
 
 def records(folder: Path, stage: str) -> list[dict[str, Any]]:
