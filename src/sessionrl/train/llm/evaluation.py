@@ -142,8 +142,9 @@ def solved_on_dev(run: Run, tasks: int, label: str) -> int:
     return sum(1 for s in evaluation.sessions if task_success(s))
 
 
-Stage = Literal["rft", "rl"]
-UNIT: dict[Stage, str] = {"rft": "round", "rl": "iteration"}
+ValidatedStage = Literal["rft", "rl"]
+"""The stages dev tasks judge: the rejection-sampling rounds, and GRPO."""
+UNIT: dict[ValidatedStage, str] = {"rft": "round", "rl": "iteration"}
 """What each judged stage counts its updates in (the key of its `<stage>_dev` records)."""
 
 DEV_POLICY = "dev_policy.safetensors"
@@ -155,7 +156,7 @@ class DevValidation:
     """The dev tasks' judgement of one stage (see the module doc): the weights kept so far and how many of
     the dev tasks they solve."""
 
-    stage: Stage
+    stage: ValidatedStage
     tasks: int
     solved: int
     weights: dict[str, torch.Tensor]
@@ -165,7 +166,7 @@ class DevValidation:
     """Where the kept weights persist (RL), or None (the rounds restart on resume)."""
 
     @classmethod
-    def start(cls, run: Run, stage: Stage, tasks: int, path: Path | None = None) -> DevValidation:
+    def start(cls, run: Run, stage: ValidatedStage, tasks: int, path: Path | None = None) -> DevValidation:
         """The weights the stage starts from, evaluated on the first `tasks` dev tasks; or, when `path`
         holds a validation of the same size (a resumed run), what it kept."""
         tasks = min(tasks, len(run.env.tasks(Split.DEV)))  # the evaluation takes no more than there are
@@ -181,7 +182,7 @@ class DevValidation:
         return validation
 
     @classmethod
-    def read(cls, path: Path, stage: Stage, tasks: int) -> DevValidation:
+    def read(cls, path: Path, stage: ValidatedStage, tasks: int) -> DevValidation:
         """The validation a run left in `path`; it must have judged `tasks` dev tasks."""
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata()
@@ -228,3 +229,16 @@ class DevValidation:
             highlight=False,
         )
         return kept
+
+
+__all__ = [
+    "DEV_POLICY",
+    "SEED_BITS",
+    "DevValidation",
+    "Evaluation",
+    "evaluate",
+    "evaluate_exported",
+    "in_lockstep",
+    "once_per_task",
+    "solved_on_dev",
+]
