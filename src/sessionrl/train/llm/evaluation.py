@@ -25,8 +25,6 @@ from typing import Any, Literal
 
 import torch
 from rich.console import Console
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 from sessionrl.envs.base import Split, Task, stream_seed
 from sessionrl.envs.faults import Faults
@@ -41,7 +39,7 @@ from sessionrl.train.llm.accuracy import measure_tool_accuracy
 from sessionrl.train.llm.checkpoint import stamp, weights
 from sessionrl.train.llm.lockstep import Lockstep, LockstepAgent
 from sessionrl.train.llm.run import Run, evaluation_view
-from sessionrl.train.llm.watch import restore_weights, trainable_weights
+from sessionrl.train.llm.watch import read_weights, restore_weights, save_weights, trainable_weights
 
 SEED_BITS = 31
 """Width of the seeds the loop draws (episodes, task samples, demo shuffles); fixed, so a seeded run draws
@@ -184,22 +182,18 @@ class DevValidation:
     @classmethod
     def read(cls, path: Path, stage: ValidatedStage, tasks: int) -> DevValidation:
         """The validation a run left in `path`; it must have judged `tasks` dev tasks."""
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata()
+        weights, meta = read_weights(path)
         if int(meta["tasks"]) != tasks:
             raise ValueError(
                 f"{path} judged {meta['tasks']} dev tasks and {stage}.dev_tasks now asks {tasks}: resume with"
                 " the value the run started with"
             )
-        return cls(stage, tasks, int(meta["solved"]), load_file(str(path)), int(meta["judged"]), path)
+        return cls(stage, tasks, int(meta["solved"]), weights, int(meta["judged"]), path)
 
     def save(self) -> None:
-        if self.path is None:
-            return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        meta = {"tasks": str(self.tasks), "solved": str(self.solved), "judged": str(self.judged)}
-        save_file(self.weights, str(tmp), metadata=meta)
-        tmp.replace(self.path)
+        if self.path is not None:
+            meta = {"tasks": str(self.tasks), "solved": str(self.solved), "judged": str(self.judged)}
+            save_weights(self.path, self.weights, meta)
 
     def judge(self, run: Run, step: int, console: Console) -> bool:
         """Evaluate the weights round or iteration `step` (0-based) ended on; keep them when they solve at

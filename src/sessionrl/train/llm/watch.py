@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from sessionrl.eval.autopause import REPORT, diagnose, write_report
@@ -84,20 +85,27 @@ class Guard:
     def roll_back(self) -> int:
         """Load the last good weights into the model; the iteration whose rollouts judged them (-1: the
         weights RL started from, not judged yet)."""
-        restore_weights(self.model, load_file(str(self.path)), str(self.path))
-        return int(_iteration_of(self.path))
+        weights, metadata = read_weights(self.path)
+        restore_weights(self.model, weights, str(self.path))
+        return int(metadata["iteration"])
 
     def _save_good(self, weights: Mapping[str, torch.Tensor], iteration: int) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        save_file(dict(weights), str(tmp), metadata={"iteration": str(iteration)})
-        tmp.replace(self.path)
+        save_weights(self.path, weights, {"iteration": str(iteration)})
 
 
-def _iteration_of(path: Path) -> int:
-    from safetensors import safe_open
+def save_weights(path: Path, weights: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
+    """Write `weights` (as `trainable_weights` takes them) with `metadata` to `path` in one step: a crash
+    leaves the file before or after, never half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(dict(weights), str(tmp), metadata=dict(metadata))
+    tmp.replace(path)
 
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The weights and metadata `save_weights` wrote to `path`."""
     with safe_open(str(path), framework="pt") as f:
-        return int(f.metadata()["iteration"])
+        metadata = f.metadata()
+    return load_file(str(path)), dict(metadata)
 
 
 def stop_collapsed(
@@ -147,4 +155,13 @@ def warn_unsettled(run: Run, guard: Guard, console: Console) -> str | None:
     return message
 
 
-__all__ = ["GOOD", "Guard", "restore_weights", "stop_collapsed", "trainable_weights", "warn_unsettled"]
+__all__ = [
+    "GOOD",
+    "Guard",
+    "read_weights",
+    "restore_weights",
+    "save_weights",
+    "stop_collapsed",
+    "trainable_weights",
+    "warn_unsettled",
+]
