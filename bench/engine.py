@@ -47,9 +47,10 @@ from sessionrl.envs.base import Split
 from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
 from sessionrl.policy.engine import Engine
+from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.llm import HFPolicy, SamplingConfig, tool_message
 from sessionrl.policy.products import BF16Matmuls
-from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.sources import ModelSourceError, locate_gguf, materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message

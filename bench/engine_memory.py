@@ -26,8 +26,9 @@ from typing import Any
 import orjson
 import torch
 
+from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy, load_policy
 

@@ -35,8 +35,9 @@ from sessionrl.envs import build
 from sessionrl.envs.base import Split
 from sessionrl.episodes import RolloutConfig
 from sessionrl.episodes.llm import prompt_messages
+from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.llm import HFPolicy, SamplingConfig
-from sessionrl.policy.sampling import KVStore, sample_batch
+from sessionrl.policy.sampling import sample_batch
 from sessionrl.policy.sources import materialise
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from sessionrl.policy.attention import decode_attention, kept_mask, kept_or_sdpa
+from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
-from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 from sessionrl.train.llm.packing import use_packed_attention
 

@@ -10,16 +10,9 @@ import pytest
 import torch
 
 from sessionrl.policy.engine import Completion
+from sessionrl.policy.kvstore import KVStore, common_prefix
 from sessionrl.policy.llm import SamplingConfig
-from sessionrl.policy.sampling import (
-    KVStore,
-    RoomyLayer,
-    Sample,
-    TorchEngine,
-    common_prefix,
-    inverse_cdf,
-    sample_batch,
-)
+from sessionrl.policy.sampling import Sample, TorchEngine, inverse_cdf, sample_batch
 from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
 
 CONFIG = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
@@ -162,21 +155,6 @@ def test_a_prompt_with_many_new_tokens_is_prefilled_alone_and_not_kept(model: to
     assert (store.builds, store.alone) == (1, 1)
     assert [len(k) for k in store.entries] == [80]
     assert store.prefilled_tokens == 80 + 39 + 3 + 1  # the prefix, the long row alone, then the batch
-
-
-def test_a_closed_up_cache_keeps_its_buffers_and_its_rows() -> None:
-    layer = RoomyLayer(room=4)
-    keys, values = torch.randn(4, 2, 6, 3), torch.randn(4, 2, 6, 3)
-    layer.hold(keys.clone(), values.clone(), length=5)
-    held = layer.buffers
-    assert held is not None
-    layer.batch_select_indices(torch.tensor([1, 3]))
-    assert layer.buffers is not None
-    assert layer.buffers[0].data_ptr() == held[0].data_ptr()
-    torch.testing.assert_close(layer.keys, keys[[1, 3], :, :5], atol=0, rtol=0)
-    torch.testing.assert_close(layer.values, values[[1, 3], :, :5], atol=0, rtol=0)
-    with pytest.raises(ValueError, match="ascend"):
-        layer.batch_select_indices(torch.tensor([1, 0]))
 
 
 def test_a_finished_row_too_long_for_the_store_is_not_kept(model: torch.nn.Module) -> None:

@@ -2,10 +2,11 @@
 
 At the few thousand positions a τ-bench episode reaches, reading the key/value cache is most of a decode
 step, and the read is bound by memory (docs/engines.md). The torch engine can therefore keep its caches
-in bfloat16 (`sessionrl.policy.sampling.KVStore.dtype`; `batching.kv_cache: bfloat16` in a run's config):
+in bfloat16 (`sessionrl.policy.kvstore.KVStore.dtype`; `batching.kv_cache: bfloat16` in a run's config):
 half the bytes to read, and half the memory to keep. In a decode step a narrow cache hands the attention its
-whole buffer, room for the tokens still to come included (`RoomyLayer`), because torch's bfloat16 batched
-products are fast on contiguous memory only; the attention reads the positions the mask covers.
+whole buffer, room for the tokens still to come included (`sessionrl.policy.kvcache.RoomyLayer`), because
+torch's bfloat16 batched products are fast on contiguous memory only; the attention reads the positions the
+mask covers.
 
 `kept_or_sdpa`, registered with transformers' public attention interface under `KEPT`, attends so:
 

@@ -37,7 +37,8 @@ import torch
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
 from sessionrl.policy.engine import Completion, Engine
-from sessionrl.policy.sampling import KVStore, TorchEngine
+from sessionrl.policy.kvstore import KVStore
+from sessionrl.policy.sampling import TorchEngine
 from sessionrl.policy.toolcalls import (
     TAGGED_INSTRUCTIONS,
     TOOLS_HEADING,
