@@ -33,7 +33,7 @@ from sessionrl.policy.llm import HFPolicy, SamplingConfig
 from sessionrl.policy.toolcalls import parse_reply
 from sessionrl.train.config import EnvSection, RunConfig
 from sessionrl.train.llm.data import Reply, demonstration_replies
-from sessionrl.train.llm.loop import demonstrations, record_demonstrations
+from sessionrl.train.llm.imitation import demonstrations, record_demonstrations
 from sessionrl.train.llm.run import build_policy, open_run
 from sessionrl.train.llm.sft import SFTTrainer
 

@@ -1,7 +1,7 @@
 """Tool choice of the LLM policy with and without the tool-call head, on held-out orders and retail steps.
 
 For each domain a tiny LM imitates the expert's sessions on training tasks (the run's own imitation stage,
-`train.llm.loop.imitation`), and the expert's sessions on test tasks give the held-out steps: each reply
+`train.llm.imitation`), and the expert's sessions on test tasks give the held-out steps: each reply
 the expert wrote there, labelled with the tool it called (or *final*). Then, on the held-out steps:
 
 - **LM alone**: the share of steps whose greedy reply calls the expert's tool (a reply that is not an

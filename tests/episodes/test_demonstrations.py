@@ -16,7 +16,7 @@ from sessionrl.envs.base import Split
 from sessionrl.episodes import MissingDemonstrations
 from sessionrl.episodes.verdict import task_success
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.loop import record_demonstrations
+from sessionrl.train.llm.imitation import record_demonstrations
 from sessionrl.train.llm.run import open_run
 
 

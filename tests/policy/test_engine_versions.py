@@ -20,7 +20,8 @@ from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSect
 from sessionrl.train.llm.evaluation import in_lockstep
 from sessionrl.train.llm.feed import StaleFeed
 from sessionrl.train.llm.grpo import GRPOConfig, GRPOTrainer
-from sessionrl.train.llm.loop import imitation, learn, rl_specs
+from sessionrl.train.llm.imitation import imitation
+from sessionrl.train.llm.loop import learn, rl_specs
 from sessionrl.train.llm.run import Run, open_run
 from sessionrl.train.llm.sft import SFTConfig
 

@@ -18,7 +18,8 @@ from sessionrl.policy.vllm import VLLMSettings
 from sessionrl.train.config import EnvSection, EvalSection, ModelSection, RLSection, RunConfig, SFTSection
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.grpo import GRPOConfig
-from sessionrl.train.llm.loop import imitation, reinforce, resumed_policy
+from sessionrl.train.llm.imitation import imitation
+from sessionrl.train.llm.loop import reinforce, resumed_policy
 from sessionrl.train.llm.run import open_run
 from sessionrl.train.llm.sft import SFTConfig
 

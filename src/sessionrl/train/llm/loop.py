@@ -2,6 +2,7 @@
 rollouts, rewards and updates meet in the store.
 
     sft   expert episodes on training tasks ──▶ store ──▶ demonstrations ──▶ SFT steps ──▶ sft_policy/
+          (`sessionrl.train.llm.imitation`)
     gate  evaluation episodes on the gate split; RL starts only if their success reaches the bar
     rft   with an `rft:` section: rounds of sample, judge, imitate (`sessionrl.train.llm.rft`) ──▶ rft_policy/
     rl    per iteration: K episodes per task with the current policy ──▶ store ──▶ reward shaper scores
@@ -17,7 +18,6 @@ random states. Each stage reads top to bottom; the maths lives in `sessionrl.tra
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import json
@@ -31,8 +31,7 @@ from typing import Any
 from rich.console import Console
 
 from sessionrl.envs.base import Split, Task, stream_seed
-from sessionrl.envs.splits import TRAIN_SPLIT_NEEDED, tasks_of
-from sessionrl.episodes import EpisodeSpec, Ran, Tally, expert, progress, require, run_episodes
+from sessionrl.episodes import EpisodeSpec, Ran, progress
 from sessionrl.eval.autopause import AutoPause
 from sessionrl.eval.curriculum import Curriculum, expert_steps
 from sessionrl.eval.levels import LevelReport, assess
@@ -41,19 +40,16 @@ from sessionrl.policy.llm import HFPolicy, with_lora
 from sessionrl.policy.vllm import VLLMEngine
 from sessionrl.session.model import Session
 from sessionrl.train.config import RunConfig
-from sessionrl.train.llm.captured import captured_sequences, replayable_tasks, stored_sessions
+from sessionrl.train.llm.captured import replayable_tasks, stored_sessions
 from sessionrl.train.llm.checkpoint import (
     Stage,
-    has_checkpoint,
     load_checkpoint,
     read_state,
     save_checkpoint,
     saved_at,
 )
 from sessionrl.train.llm.data import (
-    TokenSequence,
     call_advantages,
-    demonstration_turns,
     lag,
     merge_turns,
     policy_turns,
@@ -68,53 +64,19 @@ from sessionrl.train.llm.evaluation import (
     evaluate,
     evaluate_exported,
     in_lockstep,
-    once_per_task,
 )
 from sessionrl.train.llm.feed import VERDICT_DUE, FeedRead, GroupMemory, read_scored
 from sessionrl.train.llm.grpo import GRPOTrainer, frozen_copy
+from sessionrl.train.llm.imitation import imitation
 from sessionrl.train.llm.run import (
     Run,
-    build_policy,
     export_policy,
     open_run,
-    tokenizer_corpus,
 )
-from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import UpdateStats
 from sessionrl.train.llm.watch import Guard, stop_collapsed, trainable_weights, warn_unsettled
 
 # episodes
-
-
-def record_demonstrations(run: Run, console: Console | None = None) -> list[Session]:
-    """Expert episodes on the first `sft.demos` training tasks (recorded once); the solved ones.
-
-    Every requested demonstration that is missing is counted by its reason (`Tally`), printed and logged
-    (the `demos` record of metrics.jsonl); more than `MAX_MISSING` of them missing stops the run with
-    `MissingDemonstrations`.
-    """
-    cfg, console = run.config, console or Console()
-    faults = cfg.faults.fixed(cfg.faults.demo_rate)
-    if cfg.sft.demos:
-        tasks_of(run.env, Split.TRAIN, TRAIN_SPLIT_NEEDED)  # none: say which splits it has, how to add
-    tasks = run.env.tasks(Split.TRAIN)[: cfg.sft.demos]
-    specs = once_per_task(cfg.seed, tasks, "demo", "demo", faults, {"stage": "demo"})
-    with progress(console, "demonstrations", len(specs)) as bar:
-        batch = run_episodes(
-            run.env,
-            specs,
-            expert(run.env),
-            run.store,
-            cfg.rollout,
-            orchestrator=cfg.orchestrator,
-            done=lambda _: bar.advance(),
-        )
-        ran = asyncio.run(batch)
-    tally = Tally.of(cfg.sft.demos, ran)
-    run.log.write("demos", 0, tally.as_record())
-    console.print(tally.describe(), markup=False, highlight=False)
-    require(tally)
-    return [run.store.get(r.session_id) for r in ran if r.success]
 
 
 def rl_specs(run: Run, iteration: int, pool: Sequence[Task] | None = None) -> list[EpisodeSpec]:
@@ -181,35 +143,6 @@ def rollouts(run: Run) -> Iterator[Rollout]:
     yield functools.partial(in_lockstep, run)
 
 
-# imitation
-
-
-def demonstrations(run: Run, policy: HFPolicy, demos: Sequence[Session]) -> list[TokenSequence]:
-    """The demonstration sessions as training sequences."""
-    max_chars = run.config.rollout.max_tool_chars
-    return [
-        seq
-        for s in demos
-        for seq in merge_turns(
-            demonstration_turns(s, run.system, policy, max_chars, policy.tool_format), s.session_id
-        )
-    ]
-
-
-def captured(
-    run: Run, console: Console, policy: HFPolicy, sessions: Sequence[Session]
-) -> list[TokenSequence]:
-    """Captured sessions as training sequences, after the integrity check; each dropped one is printed
-    and logged with its reason."""
-    data = captured_sequences(sessions, policy)
-    for session_id, reason in data.dropped:
-        console.print(f"dropped captured session {session_id}: {reason}")
-    run.log.write("captured", run.state.step, {"kept": len(data.kept), "dropped": len(data.dropped)})
-    if not data.sequences:
-        raise ValueError(f"none of the {len(sessions)} captured sessions can be trained on")
-    return data.sequences
-
-
 def replayed_tasks(run: Run, console: Console) -> list[Task]:
     """The training tasks the captured sessions of `sft.store` name, which GRPO replays; each session
     that cannot be replayed is printed and counted with its reason."""
@@ -228,61 +161,6 @@ def replayed_tasks(run: Run, console: Console) -> list[Task]:
     return replay.tasks
 
 
-def demonstration_sessions(run: Run, console: Console) -> list[Session]:
-    """What imitation learns from: the expert's solved episodes (recorded once), or the sessions `sft.store`
-    selects."""
-    source = run.config.sft.store
-    if source is None:
-        return record_demonstrations(run, console)
-    return stored_sessions(source.db, source.filters, source.limit)
-
-
-def demonstration_sequences(
-    run: Run, console: Console, policy: HFPolicy, demos: Sequence[Session]
-) -> list[TokenSequence]:
-    """`demonstration_sessions`' sessions as `policy`'s training sequences."""
-    if run.config.sft.store is None:
-        return demonstrations(run, policy, demos)
-    return captured(run, console, policy, demos)
-
-
-def imitation(run: Run, console: Console, resume: bool) -> list[Session]:
-    """The SFT stage: record demonstrations, build the policy, take `sft.trainer.steps` steps, export;
-    returns the demonstrations."""
-    cfg = run.config
-    demos = demonstration_sessions(run, console)
-    texts = tokenizer_corpus(run.env, run.system, demos, cfg.rollout.max_tool_chars)
-    run.policy = policy = build_policy(cfg, texts, run.folder / "base")
-    trainer = SFTTrainer(policy.model, cfg.sft.trainer, policy.tokenizer.pad_token_id)
-    resumed = resume and has_checkpoint(run.folder / "checkpoint")
-    if resumed:
-        run.state = load_checkpoint(
-            run.folder / "checkpoint", policy.model, trainer.optimizer, generators(run)
-        )
-        trainer.steps = run.state.step
-    lead(trainer, resumed=resumed)  # under torchrun, the other ranks build theirs and take its weights
-    sequences = demonstration_sequences(run, console, policy, demos)
-    run.log.write("sft", run.state.step, {"demos": len(demos), "sequences": len(sequences)})
-    steps = cfg.sft.trainer.steps
-    with progress(console, "imitation", steps, completed=run.state.step) as bar:
-        for step in range(run.state.step, steps):
-            # batch: a generator named by the step, so a resumed run draws the same batches
-            rng = random.Random(stream_seed(cfg.seed, "sft", step, bits=SEED_BITS))
-            batch = rng.sample(sequences, min(cfg.sft.trainer.batch_sessions, len(sequences)))
-            # update
-            stats = step_everywhere(trainer, batch)
-            # log
-            run.log.write("sft", step, _update_record(stats))
-            bar.advance(info=f"loss {stats.loss:.3f}")
-            run.state = dataclasses.replace(run.state, step=step + 1)
-            if (step + 1) % 25 == 0:
-                save_checkpoint(
-                    run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, generators(run)
-                )
-    export_policy(policy, run.folder / "sft_policy")
-    return demos
-
-
 def gate(run: Run, console: Console) -> Evaluation:
     """Evaluate the imitation policy on the gate split; the RL stage starts only if it clears the bar. The
     verdict is printed as soon as it is known."""
@@ -291,7 +169,7 @@ def gate(run: Run, console: Console) -> Evaluation:
     passed = evaluation.metrics.success >= bar.gate_min_success and levels_gate(run, evaluation)
     next_stage = (Stage.RFT if run.config.rft is not None else Stage.RL) if passed else Stage.STOPPED
     run.state = dataclasses.replace(run.state, stage=next_stage, step=0)
-    save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, generators(run))
+    save_checkpoint(run.folder / "checkpoint", run.need_policy().model, None, run.state, run.generators)
     console.print(gate_verdict(run.config, evaluation.metrics.success, passed), soft_wrap=True)
     return evaluation
 
@@ -418,7 +296,7 @@ def start_rl(run: Run, resume: bool) -> GRPOTrainer:
     trainer = GRPOTrainer(policy.model, run.config.rl.trainer, policy.tokenizer.pad_token_id, reference)
     if resume:
         run.state = load_checkpoint(
-            run.folder / "checkpoint", policy.model, trainer.optimizer, generators(run)
+            run.folder / "checkpoint", policy.model, trainer.optimizer, run.generators
         )
         trainer.updates = run.state.updates
     policy.version = run.state.policy_version
@@ -485,13 +363,13 @@ def reinforce(
                 curve=(*run.state.curve, record),
             )
             save_checkpoint(
-                run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, generators(run)
+                run.folder / "checkpoint", policy.model, trainer.optimizer, run.state, run.generators
             )
             bar.advance(info=f"success {record['success']:.2f}")
             if verdict.collapsed:
                 stop_collapsed(run, guard, verdict, sessions, console)
                 run.state = dataclasses.replace(run.state, stage=Stage.PAUSED)
-                save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
+                save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, run.generators)
                 break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
@@ -500,7 +378,7 @@ def reinforce(
     if validation is not None and validation.judged < run.state.step - 1:  # the last iterations
         validation.judge(run, run.state.step - 1, console)
         run.state = dataclasses.replace(run.state, policy_version=policy.version)
-        save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
+        save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, run.generators)
     export_policy(policy, run.folder / "rl_policy")
 
 
@@ -583,23 +461,8 @@ def _iteration_record(
         "learn_s": round(learnt - rewarded, 2),
     }
     if learned.stats is not None:
-        record |= _update_record(learned.stats)
+        record |= learned.stats.as_record()
     return record
-
-
-def _update_record(stats: UpdateStats) -> dict[str, Any]:
-    return {
-        "loss": stats.loss,
-        **stats.parts,
-        "grad_norm": stats.grad_norm,
-        "policy_tokens": stats.policy_tokens,
-        "tokens": stats.tokens,
-    }
-
-
-def generators(run: Run) -> dict[str, Any]:
-    """The run's random generators a checkpoint keeps (the sampler's, once a policy is built)."""
-    return {"sampling": run.policy.generator} if run.policy is not None else {}
 
 
 # the whole run

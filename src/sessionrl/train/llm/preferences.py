@@ -42,7 +42,8 @@ from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.data import Reply, demonstration_replies
 from sessionrl.train.llm.dpo import DPOTrainer, stored_preferences
 from sessionrl.train.llm.evaluation import evaluate_exported, once_per_task
-from sessionrl.train.llm.loop import TrainResult, imitation, start_run
+from sessionrl.train.llm.imitation import imitation
+from sessionrl.train.llm.loop import TrainResult, start_run
 from sessionrl.train.llm.run import Run, export_policy
 
 ANNOTATOR = "outcome"

@@ -76,7 +76,8 @@ from sessionrl.train.llm.data import (
     merge_turns,
 )
 from sessionrl.train.llm.evaluation import SEED_BITS, evaluate, once_per_task
-from sessionrl.train.llm.loop import TrainResult, demonstrations, train
+from sessionrl.train.llm.imitation import demonstrations
+from sessionrl.train.llm.loop import TrainResult, train
 from sessionrl.train.llm.run import Run, evaluation_view, export_policy, open_run
 from sessionrl.train.llm.sft import SFTTrainer
 from sessionrl.train.llm.update import token_logprobs

@@ -63,14 +63,8 @@ from sessionrl.train.config import RFTSection, RunConfig
 from sessionrl.train.llm.checkpoint import Stage, save_checkpoint
 from sessionrl.train.llm.data import TokenSequence, merge_turns, policy_turns
 from sessionrl.train.llm.evaluation import SEED_BITS, DevValidation, evaluate_exported, in_lockstep
-from sessionrl.train.llm.loop import (
-    TrainResult,
-    demonstration_sequences,
-    demonstration_sessions,
-    generators,
-    imitation,
-    start_run,
-)
+from sessionrl.train.llm.imitation import demonstration_sequences, demonstration_sessions, imitation
+from sessionrl.train.llm.loop import TrainResult, start_run
 from sessionrl.train.llm.run import Run, export_policy
 from sessionrl.train.llm.sft import SFTTrainer
 
@@ -257,7 +251,7 @@ def warm_start(run: Run, console: Console, demos: Sequence[Session] | None) -> N
     policy = run.need_policy()
     export_policy(policy, run.folder / "rft_policy")
     run.state = dataclasses.replace(run.state, stage=Stage.RL, step=0, policy_version=policy.version)
-    save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, generators(run))
+    save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, run.generators)
 
 
 def train_rft(config: RunConfig, *, console: Console | None = None) -> TrainResult:

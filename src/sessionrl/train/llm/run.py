@@ -115,6 +115,11 @@ class Run:
         some_task = self.env.tasks(Split.TRAIN)[0]
         return prompt_messages(self.env, some_task, self.config.rollout, fmt)[0].content
 
+    @property
+    def generators(self) -> dict[str, torch.Generator]:
+        """The random generators a checkpoint keeps: the sampler's, once a policy is built."""
+        return {"sampling": self.policy.generator} if self.policy is not None else {}
+
     def need_policy(self) -> HFPolicy:
         """The policy (built by the imitation stage, or loaded on resume)."""
         if self.policy is None:

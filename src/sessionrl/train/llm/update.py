@@ -107,6 +107,16 @@ class UpdateStats:
     policy_tokens: int
     tokens: int
 
+    def as_record(self) -> dict[str, Any]:
+        """The step's line of metrics.jsonl: the loss, its parts, the gradient norm and the token counts."""
+        return {
+            "loss": self.loss,
+            **self.parts,
+            "grad_norm": self.grad_norm,
+            "policy_tokens": self.policy_tokens,
+            "tokens": self.tokens,
+        }
+
 
 class TokenScorer(torch.nn.Module):
     """`token_logprobs` of a model as a module's forward pass, the unit DDP wraps."""
