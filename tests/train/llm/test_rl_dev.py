@@ -49,6 +49,19 @@ def same(a: Weights, b: Weights) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def exported_said(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each end of RL says rl_policy/ holds, should its rollouts have ended unhealthy."""
+    said: list[str] = []
+    real_warn = loop.warn_unsettled
+
+    def warn(run: Any, guard: Any, console: Any, exported: str = "the last update") -> str | None:
+        said.append(exported)
+        return real_warn(run, guard, console, exported)
+
+    monkeypatch.setattr(loop, "warn_unsettled", warn)
+    return said
+
+
 def test_rl_is_judged_on_dev_after_its_last_iteration_and_logs_the_verdict(tmp_path: Path) -> None:
     config = dev_run(tmp_path / "run", iterations=2)
     train(config)
@@ -86,6 +99,7 @@ def test_weights_that_solve_fewer_dev_tasks_are_undone_and_rl_goes_on_from_the_k
     real_learn = loop.learn
     monkeypatch.setattr(evaluation, "solved_on_dev", on_dev)
     monkeypatch.setattr(loop, "learn", learn)
+    said = exported_said(monkeypatch)
     config = dev_run(tmp_path / "run", iterations=3, dev_every=1)
     train(config)
     folder = config.run_dir
@@ -108,6 +122,19 @@ def test_weights_that_solve_fewer_dev_tasks_are_undone_and_rl_goes_on_from_the_k
     state = read_state(folder / "checkpoint")
     assert state is not None
     assert state.policy_version == 4  # three updates and one restore, each a version the engine serves
+    assert said == ["the last update"]
+
+
+def test_when_the_last_verdict_undoes_rl_says_it_ends_on_the_kept_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    solved = iter([2, 1])  # before RL; after its only iteration: worse, undone
+    monkeypatch.setattr(evaluation, "solved_on_dev", lambda *_: next(solved))
+    said = exported_said(monkeypatch)
+    config = dev_run(tmp_path / "run", iterations=1)
+    train(config)
+    assert [v["kept"] for v in records(config.run_dir, "rl_dev")] == [False]
+    assert said == ["the weights dev validation kept"]  # judged first, so an unhealthy end says so
 
 
 def test_a_resumed_run_judges_against_what_validation_kept_before(

@@ -140,7 +140,10 @@ def test_rl_that_ends_on_too_few_unhealthy_iterations_says_so(tmp_path: Path) ->
     assert "iterations 1-2: rollout success 0.00 < 0.5 x imitation's 0.25" in message
     assert "the imitation policy's weights, the last judged healthy, are in good_policy" in message
     assert "warning:" in console.export_text()
+    undone = warn_unsettled(cast(Run, run), guard, console, "the weights dev validation kept")
+    assert undone is not None
+    assert "rl_policy/ holds the weights dev validation kept;" in undone
     run.log.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["stage"] for r in records] == ["unsettled"]
+    assert [r["stage"] for r in records] == ["unsettled", "unsettled"]
     assert records[0]["last_good"] == 0

@@ -162,6 +162,8 @@ class DevValidation:
     """The last round or iteration judged (-1: none yet)."""
     path: Path | None = None
     """Where the kept weights persist (RL), or None (the rounds restart on resume)."""
+    undid: bool = False
+    """Whether the last verdict undid its round or iteration (the weights are those kept before it)."""
 
     @classmethod
     def start(cls, run: Run, stage: ValidatedStage, tasks: int, path: Path | None = None) -> DevValidation:
@@ -208,7 +210,7 @@ class DevValidation:
             source = f"the weights {self.stage} kept before {unit} {step + 1}"
             restore_weights(policy.model, self.weights, source)
             policy.version += 1  # the engine serves the restored weights from now on
-        self.judged = step
+        self.judged, self.undid = step, not kept
         self.save()
         run.log.write(
             f"{self.stage}_dev",

@@ -373,12 +373,13 @@ def reinforce(
                 break
             if watch is not None and paused(run, watch, iteration, ran, console):
                 break
-    warn_unsettled(run, guard, console)
     unheard(run, console)
     if validation is not None and validation.judged < run.state.step - 1:  # the last iterations
         validation.judge(run, run.state.step - 1, console)
         run.state = dataclasses.replace(run.state, policy_version=policy.version)
         save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, run.generators)
+    undone = validation is not None and validation.undid
+    warn_unsettled(run, guard, console, "the weights dev validation kept" if undone else "the last update")
     export_policy(policy, run.folder / "rl_policy")
 
 

@@ -136,10 +136,11 @@ def stop_collapsed(
     return message
 
 
-def warn_unsettled(run: Run, guard: Guard, console: Console) -> str | None:
+def warn_unsettled(run: Run, guard: Guard, console: Console, exported: str = "the last update") -> str | None:
     """When RL ended on unhealthy iterations too few to call a collapse (`CollapseWatch.unsettled`), say
-    so and log it (`unsettled` record): rl_policy/ holds the last update, and the last healthy weights
-    stay in the run folder. Returns the message printed, or None."""
+    so and log it (`unsettled` record): rl_policy/ holds `exported` (the last update, unless dev
+    validation undid it), and the last healthy weights stay in the run folder. Returns the message
+    printed, or None."""
     watch = guard.watch
     if not watch.unsettled:
         return None
@@ -147,7 +148,7 @@ def warn_unsettled(run: Run, guard: Guard, console: Console) -> str | None:
     kept = "the imitation policy's" if back is None or back <= 0 else f"iteration {back}'s"
     message = (
         f"RL ended on unhealthy rollouts ({watch.describe()}), fewer in a row than rl.collapse.patience ="
-        f" {guard.config.patience}: rl_policy/ holds the last update; {kept} weights, the last judged"
+        f" {guard.config.patience}: rl_policy/ holds {exported}; {kept} weights, the last judged"
         f" healthy, are in {GOOD}."
     )
     run.log.write("unsettled", run.state.step, {"reason": watch.describe(), "last_good": back})
