@@ -295,8 +295,10 @@ class RFTSection(Section):
         ge=0.0,
         lt=1.0,
         description="Share of each batch of a round's imitation drawn from the demonstrations imitation "
-        "learned from (0: the kept episodes only). The kept episodes are the policy's own, from the states "
-        "it reaches; replayed demonstrations keep it answering well where the expert's episodes go too.",
+        "learned from (the `sft.demos` expert episodes; 0: the kept episodes only). The kept episodes are "
+        "the policy's own, from the states it reaches; replayed demonstrations keep it answering well where "
+        "the expert's episodes go too. A stage that starts from an exported policy records them again: give "
+        "it imitation's `sft.demos`.",
     )
     accept: Literal["task", "dense", "clean"] = Field(
         default="task",
