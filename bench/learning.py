@@ -47,7 +47,7 @@ from sessionrl.cli.train import quiet_model_loading
 from sessionrl.envs.base import Split
 from sessionrl.eval.significance import mcnemar_p
 from sessionrl.eval.tool_accuracy import pooled_change
-from sessionrl.train.config import RunConfig
+from sessionrl.train.config import RunConfig, Trainer
 from sessionrl.train.llm.demo import RL_ITERATIONS, demo_config, run_demo
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -78,7 +78,7 @@ def smollm2_config(run_dir: Path, *, seed: int, rl_iterations: int | None, eval_
         update={
             "run_dir": run_dir,
             "seed": seed,
-            "trainer": "grpo",
+            "trainer": Trainer.GRPO,  # model_copy does not validate: the enum, not its value
             "rft": rft.rft.model_copy(update={"sampling": dataclasses.replace(rft.rft.sampling, seed=seed)}),
             "rl": rl,
             "rewards": grpo.rewards.model_copy(update={"rules": rules}),

@@ -38,7 +38,8 @@ With `rft.replay: r`, a share r of each batch of a round's imitation is drawn fr
 imitation learned from (a run resumed after imitation reads them back from its store), the rest from the
 kept episodes. The kept episodes are the policy's own, from the states it reaches; imitating only them, the
 tiny model's tool accuracy on the expert's turns fell at every seed of the learning bench, by naming the
-wrong tool or writing no action where the expert's episodes go (docs/training.md).
+wrong tool or writing no action where the expert's episodes go (docs/training.md). Fewer demonstrations
+than `rft.min_kept` stop the run before it trains: replayed in every batch, they would be learned by rote.
 
 To start from an exported policy (a separate imitation run), point `model.path` at its folder and set
 `sft.trainer.steps: 0`. A `trainer: grpo` run with an `rft:` section runs the same rounds after its gate
@@ -183,10 +184,18 @@ def replay_data(
     run: Run, section: RFTSection, console: Console, demos: Sequence[Session] | None
 ) -> list[TokenSequence]:
     """The demonstrations imitation learned from (`demos`; None: read back, as a resumed run does), as the
-    policy's sequences, when `rft.replay` asks for them (none otherwise)."""
+    policy's sequences, when `rft.replay` asks for them (none otherwise). Fewer than `rft.min_kept` of
+    them stop the run: replayed in every batch, a handful would be learned by rote, as a round's few kept
+    episodes would."""
     if not section.replay:
         return []
     demos = demonstration_sessions(run, console) if demos is None else demos
+    if len(demos) < section.min_kept:
+        raise ValueError(
+            f"rft.replay draws from {len(demos)} demonstrations, under rft.min_kept={section.min_kept}:"
+            " replayed in every batch, they would be learned by rote. A stage that starts from an exported"
+            " policy records them again: give it the `sft.demos` imitation had"
+        )
     sequences = demonstration_sequences(run, console, run.need_policy(), demos)
     if not sequences:
         raise ValueError("rft.replay needs demonstrations to replay, and imitation had none")
