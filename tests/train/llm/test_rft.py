@@ -155,12 +155,13 @@ def test_replay_from_fewer_demonstrations_than_min_kept_stops_before_training(
     batches: list[list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rft, "judge", keep_all)
-    rounds = RFT | {"replay": 0.5, "min_kept": 2}
+    rounds = RFT | {"replay": 0.5, "min_kept": 2, "dev_tasks": 2}
     few = SFT_SECTION | {"demos": 1}  # a later stage that recorded one demonstration, not imitation's
     data = tiny_run(run_dir=str(tmp_path), trainer="rft", sft=few, rollout=ROLLOUT, rft=rounds)
     with pytest.raises(ValueError, match=r"1 demonstrations, under rft.min_kept=2.*sft.demos"):
         run_trainer(RunConfig.model_validate(data))
     assert batches == []
+    assert not any(r["label"].startswith("rft-dev") for r in records(tmp_path, "eval"))  # nor validated
 
 
 def test_without_replay_a_round_trains_on_its_kept_episodes_alone(

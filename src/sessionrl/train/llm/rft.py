@@ -214,8 +214,8 @@ def rejection_rounds(
     `demos`, imitation's demonstrations), and, with `rft.dev_tasks`, keep or undo the round by its dev
     tasks; each round's counts are printed and logged."""
     policy, rounds = run.need_policy(), []
+    demonstrations = replay_data(run, section, console, demos)  # first: too few stop the run at once
     validation = DevValidation.start(run, "rft", section.dev_tasks) if section.dev_tasks else None
-    demonstrations = replay_data(run, section, console, demos)
     for round_ in range(section.rounds):
         # sample
         ran = in_lockstep(run, round_specs(run, section, round_), policy.view(section.sampling))
