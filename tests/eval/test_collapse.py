@@ -83,6 +83,22 @@ def test_an_imitation_policy_that_never_succeeds_is_judged_on_parse_and_tcsr_alo
     assert watched([weak, dead, dead, dead])[1] == [False, False, False, True]
 
 
+def test_the_watch_names_the_rules_its_baseline_leaves_unable_to_fire() -> None:
+    assert CollapseWatch(CollapseConfig()).blind == ()  # no baseline yet
+    assert watched([BASE])[0].blind == ()
+    # no task solved: 0.5 x 0 is 0, and no success falls below it (the seed-1 baseline of SmolLM2's GRPO)
+    (success,) = watched([Health(0.0, 0.05, 0.80)])[0].blind
+    assert success.startswith("rollout success")
+    assert watched([Health(0.0, 0.05, 0.80)], success_ratio=0)[0].blind == ()  # switched off, not blind
+    # no call went through (none made, or all failed); replies that are already mostly no action
+    for tcsr in (None, 0.0):
+        (tool,) = watched([Health(0.3, 0.05, tcsr)])[0].blind
+        assert tool.startswith("TCSR")
+    (parse,) = watched([Health(0.3, 0.80, 0.8)])[0].blind
+    assert parse == "unparseable replies (the baseline's 80% leaves no room for a rise of 25%)"
+    assert watched([Health(0.3, 0.80, 0.8)], unparseable_rise=0.1)[0].blind == ()
+
+
 def test_health_from_a_record_reads_what_as_record_added() -> None:
     record = {"iteration": 2, "success": 0.25, "approx_kl": 0.02, **Health(0.25, 0.1, 0.7).as_record()}
     assert Health.from_record(record) == Health(0.25, 0.1, 0.7, 0.02)

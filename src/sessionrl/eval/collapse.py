@@ -195,6 +195,26 @@ class CollapseWatch:
         return f"{span}: " + "; ".join(self.streak[-1].problems)
 
     @property
+    def blind(self) -> tuple[str, ...]:
+        """The rules the baseline leaves unable to fire, each with why: a ratio of a figure the imitation
+        policy's rollouts put at 0, or a rise above a share with no room left to rise (empty before the
+        baseline, and when every rule can fire)."""
+        cfg, base = self.config, self.baseline
+        if base is None:
+            return ()
+        found = []
+        if cfg.success_ratio > 0 and base.success == 0:
+            found.append("rollout success (the baseline solved no task)")
+        if cfg.tcsr_ratio > 0 and not base.tcsr:
+            found.append("TCSR (no tool call of the baseline went through)")
+        if base.unparseable + cfg.unparseable_rise >= 1:
+            found.append(
+                f"unparseable replies (the baseline's {base.unparseable:.0%} leaves no room for a rise of"
+                f" {cfg.unparseable_rise:.0%})"
+            )
+        return tuple(found)
+
+    @property
     def unsettled(self) -> bool:
         """Whether the last iteration observed was unhealthy without completing a collapse (the stage
         ended before `patience` could tell a collapse from noise)."""

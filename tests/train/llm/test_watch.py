@@ -15,12 +15,12 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from sessionrl.eval.autopause import REPORT
-from sessionrl.eval.collapse import CollapseConfig
+from sessionrl.eval.collapse import CollapseConfig, Health
 from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.loop import gate_verdict, train
 from sessionrl.train.llm.run import MetricsLog, Run
-from sessionrl.train.llm.watch import GOOD, Guard, warn_unsettled
+from sessionrl.train.llm.watch import GOOD, Guard, warn_blind, warn_unsettled
 from tiny_run_support import tiny_run
 
 
@@ -147,3 +147,32 @@ def test_rl_that_ends_on_too_few_unhealthy_iterations_says_so(tmp_path: Path) ->
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in records] == ["unsettled", "unsettled"]
     assert records[0]["last_good"] == 0
+
+
+def test_a_baseline_that_blinds_a_rule_is_said_once_and_logged(tmp_path: Path) -> None:
+    run = SimpleNamespace(log=MetricsLog(tmp_path), state=SimpleNamespace(step=0))
+    console = Console(record=True, width=300)
+
+    def watched(baseline: Health, **config: Any) -> Guard:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        guard = Guard(CollapseConfig(**config), torch.nn.Linear(2, 1), folder, curve=())
+        guard.watch.observe(0, baseline)
+        return guard
+
+    message = warn_blind(cast(Run, run), watched(Health(0.0, 0.05, 0.8)), console)  # no task solved
+    assert message == (
+        "the collapse watch cannot fire on rollout success (the baseline solved no task) in this RL stage;"
+        " its baseline is the imitation policy's rollouts of iteration 0. rl.dev_tasks judges the weights"
+        " on dev tasks (docs/collapse.md)."
+    )
+    assert "warning: the collapse watch cannot fire" in console.export_text()
+    assert warn_blind(cast(Run, run), watched(Health(0.0, 0.05, 0.8), enabled=False), console) is None
+    assert warn_blind(cast(Run, run), watched(Health(0.25, 0.05, 0.8)), console) is None  # sees all
+    both = warn_blind(cast(Run, run), watched(Health(0.0, 0.05, None)), console)
+    assert both is not None
+    assert "rollout success (the baseline solved no task) or TCSR (no tool call" in both
+    run.log.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in records] == ["blind", "blind"]
+    assert records[0]["rules"] == ["rollout success (the baseline solved no task)"]

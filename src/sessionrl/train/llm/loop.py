@@ -74,7 +74,13 @@ from sessionrl.train.llm.run import (
     open_run,
 )
 from sessionrl.train.llm.update import UpdateStats
-from sessionrl.train.llm.watch import Guard, stop_collapsed, trainable_weights, warn_unsettled
+from sessionrl.train.llm.watch import (
+    Guard,
+    stop_collapsed,
+    trainable_weights,
+    warn_blind,
+    warn_unsettled,
+)
 
 # episodes
 
@@ -351,6 +357,8 @@ def reinforce(
             record = _iteration_record(iteration, ran, learned, ticks, policy.version)
             sessions = [run.store.get(r.session_id) for r in ran]
             verdict = guard.judge(iteration, sessions, record)  # adds the rollouts' parse share and TCSR
+            if iteration == 0:  # the imitation policy's rollouts: the watch's baseline
+                warn_blind(run, guard, console)
             run.log.write("rl", iteration, record)
             on_iteration(record)
             if validation is not None and due(cfg.rl.dev_every, iteration):

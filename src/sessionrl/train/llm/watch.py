@@ -136,6 +136,23 @@ def stop_collapsed(
     return message
 
 
+def warn_blind(run: Run, guard: Guard, console: Console) -> str | None:
+    """When the baseline leaves some of the watch's rules unable to fire (`CollapseWatch.blind`), say so
+    once, after the iteration that set it, and log it (`blind` record): the watch is then narrower than its
+    configuration reads. Returns the message printed, or None."""
+    blind = guard.watch.blind
+    if not blind or not guard.config.enabled:
+        return None
+    message = (
+        f"the collapse watch cannot fire on {' or '.join(blind)} in this RL stage; its baseline is the"
+        " imitation policy's rollouts of iteration 0. rl.dev_tasks judges the weights on dev tasks"
+        " (docs/collapse.md)."
+    )
+    run.log.write("blind", run.state.step, {"rules": list(blind)})
+    console.print(f"[bold yellow]warning:[/bold yellow] {message}", soft_wrap=True)
+    return message
+
+
 def warn_unsettled(run: Run, guard: Guard, console: Console, exported: str = "the last update") -> str | None:
     """When RL ended on unhealthy iterations too few to call a collapse (`CollapseWatch.unsettled`), say
     so and log it (`unsettled` record): rl_policy/ holds `exported` (the last update, unless dev
@@ -164,5 +181,6 @@ __all__ = [
     "save_weights",
     "stop_collapsed",
     "trainable_weights",
+    "warn_blind",
     "warn_unsettled",
 ]
