@@ -106,11 +106,13 @@ def test_imitation_then_grpo_writes_everything_and_resumes(tmp_path: Path) -> No
         assert r["is_missing"] == 0.0
         assert 0.0 <= r["is_truncated"] <= 1.0
         assert 0.0 <= r["is_abs_diff"] < 0.05, "the in-process sampler scores tokens as the trainer does"
-    # the watch said once which rules the imitation policy's rollouts left it unable to fire
+    # the watch said once which rules the imitation policy's rollouts left it unable to fire (the tiny
+    # policy usually solves none of iteration 0's tasks; a baseline that leaves every rule able to fire
+    # logs no such record)
     watch = CollapseWatch(longer.rl.collapse)
     watch.observe(0, Health.from_record(result.curve[0]))
-    assert watch.blind, "the tiny imitation policy solves none of iteration 0's tasks"
-    assert [r["rules"] for r in records if r["stage"] == "blind"] == [list(watch.blind)]
+    said = [r["rules"] for r in records if r["stage"] == "blind"]
+    assert said == ([list(watch.blind)] if watch.blind else [])
     kinds = [(r["stage"], r["step"], r.get("label"), *sorted(set(r) - {"time"})) for r in records]
     assert len(kinds) == len(set(kinds)), "a resumed run logs each step once"
     # the imitation policy is the same, so its evaluation is read back; the RL policy trained further, so
