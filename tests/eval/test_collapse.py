@@ -73,6 +73,9 @@ def test_a_disabled_watch_judges_but_never_calls_a_collapse() -> None:
     watch, collapsed = watched([BASE, dead, dead, dead], enabled=False)
     assert collapsed == [False] * 4
     assert len(watch.streak) == 3
+    assert not watch.unsettled  # three in a row: no longer too few to tell, though nothing acted on it
+    short, _ = watched([BASE, dead, dead], enabled=False)
+    assert short.unsettled
 
 
 def test_an_imitation_policy_that_never_succeeds_is_judged_on_parse_and_tcsr_alone() -> None:

@@ -216,9 +216,10 @@ class CollapseWatch:
 
     @property
     def unsettled(self) -> bool:
-        """Whether the last iteration observed was unhealthy without completing a collapse (the stage
-        ended before `patience` could tell a collapse from noise)."""
-        return bool(self.streak) and not self.streak[-1].collapsed
+        """Whether the last iteration observed was unhealthy and fewer than `patience` in a row were (the
+        stage ended before `patience` could tell a collapse from noise). A watch switched off calls no
+        collapse, so a longer streak is not unsettled: it is what the rules would have called one."""
+        return 0 < len(self.streak) < self.config.patience
 
 
 __all__ = ["CollapseConfig", "CollapseWatch", "Health", "Verdict", "unparseable_share"]
