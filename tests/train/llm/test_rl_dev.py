@@ -12,12 +12,13 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
+from sessionrl.eval.collapse import CollapseConfig, Health
 from sessionrl.train.config import RLSection, RunConfig
 from sessionrl.train.llm import evaluation, loop
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.evaluation import DEV_POLICY
 from sessionrl.train.llm.loop import train
-from sessionrl.train.llm.watch import trainable_weights
+from sessionrl.train.llm.watch import GOOD, trainable_weights
 from tiny_run_support import SFT_SECTION, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -135,6 +136,39 @@ def test_when_the_last_verdict_undoes_rl_says_it_ends_on_the_kept_weights(
     train(config)
     assert [v["kept"] for v in records(config.run_dir, "rl_dev")] == [False]
     assert said == ["the weights dev validation kept"]  # judged first, so an unhealthy end says so
+
+
+def test_a_collapse_on_a_judged_iteration_has_dev_validation_judge_the_weights_rolled_back_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # iterations 0 and 1 healthy, 2 (judged by dev_every 3) collapses at once (patience 1)
+    healths = iter([Health(0.5, 0.0), Health(0.5, 0.0), Health(0.0, 0.0)])
+    monkeypatch.setattr(Health, "of", staticmethod(lambda *_: next(healths)))
+    solved = iter([2, 3])  # before RL; then the only weights judged after it
+    judged: list[Weights] = []
+
+    def on_dev(run: Any, tasks: int, label: str) -> int:
+        judged.append(trainable_weights(run.need_policy().model))
+        return next(solved)
+
+    monkeypatch.setattr(evaluation, "solved_on_dev", on_dev)
+    config = dev_run(tmp_path / "run", iterations=4, dev_every=3)
+    collapse = CollapseConfig(patience=1)
+    train(config.model_copy(update={"rl": config.rl.model_copy(update={"collapse": collapse})}))
+    folder = config.run_dir
+
+    (stop,) = records(folder, "collapse")
+    assert (stop["step"], stop["rolled_back_to"]) == (2, 1)
+    assert stop["message"].endswith("dev validation judges it next.")
+    (verdict,) = records(folder, "rl_dev")  # the collapsed weights were never judged
+    assert (verdict["iteration"], verdict["kept"]) == (2, True)
+    good = load_file(str(folder / GOOD))  # the weights that played iteration 1
+    start, rolled_back = judged
+    assert not same(start, rolled_back)
+    assert same(rolled_back, good)
+    assert same(load_file(str(folder / DEV_POLICY)), good)
+    exported = load_file(str(folder / "rl_policy" / "model.safetensors"))
+    assert same({k: exported[k] for k in good}, good)  # RL ends on the judged weights
 
 
 def test_a_resumed_run_judges_against_what_validation_kept_before(

@@ -361,7 +361,9 @@ def reinforce(
                 warn_blind(run, guard, console)
             run.log.write("rl", iteration, record)
             on_iteration(record)
-            if validation is not None and due(cfg.rl.dev_every, iteration):
+            # a collapsing iteration's weights are not the ones RL ends on: after the rollback, the
+            # judgement below the loop judges those
+            if validation is not None and due(cfg.rl.dev_every, iteration) and not verdict.collapsed:
                 trainer = validated(run, validation, iteration, trainer, guard, console)
             run.state = dataclasses.replace(
                 run.state,
@@ -375,7 +377,7 @@ def reinforce(
             )
             bar.advance(info=f"success {record['success']:.2f}")
             if verdict.collapsed:
-                stop_collapsed(run, guard, verdict, sessions, console)
+                stop_collapsed(run, guard, verdict, sessions, console, judged=validation is not None)
                 run.state = dataclasses.replace(run.state, stage=Stage.PAUSED)
                 save_checkpoint(run.folder / "checkpoint", policy.model, None, run.state, run.generators)
                 break

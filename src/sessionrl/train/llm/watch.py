@@ -10,8 +10,8 @@ kept (all of a tiny model, the adapters of a LoRA one).
 
 On a collapse, `stop_collapsed` rolls the model back to that file (with `action: rollback`), writes the
 `collapse` record of metrics.jsonl and `pause_report.json`, and says so on the console; the loop then
-stops RL and exports what the model holds. A resumed run rebuilds the watch from the iteration records
-of its checkpoint and finds the good weights on disk.
+stops RL, has dev validation (`rl.dev_tasks`) judge what the model holds, and exports it. A resumed run
+rebuilds the watch from the iteration records of its checkpoint and finds the good weights on disk.
 """
 
 from __future__ import annotations
@@ -109,19 +109,26 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def stop_collapsed(
-    run: Run, guard: Guard, verdict: Verdict, sessions: Sequence[Session], console: Console
+    run: Run,
+    guard: Guard,
+    verdict: Verdict,
+    sessions: Sequence[Session],
+    console: Console,
+    *,
+    judged: bool = False,
 ) -> str:
     """Act on a collapse (roll back, or not, as configured), log it, write the report and say so; returns
-    the message printed."""
+    the message printed. `judged`: dev validation judges the weights next, and may undo them."""
     why = guard.watch.describe()
+    holds = "dev validation judges it next" if judged else "rl_policy/ holds it"
     if guard.config.action == "rollback":
         back = guard.roll_back()
         # the weights that played iteration 0 (or that RL started from, -1) are the imitation policy's
         kept = "the imitation policy" if back <= 0 else f"the policy of iteration {back}, the last healthy"
-        done = f"rolled back to {kept}; rl_policy/ holds it"
+        done = f"rolled back to {kept}; {holds}"
     else:
         back = None
-        done = "rl_policy/ holds the collapsed weights (rl.collapse.action: stop)"
+        done = f"kept the collapsed weights (rl.collapse.action: stop); {holds}"
     message = f"RL stopped at iteration {verdict.iteration}: the policy collapsed ({why}); {done}."
     run.log.write(
         "collapse",
