@@ -14,9 +14,10 @@ with the first one, which is the imitation policy's (no update has happened yet)
                  to the sampling policy); unhealthy above `max_kl`
 
 `patience` unhealthy iterations in a row are a collapse. The last healthy iteration is remembered: its
-policy is the one to roll back to. Rollout success of a few dozen episodes is noisy, so the rules are
-ratios of the imitation policy's own figures and need several iterations in a row; a collapse moves all
-of them at once and stays.
+policy is the one to roll back to. When the weights that played a streak are undone (dev validation brings
+back weights it kept before), `restart` ends the streak: the next iterations are another policy's. Rollout
+success of a few dozen episodes is noisy, so the rules are ratios of the imitation policy's own figures and
+need several iterations in a row; a collapse moves all of them at once and stays.
 """
 
 from __future__ import annotations
@@ -168,6 +169,11 @@ class CollapseWatch:
         verdict = Verdict(iteration, problems, collapsed=collapsed)
         self.streak[-1] = verdict
         return verdict
+
+    def restart(self) -> None:
+        """End the unhealthy streak: the weights that played it were undone. The baseline and the last
+        healthy iteration stay."""
+        self.streak = []
 
     def problems(self, health: Health) -> tuple[str, ...]:
         """What is wrong with `health` against the baseline (empty: healthy)."""

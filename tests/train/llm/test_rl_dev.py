@@ -18,7 +18,7 @@ from sessionrl.train.llm import evaluation, loop
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.evaluation import DEV_POLICY
 from sessionrl.train.llm.loop import train
-from sessionrl.train.llm.watch import GOOD, trainable_weights
+from sessionrl.train.llm.watch import GOOD, UNDONE, trainable_weights
 from tiny_run_support import SFT_SECTION, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -169,6 +169,27 @@ def test_a_collapse_on_a_judged_iteration_has_dev_validation_judge_the_weights_r
     assert same(load_file(str(folder / DEV_POLICY)), good)
     exported = load_file(str(folder / "rl_policy" / "model.safetensors"))
     assert same({k: exported[k] for k in good}, good)  # RL ends on the judged weights
+
+
+def test_an_undone_update_ends_the_collapse_watch_s_streak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # iterations 1 and 2 unhealthy; 2 is judged on dev and undone; 3, played by the restored weights,
+    # is unhealthy too: three in a row, but not three of one policy's, so no collapse (patience 3)
+    healths = iter([Health(0.5, 0.0)] + [Health(0.0, 0.0)] * 3)
+    monkeypatch.setattr(Health, "of", staticmethod(lambda *_: next(healths)))
+    solved = iter([2, 1, 2])  # before RL; after iteration 3 (undone); after the last (kept)
+    monkeypatch.setattr(evaluation, "solved_on_dev", lambda *_: next(solved))
+    config = dev_run(tmp_path / "run", iterations=4, dev_every=3)
+    assert config.rl.collapse.patience == 3
+    train(config)
+    folder = config.run_dir
+
+    assert records(folder, "collapse") == []
+    assert [r.get(UNDONE, False) for r in records(folder, "rl")] == [False, False, True, False]
+    assert [(v["iteration"], v["kept"]) for v in records(folder, "rl_dev")] == [(2, False), (3, True)]
+    (unsettled,) = records(folder, "unsettled")  # the stage ends on one unhealthy iteration, not three
+    assert unsettled["reason"].startswith("iteration 3:")
 
 
 def test_a_resumed_run_judges_against_what_validation_kept_before(

@@ -20,7 +20,7 @@ from sessionrl.train.config import RunConfig
 from sessionrl.train.llm.checkpoint import Stage
 from sessionrl.train.llm.loop import gate_verdict, train
 from sessionrl.train.llm.run import MetricsLog, Run
-from sessionrl.train.llm.watch import GOOD, Guard, warn_blind, warn_unsettled
+from sessionrl.train.llm.watch import GOOD, UNDONE, Guard, warn_blind, warn_unsettled
 from tiny_run_support import tiny_run
 
 
@@ -53,6 +53,26 @@ def test_a_resumed_guard_rebuilds_its_watch_from_the_curve(tmp_path: Path) -> No
     assert guard.watch.last_good == 0
     assert len(guard.watch.streak) == 1
     assert guard.judge(2, [], {"success": 0.0}).collapsed
+
+
+def test_an_undo_ends_the_streak_live_and_when_a_resumed_guard_rebuilds_it(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    guard = Guard(CollapseConfig(patience=2), model, tmp_path, curve=())
+    guard.judge(0, [], {"success": 0.5})
+    assert guard.judge(1, [], {"success": 0.1}).problems  # unhealthy, played by weights then undone:
+    kept = {"weight": torch.zeros(1, 2), "bias": torch.zeros(1)}
+    guard.undone(kept)
+    assert guard.pending is kept
+    assert not guard.judge(2, [], {"success": 0.1}).collapsed  # one in a row: the restored weights'
+    assert guard.judge(3, [], {"success": 0.1}).collapsed
+
+    base = {"iteration": 0, "success": 0.5, "unparseable": 0.0}
+    undone = [base, {"iteration": 1, "success": 0.1, UNDONE: True}, {"iteration": 2, "success": 0.1}]
+    resumed = Guard(CollapseConfig(patience=2), model, tmp_path, undone)
+    assert [v.iteration for v in resumed.watch.streak] == [2]
+    assert resumed.watch.last_good == 0
+    kept_on = [base, {"iteration": 1, "success": 0.1}, {"iteration": 2, "success": 0.1}]
+    assert len(Guard(CollapseConfig(patience=3), model, tmp_path, kept_on).watch.streak) == 2
 
 
 GATE_PASSED = "gate: the imitation policy's success on 2 dev tasks is 0.000 (bar 0); passed: GRPO starts"

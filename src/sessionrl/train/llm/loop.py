@@ -75,6 +75,7 @@ from sessionrl.train.llm.run import (
 )
 from sessionrl.train.llm.update import UpdateStats
 from sessionrl.train.llm.watch import (
+    UNDONE,
     Guard,
     stop_collapsed,
     trainable_weights,
@@ -359,12 +360,14 @@ def reinforce(
             verdict = guard.judge(iteration, sessions, record)  # adds the rollouts' parse share and TCSR
             if iteration == 0:  # the imitation policy's rollouts: the watch's baseline
                 warn_blind(run, guard, console)
-            run.log.write("rl", iteration, record)
-            on_iteration(record)
             # a collapsing iteration's weights are not the ones RL ends on: after the rollback, the
             # judgement below the loop judges those
             if validation is not None and due(cfg.rl.dev_every, iteration) and not verdict.collapsed:
                 trainer = validated(run, validation, iteration, trainer, guard, console)
+                if validation.undid:  # a resumed guard ends its streak there too
+                    record[UNDONE] = True
+            run.log.write("rl", iteration, record)
+            on_iteration(record)
             run.state = dataclasses.replace(
                 run.state,
                 step=iteration + 1,
@@ -404,10 +407,11 @@ def validated(
 ) -> GRPOTrainer:
     """Judge iteration `iteration`'s weights on the dev tasks. Kept: `trainer` goes on. Undone: a fresh
     trainer on the restored weights (rank 0's, on every rank), so no optimiser moment of the undone
-    updates pushes the next ones; the collapse guard's pending weights are the restored ones too."""
+    updates pushes the next ones; the collapse guard's pending weights are the restored ones too, and its
+    unhealthy streak, played by the undone weights, ends."""
     if validation.judge(run, iteration, console):
         return trainer
-    guard.pending = trainable_weights(run.need_policy().model)
+    guard.undone(trainable_weights(run.need_policy().model))
     fresh = GRPOTrainer(trainer.model, trainer.config, trainer.pad_id, trainer.reference)
     fresh.updates = trainer.updates  # the KL coefficient's decay goes on
     return lead(fresh)

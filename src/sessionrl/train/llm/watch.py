@@ -32,6 +32,8 @@ from sessionrl.train.llm.run import Run
 
 GOOD = "good_policy.safetensors"
 """The last healthy policy's trainable weights, in the run folder."""
+UNDONE = "dev_undone"
+"""The key of an iteration record (`rl`) whose update dev validation undid."""
 
 
 def trainable_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -64,8 +66,10 @@ class Guard:
         self.model = model
         self.path = folder / GOOD
         self.watch = CollapseWatch(config)
-        for record in curve:  # a resumed run: the iterations already judged
+        for record in curve:  # a resumed run: the iterations already judged, and the undone updates
             self.watch.observe(int(record["iteration"]), Health.from_record(record))
+            if record.get(UNDONE):
+                self.watch.restart()
         self.pending = trainable_weights(model)
         """The weights the next rollout plays (not judged yet)."""
         if not self.path.is_file():
@@ -81,6 +85,12 @@ class Guard:
             self._save_good(self.pending, iteration)
         self.pending = trainable_weights(self.model)  # after this iteration's update
         return verdict
+
+    def undone(self, weights: dict[str, torch.Tensor]) -> None:
+        """Dev validation undid the updates since the weights it kept: `weights` (those) play next, and the
+        unhealthy streak of the undone ones ends."""
+        self.pending = weights
+        self.watch.restart()
 
     def roll_back(self) -> int:
         """Load the last good weights into the model; the iteration whose rollouts judged them (-1: the
@@ -182,6 +192,7 @@ def warn_unsettled(run: Run, guard: Guard, console: Console, exported: str = "th
 
 __all__ = [
     "GOOD",
+    "UNDONE",
     "Guard",
     "read_weights",
     "restore_weights",
