@@ -58,6 +58,19 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEV_TOOL_ACCURACY = (
+    "Judge on per-turn tool accuracy too, with `dev_tasks`: kept weights must also get at least as many of "
+    "those tasks' gold turns exactly right (right tool, exact arguments) as the weights kept before. Tasks "
+    "solved are few and move by luck; the turns, about four a task, show whether the calls got worse."
+)
+
+
+def _judged_on_dev(section: RLSection | RFTSection, name: str) -> None:
+    """Check that `section` (named `name`) has dev tasks for its `dev_tool_accuracy` to judge on."""
+    if section.dev_tool_accuracy and not section.dev_tasks:
+        raise ValueError(f"{name}.dev_tool_accuracy judges on {name}.dev_tasks dev tasks: set those too")
+
+
 class EnvSection(Section):
     """Which domain to train on: an environment name and its options, checked by the env registry.
 
@@ -225,6 +238,7 @@ class RLSection(Section):
         ge=0,
         description="Iterations between dev judgements with `dev_tasks` (0: only after the last).",
     )
+    dev_tool_accuracy: bool = Field(default=False, description=DEV_TOOL_ACCURACY)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How rollouts sample.")
     trainer: GRPOConfig = Field(default_factory=GRPOConfig, description="GRPO trainer settings.")
     collapse: CollapseConfig = Field(
@@ -242,6 +256,7 @@ class RLSection(Section):
     def _dev_every_needs_dev_tasks(self) -> RLSection:
         if self.dev_every and not self.dev_tasks:
             raise ValueError("rl.dev_every judges on rl.dev_tasks dev tasks: set rl.dev_tasks too")
+        _judged_on_dev(self, "rl")
         return self
 
 
@@ -290,6 +305,7 @@ class RFTSection(Section):
         "them than the weights it started from is undone (those weights come back), so the rounds never "
         "end on a policy that validation found worse than imitation's.",
     )
+    dev_tool_accuracy: bool = Field(default=False, description=DEV_TOOL_ACCURACY)
     replay: float = Field(
         default=0.0,
         ge=0.0,
@@ -309,6 +325,11 @@ class RFTSection(Section):
     trainer: SFTConfig = Field(
         default_factory=SFTConfig, description="Imitation settings for the kept episodes (each round)."
     )
+
+    @model_validator(mode="after")
+    def _tool_accuracy_needs_dev_tasks(self) -> RFTSection:
+        _judged_on_dev(self, "rft")
+        return self
 
 
 class ReflectionSection(Section):

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from sessionrl.eval.collapse import CollapseConfig, Health
-from sessionrl.train.config import RLSection, RunConfig
+from sessionrl.train.config import RFTSection, RLSection, RunConfig
 from sessionrl.train.llm import evaluation, loop
 from sessionrl.train.llm.checkpoint import read_state
 from sessionrl.train.llm.evaluation import DEV_POLICY
@@ -26,14 +26,15 @@ pytestmark = pytest.mark.slow
 Weights = dict[str, torch.Tensor]
 
 
-def dev_run(folder: Path, iterations: int, dev_every: int = 0) -> RunConfig:
-    """Imitation, then `iterations` of GRPO judged on 2 dev tasks (every `dev_every` and after the last)
-    at a learning rate that moves the weights."""
+def dev_run(folder: Path, iterations: int, dev_every: int = 0, tools: bool = False) -> RunConfig:
+    """Imitation, then `iterations` of GRPO judged on 2 dev tasks (every `dev_every` and after the last;
+    on tool accuracy too with `tools`) at a learning rate that moves the weights."""
     rl = {
         "iterations": iterations,
         "tasks_per_iteration": 2,
         "dev_tasks": 2,
         "dev_every": dev_every,
+        "dev_tool_accuracy": tools,
         "sampling": {"max_new_tokens": 16},
         "trainer": {"group_size": 2, "token_budget": 4096, "lr": 0.01},
     }
@@ -220,3 +221,41 @@ def test_a_resumed_run_judges_against_what_validation_kept_before(
 def test_dev_every_without_dev_tasks_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"set rl\.dev_tasks too"):
         RLSection(dev_every=2)
+
+
+def test_tool_accuracy_judges_too_when_asked_and_each_verdict_logs_both(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    train(dev_run(folder, iterations=1, tools=True))
+    (verdict,) = records(folder, "rl_dev")
+    assert verdict["turns"] > 0  # the 2 dev tasks' gold turns, measured on the tiny model
+    assert 0 <= verdict["exact"] <= verdict["turns"]
+    assert 0 <= verdict["exact_before"] <= verdict["turns"]
+    holds = verdict["solved"] >= verdict["before"] and verdict["exact"] >= verdict["exact_before"]
+    assert verdict["kept"] is holds
+
+    without = dev_run(folder, iterations=2)  # resumed, no longer judging on tool accuracy
+    with pytest.raises(ValueError, match=r"judged with tool accuracy and rl\.dev_tool_accuracy is now false"):
+        train(without, resume=True)
+
+
+def test_weights_that_solve_more_but_get_fewer_turns_exact_are_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    solved = iter([2, 3, 2])  # before RL; after iteration 1 (more solved); after iteration 2 (as many)
+    exact = iter([(10, 20), (9, 20), (11, 20)])  # gold turns exact: fewer after 1, more after 2
+    monkeypatch.setattr(evaluation, "solved_on_dev", lambda *_: next(solved))
+    monkeypatch.setattr(evaluation, "exact_on_dev", lambda *_: next(exact))
+    config = dev_run(tmp_path / "run", iterations=2, dev_every=1, tools=True)
+    train(config)
+    verdicts = records(config.run_dir, "rl_dev")
+    fields = ("iteration", "before", "solved", "exact_before", "exact", "turns", "kept")
+    assert [tuple(v[f] for f in fields) for v in verdicts] == [
+        (0, 2, 3, 10, 9, 20, False),
+        (1, 2, 2, 10, 11, 20, True),
+    ]
+
+
+@pytest.mark.parametrize("section", [RLSection, RFTSection])
+def test_dev_tool_accuracy_without_dev_tasks_is_refused(section: type[RLSection | RFTSection]) -> None:
+    with pytest.raises(ValidationError, match=r"dev_tool_accuracy judges on \w+\.dev_tasks"):
+        section(dev_tool_accuracy=True)

@@ -8,10 +8,14 @@ on dev tasks (`rft.dev_tasks` for the rejection-sampling rounds, `rl.dev_tasks` 
     judge   after a round (rft) or every `rl.dev_every` iterations and after the last (rl): solved s
             s >= kept ──▶ these weights are kept          s < kept ──▶ undone: the kept weights come back
 
-So a stage never ends on weights that solve fewer dev tasks than those it started from. Each verdict is
-printed and logged (`rft_dev` or `rl_dev` records: `before`, `solved`, `kept`; the evaluations are `eval`
-records labelled `rft-dev-<n>` or `rl-dev-<n>`, 0 for the starting weights). RL's validation keeps its
-weights in the run folder (`dev_policy.safetensors`), so a resumed run judges against them.
+So a stage never ends on weights that solve fewer dev tasks than those it started from. With
+`dev_tool_accuracy`, per-turn tool accuracy judges too: weights are kept only when they also get at least
+as many of the same tasks' gold turns exactly right (`exact_on_dev`), so an update that solves a task more
+by luck while its calls got worse is undone. Each verdict is printed and logged (`rft_dev` or `rl_dev`
+records: `before`, `solved`, `kept`, and `exact_before`, `exact`, `turns` when tool accuracy judges; the
+evaluations are `eval` records labelled `rft-dev-<n>` or `rl-dev-<n>`, 0 for the starting weights). RL's
+validation keeps its weights in the run folder (`dev_policy.safetensors`), so a resumed run judges
+against them.
 """
 
 from __future__ import annotations
@@ -140,6 +144,14 @@ def solved_on_dev(run: Run, tasks: int, label: str) -> int:
     return sum(1 for s in evaluation.sessions if task_success(s))
 
 
+def exact_on_dev(run: Run, tasks: int) -> tuple[int, int]:
+    """How many gold turns of the first `tasks` dev tasks the run's policy answers with the right tool and
+    the exact arguments (per-turn tool accuracy, greedy), and how many were scored."""
+    measured = measure_tool_accuracy(run, run.need_policy(), Split.DEV, tasks)
+    run.need_policy().release()
+    return sum(t.exact for t in measured.turns), len(measured.turns)
+
+
 ValidatedStage = Literal["rft", "rl"]
 """The stages dev tasks judge: the rejection-sampling rounds, and GRPO."""
 UNIT: dict[ValidatedStage, str] = {"rft": "round", "rl": "iteration"}
@@ -149,14 +161,42 @@ DEV_POLICY = "dev_policy.safetensors"
 """RL's kept weights in the run folder, with the dev tasks they solved (metadata)."""
 
 
+@dataclass(frozen=True, slots=True)
+class DevScore:
+    """What weights score on the judged dev tasks: the tasks they solve and, when tool accuracy judges
+    too, the gold turns they get exactly right (of `turns`)."""
+
+    solved: int
+    exact: int | None = None
+    turns: int = 0
+
+    def holds(self, kept: DevScore) -> bool:
+        """Whether these weights do at least as well as the `kept` ones on every measure judged."""
+        fewer_exact = self.exact is not None and kept.exact is not None and self.exact < kept.exact
+        return self.solved >= kept.solved and not fewer_exact
+
+    def as_record(self) -> dict[str, int]:
+        turns = {} if self.exact is None else {"exact": self.exact, "turns": self.turns}
+        return {"solved": self.solved, **turns}
+
+
+def dev_score(run: Run, tasks: int, label: str, tools: bool) -> DevScore:
+    """The run's policy on the first `tasks` dev tasks; with `tools`, its per-turn tool accuracy too."""
+    solved = solved_on_dev(run, tasks, label)
+    if not tools:
+        return DevScore(solved)
+    exact, turns = exact_on_dev(run, tasks)
+    return DevScore(solved, exact, turns)
+
+
 @dataclass(slots=True)
 class DevValidation:
-    """The dev tasks' judgement of one stage (see the module doc): the weights kept so far and how many of
-    the dev tasks they solve."""
+    """The dev tasks' judgement of one stage (see the module doc): the weights kept so far and what they
+    score on the dev tasks."""
 
     stage: ValidatedStage
     tasks: int
-    solved: int
+    score: DevScore
     weights: dict[str, torch.Tensor]
     judged: int = -1
     """The last round or iteration judged (-1: none yet)."""
@@ -165,75 +205,91 @@ class DevValidation:
     undid: bool = False
     """Whether the last verdict undid its round or iteration (the weights are those kept before it)."""
 
+    @property
+    def tools(self) -> bool:
+        """Whether per-turn tool accuracy judges too (`<stage>.dev_tool_accuracy`)."""
+        return self.score.exact is not None
+
     @classmethod
-    def start(cls, run: Run, stage: ValidatedStage, tasks: int, path: Path | None = None) -> DevValidation:
-        """The weights the stage starts from, evaluated on the first `tasks` dev tasks; or, when `path`
-        holds a validation of the same size (a resumed run), what it kept."""
+    def start(
+        cls, run: Run, stage: ValidatedStage, tasks: int, path: Path | None = None, *, tools: bool = False
+    ) -> DevValidation:
+        """The weights the stage starts from, evaluated on the first `tasks` dev tasks (with `tools`, their
+        tool accuracy too); or, when `path` holds a validation of the same kind (a resumed run), what it
+        kept."""
         tasks = min(tasks, len(run.env.tasks(Split.DEV)))  # the evaluation takes no more than there are
         if tasks == 0:
             raise ValueError(
                 f"{stage}.dev_tasks needs dev tasks, and the environment has none (its `dev` size)"
             )
         if path is not None and path.is_file():
-            return cls.read(path, stage, tasks)
-        solved = solved_on_dev(run, tasks, f"{stage}-dev-0")
-        validation = cls(stage, tasks, solved, trainable_weights(run.need_policy().model), path=path)
+            return cls.read(path, stage, tasks, tools)
+        score = dev_score(run, tasks, f"{stage}-dev-0", tools)
+        validation = cls(stage, tasks, score, trainable_weights(run.need_policy().model), path=path)
         validation.save()
         return validation
 
     @classmethod
-    def read(cls, path: Path, stage: ValidatedStage, tasks: int) -> DevValidation:
-        """The validation a run left in `path`; it must have judged `tasks` dev tasks."""
+    def read(cls, path: Path, stage: ValidatedStage, tasks: int, tools: bool) -> DevValidation:
+        """The validation a run left in `path`; it must have judged `tasks` dev tasks, on tool accuracy
+        too when `tools`."""
         weights, meta = read_weights(path)
+        same = "resume with the value the run started with"
         if int(meta["tasks"]) != tasks:
             raise ValueError(
-                f"{path} judged {meta['tasks']} dev tasks and {stage}.dev_tasks now asks {tasks}: resume with"
-                " the value the run started with"
+                f"{path} judged {meta['tasks']} dev tasks and {stage}.dev_tasks now asks {tasks}: {same}"
             )
-        return cls(stage, tasks, int(meta["solved"]), weights, int(meta["judged"]), path)
+        if ("exact" in meta) != tools:
+            was = "with" if "exact" in meta else "without"
+            raise ValueError(
+                f"{path} judged {was} tool accuracy and {stage}.dev_tool_accuracy is now"
+                f" {str(tools).lower()}: {same}"
+            )
+        exact = int(meta["exact"]) if "exact" in meta else None
+        score = DevScore(int(meta["solved"]), exact, int(meta.get("turns", 0)))
+        return cls(stage, tasks, score, weights, int(meta["judged"]), path)
 
     def save(self) -> None:
         if self.path is not None:
-            meta = {"tasks": str(self.tasks), "solved": str(self.solved), "judged": str(self.judged)}
-            save_weights(self.path, self.weights, meta)
+            meta = {"tasks": self.tasks, "judged": self.judged, **self.score.as_record()}
+            save_weights(self.path, self.weights, {k: str(v) for k, v in meta.items()})
 
     def judge(self, run: Run, step: int, console: Console) -> bool:
-        """Evaluate the weights round or iteration `step` (0-based) ended on; keep them when they solve at
-        least as many dev tasks as the kept ones, else restore those. Says which and logs it; True when
-        kept."""
+        """Evaluate the weights round or iteration `step` (0-based) ended on; keep them when they do at
+        least as well on the dev tasks as the kept ones (`DevScore.holds`), else restore those. Says which
+        and logs it; True when kept."""
         policy, unit = run.need_policy(), UNIT[self.stage]
-        solved = solved_on_dev(run, self.tasks, f"{self.stage}-dev-{step + 1}")
-        before, kept = self.solved, solved >= self.solved
+        score = dev_score(run, self.tasks, f"{self.stage}-dev-{step + 1}", self.tools)
+        before, kept = self.score, score.holds(self.score)
         if kept:
-            self.solved, self.weights = solved, trainable_weights(policy.model)
+            self.score, self.weights = score, trainable_weights(policy.model)
         else:
             source = f"the weights {self.stage} kept before {unit} {step + 1}"
             restore_weights(policy.model, self.weights, source)
             policy.version += 1  # the engine serves the restored weights from now on
         self.judged, self.undid = step, not kept
         self.save()
-        run.log.write(
-            f"{self.stage}_dev",
-            step,
-            {unit: step, "dev_tasks": self.tasks, "before": before, "solved": solved, "kept": kept},
-        )
+        turns = {} if before.exact is None else {"exact_before": before.exact}
+        record = {unit: step, "dev_tasks": self.tasks, "before": before.solved, **turns, **score.as_record()}
+        run.log.write(f"{self.stage}_dev", step, {**record, "kept": kept})
+        said = f"{score.solved} of {self.tasks} dev tasks solved, against {before.solved} before it"
+        if score.exact is not None:
+            said += f"; {score.exact} of {score.turns} gold turns exact, against {before.exact}"
         verdict = "kept" if kept else "undone: the weights kept before it come back"
-        console.print(
-            f"{self.stage} {unit} {step + 1}: {solved} of {self.tasks} dev tasks solved, against {before}"
-            f" before it; {verdict}",
-            markup=False,
-            highlight=False,
-        )
+        console.print(f"{self.stage} {unit} {step + 1}: {said}; {verdict}", markup=False, highlight=False)
         return kept
 
 
 __all__ = [
     "DEV_POLICY",
     "SEED_BITS",
+    "DevScore",
     "DevValidation",
     "Evaluation",
+    "dev_score",
     "evaluate",
     "evaluate_exported",
+    "exact_on_dev",
     "in_lockstep",
     "once_per_task",
     "solved_on_dev",

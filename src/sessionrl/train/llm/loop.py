@@ -325,7 +325,9 @@ def reinforce(
     watch = AutoPause(cfg.auto_pause, run.folder) if cfg.auto_pause is not None else None
     guard = Guard(cfg.rl.collapse, policy.model, run.folder, run.state.curve)
     validation = (
-        DevValidation.start(run, "rl", cfg.rl.dev_tasks, run.folder / DEV_POLICY)
+        DevValidation.start(
+            run, "rl", cfg.rl.dev_tasks, run.folder / DEV_POLICY, tools=cfg.rl.dev_tool_accuracy
+        )
         if cfg.rl.dev_tasks
         else None
     )

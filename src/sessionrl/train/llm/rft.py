@@ -215,7 +215,11 @@ def rejection_rounds(
     tasks; each round's counts are printed and logged."""
     policy, rounds = run.need_policy(), []
     demonstrations = replay_data(run, section, console, demos)  # first: too few stop the run at once
-    validation = DevValidation.start(run, "rft", section.dev_tasks) if section.dev_tasks else None
+    validation = (
+        DevValidation.start(run, "rft", section.dev_tasks, tools=section.dev_tool_accuracy)
+        if section.dev_tasks
+        else None
+    )
     for round_ in range(section.rounds):
         # sample
         ran = in_lockstep(run, round_specs(run, section, round_), policy.view(section.sampling))
