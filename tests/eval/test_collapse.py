@@ -27,7 +27,8 @@ def test_orders_grpo_as_reported_collapses_on_the_third_unhealthy_iteration() ->
     problems = watch.streak[-1].problems
     assert len(problems) == 3  # success, TCSR (no call: 0) and parse; the KL is fine
     assert "100% of replies unparseable (imitation: 5%)" in problems
-    assert watch.describe().startswith("iterations 1-4: rollout success 0.00 < 0.5 x imitation's 0.30")
+    # the console counts from 1: the streak is the records' iterations 1-4
+    assert watch.describe().startswith("iterations 2-5: rollout success 0.00 < 0.5 x imitation's 0.30")
 
 
 def test_noise_around_the_imitation_policy_is_healthy() -> None:

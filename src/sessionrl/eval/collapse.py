@@ -195,8 +195,9 @@ class CollapseWatch:
         return tuple(found)
 
     def describe(self) -> str:
-        """The streak that made the collapse (or that goes on), one line."""
-        first, last = self.streak[0].iteration, self.streak[-1].iteration
+        """The streak that made the collapse (or that goes on), one line; it counts iterations from 1, as
+        the console does (the records' `iteration` fields count from 0)."""
+        first, last = self.streak[0].iteration + 1, self.streak[-1].iteration + 1
         span = f"iteration {first}" if first == last else f"iterations {first}-{last}"
         return f"{span}: " + "; ".join(self.streak[-1].problems)
 

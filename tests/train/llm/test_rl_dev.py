@@ -160,6 +160,8 @@ def test_a_collapse_on_a_judged_iteration_has_dev_validation_judge_the_weights_r
 
     (stop,) = records(folder, "collapse")
     assert (stop["step"], stop["rolled_back_to"]) == (2, 1)
+    assert stop["message"].startswith("RL stopped at iteration 3: ")  # counted from 1, as the console
+    assert "rolled back to the weights that played iteration 2, the last healthy;" in stop["message"]
     assert stop["message"].endswith("dev validation judges it next.")
     (verdict,) = records(folder, "rl_dev")  # the collapsed weights were never judged
     assert (verdict["iteration"], verdict["kept"]) == (2, True)
@@ -190,7 +192,7 @@ def test_an_undone_update_ends_the_collapse_watch_s_streak(
     assert [r.get(UNDONE, False) for r in records(folder, "rl")] == [False, False, True, False]
     assert [(v["iteration"], v["kept"]) for v in records(folder, "rl_dev")] == [(2, False), (3, True)]
     (unsettled,) = records(folder, "unsettled")  # the stage ends on one unhealthy iteration, not three
-    assert unsettled["reason"].startswith("iteration 3:")
+    assert unsettled["reason"].startswith("iteration 4:")  # the records' iteration 3, counted from 1
 
 
 def test_a_resumed_run_judges_against_what_validation_kept_before(

@@ -118,11 +118,11 @@ def test_a_collapsing_run_stops_rolled_back_and_says_so(tmp_path: Path) -> None:
     assert 0 < len(result.curve) < 6  # stopped early
     assert GATE_PASSED in said
     assert said.index("gate:") < said.index("collapse:")
-    assert "collapse: RL stopped at iteration" in said
-    assert "rolled back to the imitation policy" in said
     folder = config.run_dir
     logged = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     (collapse,) = [r for r in logged if r["stage"] == "collapse"]
+    assert f"collapse: RL stopped at iteration {collapse['step'] + 1}:" in said  # counted from 1
+    assert "rolled back to the imitation policy's weights, the last healthy" in said
     assert collapse["rolled_back_to"] == 0
     assert "unparseable" in collapse["reason"]
     assert all("unparseable" in r for r in logged if r["stage"] == "rl")
@@ -157,7 +157,7 @@ def test_rl_that_ends_on_too_few_unhealthy_iterations_says_so(tmp_path: Path) ->
         assert not guard.judge(iteration, [], {"success": success}).collapsed
     message = warn_unsettled(cast(Run, run), guard, console)
     assert message is not None
-    assert "iterations 1-2: rollout success 0.00 < 0.5 x imitation's 0.25" in message
+    assert "iterations 2-3: rollout success 0.00 < 0.5 x imitation's 0.25" in message  # from 1
     assert "the imitation policy's weights, the last judged healthy, are in good_policy" in message
     assert "warning:" in console.export_text()
     undone = warn_unsettled(cast(Run, run), guard, console, "the weights dev validation kept")

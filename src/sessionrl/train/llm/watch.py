@@ -118,6 +118,15 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return load_file(str(path)), dict(metadata)
 
 
+def last_healthy(back: int | None) -> str:
+    """The weights in `GOOD`, in words, from the iteration whose rollouts judged them healthy (`back`,
+    counted from 0; -1 or None: none, the weights RL started from). The console counts from 1, and the
+    weights that played iteration 0 are the imitation policy's."""
+    if back is None or back <= 0:
+        return "the imitation policy's weights"
+    return f"the weights that played iteration {back + 1}"
+
+
 def stop_collapsed(
     run: Run,
     guard: Guard,
@@ -133,13 +142,11 @@ def stop_collapsed(
     holds = "dev validation judges it next" if judged else "rl_policy/ holds it"
     if guard.config.action == "rollback":
         back = guard.roll_back()
-        # the weights that played iteration 0 (or that RL started from, -1) are the imitation policy's
-        kept = "the imitation policy" if back <= 0 else f"the policy of iteration {back}, the last healthy"
-        done = f"rolled back to {kept}; {holds}"
+        done = f"rolled back to {last_healthy(back)}, the last healthy; {holds}"
     else:
         back = None
         done = f"kept the collapsed weights (rl.collapse.action: stop); {holds}"
-    message = f"RL stopped at iteration {verdict.iteration}: the policy collapsed ({why}); {done}."
+    message = f"RL stopped at iteration {verdict.iteration + 1}: the policy collapsed ({why}); {done}."
     run.log.write(
         "collapse",
         verdict.iteration,
@@ -179,10 +186,9 @@ def warn_unsettled(run: Run, guard: Guard, console: Console, exported: str = "th
     if not watch.unsettled:
         return None
     back = watch.last_good
-    kept = "the imitation policy's" if back is None or back <= 0 else f"iteration {back}'s"
     message = (
         f"RL ended on unhealthy rollouts ({watch.describe()}), fewer in a row than rl.collapse.patience ="
-        f" {guard.config.patience}: rl_policy/ holds {exported}; {kept} weights, the last judged"
+        f" {guard.config.patience}: rl_policy/ holds {exported}; {last_healthy(back)}, the last judged"
         f" healthy, are in {GOOD}."
     )
     run.log.write("unsettled", run.state.step, {"reason": watch.describe(), "last_good": back})
