@@ -183,8 +183,8 @@ def test_a_baseline_that_blinds_a_rule_is_said_once_and_logged(tmp_path: Path) -
     message = warn_blind(cast(Run, run), watched(Health(0.0, 0.05, 0.8)), console)  # no task solved
     assert message == (
         "the collapse watch cannot fire on rollout success (the baseline solved no task) in this RL stage;"
-        " its baseline is the imitation policy's rollouts of iteration 0. rl.dev_tasks judges the weights"
-        " on dev tasks (docs/collapse.md)."
+        " its baseline is the imitation policy's rollouts in the first iteration. rl.dev_tasks judges the"
+        " weights on dev tasks (docs/collapse.md)."
     )
     assert "warning: the collapse watch cannot fire" in console.export_text()
     assert warn_blind(cast(Run, run), watched(Health(0.0, 0.05, 0.8), enabled=False), console) is None

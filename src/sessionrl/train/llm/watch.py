@@ -169,7 +169,7 @@ def warn_blind(run: Run, guard: Guard, console: Console) -> str | None:
         return None
     message = (
         f"the collapse watch cannot fire on {' or '.join(blind)} in this RL stage; its baseline is the"
-        " imitation policy's rollouts of iteration 0. rl.dev_tasks judges the weights on dev tasks"
+        " imitation policy's rollouts in the first iteration. rl.dev_tasks judges the weights on dev tasks"
         " (docs/collapse.md)."
     )
     run.log.write("blind", run.state.step, {"rules": list(blind)})
