@@ -57,13 +57,12 @@ STAGES = ("zero_shot", "sft", "rl")
 def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> RunConfig:
     """The example's run for `env` under `out/env`, at the sizes the flags ask for."""
     options = {"data": args.data} if env == "retail" and args.data else {}
-    cfg = base.model_copy(
-        update={"run_dir": out / env / "train", "env": EnvSection(name=env, options=options)}
-    )
+    domain = EnvSection(name=env, options=options)
+    cfg = base.model_copy(update={"run_dir": out / env / "train", "env": domain})
     sft, rl, evaluation = cfg.sft, cfg.rl, cfg.evaluation
     sft = sft.model_copy(
         update={
-            "demos": args.demos or sft.demos,
+            "demos": args.demos or demonstrable(domain, sft.demos),
             "trainer": dataclasses.replace(
                 sft.trainer,
                 steps=args.sft_steps or sft.trainer.steps,
@@ -102,6 +101,12 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
             update={"sft": sft, "rl": rl, "evaluation": evaluation, "rollout": rollout}
         ).model_dump()
     )
+
+
+def demonstrable(domain: EnvSection, wanted: int) -> int:
+    """The example's demonstration count, or fewer where the domain has fewer training tasks (`orders` has
+    400 to retail's 500): one demonstration a task, all of them recorded, none asked for that cannot be."""
+    return min(wanted, len(domain.build().tasks(Split.TRAIN)))
 
 
 def zero_shot(cfg: RunConfig) -> Evaluation:
