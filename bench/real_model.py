@@ -22,7 +22,9 @@ from the run's own metrics log.
 Last line: one JSON object with `retail_zero_shot`, `retail_sft`, `retail_rl`, `retail_sft_tcsr`,
 `retail_rl_tcsr`, `orders_zero_shot`, `orders_sft`, `orders_rl` (task success), the tool accuracy of each
 (`retail_tool_acc_sft`, `retail_tool_acc_rl`, ..., and `<env>_tool_acc_ci`, the paired interval of the
-change from imitation to RL over tasks), `minutes` and the sizes run.
+change from imitation to RL over tasks), `<env>_p_success` with `<env>_sft_only` and `<env>_rl_only` (exact
+McNemar on task success, imitation against RL, over the tasks both evaluated), `minutes` and the sizes run.
+`--seed` runs another seed of the example (its own, 0, by default).
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ import torch
 from rich.console import Console
 
 from sessionrl.envs.base import Split
+from sessionrl.episodes.verdict import task_success
 from sessionrl.eval.metrics import AgentMetrics
 from sessionrl.eval.report import metrics_table
+from sessionrl.eval.significance import paired_comparison
 from sessionrl.eval.tool_accuracy import pooled_change
 from sessionrl.train.config import EnvSection, RunConfig
 from sessionrl.train.llm.evaluation import Evaluation, evaluate
@@ -58,7 +62,8 @@ def sized(base: RunConfig, env: str, out: Path, args: argparse.Namespace) -> Run
     """The example's run for `env` under `out/env`, at the sizes the flags ask for."""
     options = {"data": args.data} if env == "retail" and args.data else {}
     domain = EnvSection(name=env, options=options)
-    cfg = base.model_copy(update={"run_dir": out / env / "train", "env": domain})
+    seed = base.seed if args.seed is None else args.seed
+    cfg = base.model_copy(update={"run_dir": out / env / "train", "env": domain, "seed": seed})
     sft, rl, evaluation = cfg.sft, cfg.rl, cfg.evaluation
     sft = sft.model_copy(
         update={
@@ -121,10 +126,12 @@ def zero_shot(cfg: RunConfig) -> Evaluation:
 
 
 def saved(evaluation: Evaluation) -> dict[str, Any]:
-    """What `<stage>.json` keeps: the metrics, the tool accuracy's keys and its per-task counts."""
+    """What `<stage>.json` keeps: the metrics, each task's success, the tool accuracy's keys and its
+    per-task counts."""
     tools = evaluation.tools
     accuracy = {} if tools is None else tools.as_dict() | {"tool_counts": tools.by_task()}
-    return evaluation.metrics.as_dict() | accuracy
+    solved = {str(s.metadata["task_id"]): task_success(s) is True for s in evaluation.sessions}
+    return evaluation.metrics.as_dict() | {"solved": solved} | accuracy
 
 
 def timeline(run_dir: Path, since: float) -> list[tuple[str, float]]:
@@ -186,12 +193,27 @@ def tool_keys(env: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return keys
 
 
+def success_keys(env: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`<env>_p_success`, `<env>_sft_only` and `<env>_rl_only`: imitation against RL on the tasks both
+    solved or not (exact McNemar); nothing when either stage's record lacks its tasks."""
+    sft, rl = results.get("sft", {}).get("solved"), results.get("rl", {}).get("solved")
+    if not (sft and rl):
+        return {}
+    paired = paired_comparison(sft, rl)
+    return {
+        f"{env}_p_success": round(paired.p_value, 6),
+        f"{env}_sft_only": paired.first_only,
+        f"{env}_rl_only": paired.second_only,
+    }
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/real_model"), help="where the runs go")
     parser.add_argument("--data", default=os.environ.get("SESSIONRL_RETAIL_DATA"), help="retail data folder")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted bench in --out")
     parser.add_argument("--envs", default="retail,orders", help="domains, comma-separated")
+    parser.add_argument("--seed", type=int, default=None, help="the runs' seed (the example's by default)")
     parser.add_argument("--limit", type=int, default=None, help="run small: this many test tasks (see doc)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test tasks per evaluation")
     parser.add_argument("--gate-tasks", type=int, default=None, help="dev tasks of the gate")
@@ -244,8 +266,9 @@ def main() -> None:
         for stage, m in metrics.items():
             summary[f"{env}_{stage}"] = m.success
             summary[f"{env}_{stage}_tcsr"] = m.tcsr
-        summary |= tool_keys(env, results)
-        for key, value in tool_keys(env, results).items():
+        paired = tool_keys(env, results) | success_keys(env, results)
+        summary |= paired
+        for key, value in paired.items():
             console.print(f"  {key}: {value}")
         summary[f"{env}_sizes"] = {
             "eval_tasks": cfg.evaluation.tasks,
@@ -253,6 +276,7 @@ def main() -> None:
             "sft_steps": cfg.sft.trainer.steps,
             "rl_iterations": cfg.rl.iterations,
             "rl_episodes": cfg.rl.tasks_per_iteration * cfg.rl.trainer.group_size,
+            "seed": cfg.seed,
         }
         summary[f"{env}_failures"] = {stage: m.failures for stage, m in metrics.items()}
     summary["minutes"] = round((time.monotonic() - started) / 60, 2)
