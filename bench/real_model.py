@@ -194,8 +194,8 @@ def tool_keys(env: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def success_keys(env: str, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """`<env>_p_success`, `<env>_sft_only` and `<env>_rl_only`: imitation against RL on the tasks both
-    solved or not (exact McNemar); nothing when either stage's record lacks its tasks."""
+    """`<env>_p_success`, `<env>_sft_only` and `<env>_rl_only`: imitation against RL on task success over
+    the tasks both evaluated (exact McNemar); nothing when either stage's record lacks its tasks."""
     sft, rl = results.get("sft", {}).get("solved"), results.get("rl", {}).get("solved")
     if not (sft and rl):
         return {}
