@@ -34,3 +34,8 @@ def test_full_size_demonstrates_each_orders_training_task_once(
 def test_the_flags_size_the_demonstrations_as_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert sized(tmp_path, monkeypatch, "--demos", "40").sft.demos == 40
     assert sized(tmp_path, monkeypatch, "--limit", "5").sft.demos == 16  # --limit's small size
+
+
+def test_the_seed_flag_sets_the_runs_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert sized(tmp_path, monkeypatch).seed == RunConfig.load(real_model.EXAMPLE).seed
+    assert sized(tmp_path, monkeypatch, "--seed", "2").seed == 2

@@ -1,15 +1,9 @@
 """bench/real_model.py pairs imitation and RL on task success over the test tasks both evaluated (exact
-McNemar, worked out by hand), and runs the seed it is asked for."""
+McNemar, worked out by hand)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import pytest
-
 import real_model
-from sessionrl.train.config import RunConfig
 
 
 def test_success_is_paired_on_the_tasks_both_stages_evaluated() -> None:
@@ -26,11 +20,3 @@ def test_success_is_paired_on_the_tasks_both_stages_evaluated() -> None:
 def test_no_pairing_without_both_stages_tasks() -> None:
     assert real_model.success_keys("retail", {"sft": {"solved": {"a": True}}}) == {}
     assert real_model.success_keys("retail", {"sft": {"success": 0.5}, "rl": {"success": 0.5}}) == {}
-
-
-def test_the_seed_flag_sets_the_runs_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    example = RunConfig.load(real_model.EXAMPLE)
-    for flags, seed in (((), example.seed), (("--seed", "2"), 2)):
-        monkeypatch.setattr(sys, "argv", ["real_model.py", "--out", str(tmp_path), *flags])
-        config = real_model.sized(example, "orders", tmp_path, real_model.arguments())
-        assert config.seed == seed
