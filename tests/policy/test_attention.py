@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sessionrl.policy.attention import decode_attention, kept_mask, kept_or_sdpa
+from sessionrl.policy.attention import FEW_QUERIES, decode_attention, kept_mask, kept_or_sdpa
 from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.llm import BatchingConfig, HFPolicy, SamplingConfig
 from sessionrl.policy.sampling import TorchEngine
@@ -53,6 +53,20 @@ def test_a_decode_step_reads_the_filled_positions_the_mask_allows() -> None:
     assert not torch.allclose(decode_attention(query, keys, values, everything), want, atol=3e-2)
 
 
+def test_draft_tokens_checked_with_the_decoded_one_read_their_own_mask_rows() -> None:
+    _, keys, values, _ = cache()
+    query = torch.randn(ROWS, HEADS, 3, DIM, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(ROWS, 1, 3, FILLED, dtype=torch.bool).tril(diagonal=FILLED - 3)
+    mask[1, ..., :5] = False  # padding
+    mask[0, ..., FILLED - 2] = False  # a refused draft token's hole
+    got = decode_attention(query, keys, values, mask, scaling=DIM**-0.5)
+    k = keys[:, :, :FILLED].float().repeat_interleave(HEADS // KV_HEADS, dim=1)
+    v = values[:, :, :FILLED].float().repeat_interleave(HEADS // KV_HEADS, dim=1)
+    want = F.scaled_dot_product_attention(query, k, v, attn_mask=mask).transpose(1, 2)
+    assert got.shape == (ROWS, 3, HEADS, DIM)
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=0)
+
+
 def test_an_additive_mask_reads_as_the_boolean_one() -> None:
     query, keys, values, mask = cache()
     additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
@@ -83,7 +97,12 @@ def test_the_mask_function_always_builds_a_decode_steps_mask() -> None:
     assert decode is not None
     assert decode.shape == (2, 1, 1, 9)
     assert bool(decode.all())
-    prefill = kept_mask(batch_size=2, q_length=9, kv_length=9, attention_mask=no_padding)
+    checked = kept_mask(batch_size=2, q_length=3, kv_length=9, q_offset=6, attention_mask=no_padding)
+    assert checked is not None  # a drawn token and two draft tokens: causal among themselves
+    assert checked[0, 0].long().sum(-1).tolist() == [7, 8, 9]
+    wide = FEW_QUERIES + 1
+    no_padding = torch.ones(2, wide, dtype=torch.bool)
+    prefill = kept_mask(batch_size=2, q_length=wide, kv_length=wide, attention_mask=no_padding)
     assert prefill is None  # plainly causal: SDPA's is_causal, as the "sdpa" attention does
 
 

@@ -8,23 +8,18 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from engine_support import CONFIG, STOP, tiny_model
 
 from sessionrl.policy.engine import Completion
 from sessionrl.policy.kvstore import KVStore, common_prefix
 from sessionrl.policy.llm import SamplingConfig
 from sessionrl.policy.sampling import Sample, TorchEngine, inverse_cdf, sample_batch
-from sessionrl.policy.tiny import TinyModelConfig, build_tiny_model, train_tokenizer
-
-CONFIG = TinyModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
-STOP = 1
+from sessionrl.policy.tiny import build_tiny_model, train_tokenizer
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    tokenizer = train_tokenizer(["a b c d e f g"] * 4, CONFIG)
-    built = build_tiny_model(CONFIG, tokenizer)
-    built.eval()
-    return built
+    return tiny_model()
 
 
 def prompts() -> list[list[int]]:

@@ -11,8 +11,9 @@ mask covers.
 `kept_or_sdpa`, registered with transformers' public attention interface under `KEPT`, attends so:
 
 - keys in the query's dtype (training, a float32 cache): transformers' SDPA function, unchanged;
-- a decode step (one query per row) against a narrow cache: `decode_attention`, two products in the
-  cache's dtype with a float32 softmax between them, over the key/value heads without repeating them;
+- a decode step against a narrow cache (a query per row, or up to `FEW_QUERIES` when draft tokens are
+  checked with it): `decode_attention`, two products in the cache's dtype with a float32 softmax
+  between them, over the key/value heads without repeating them;
 - a prefill against a narrow cache: SDPA on the cache widened to the query's dtype (one copy per layer,
   small beside the prefill's own work).
 
@@ -36,6 +37,10 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 KEPT: Final = "sessionrl_kept"
 """Name of `kept_or_sdpa` in transformers' attention and mask interfaces."""
 
+FEW_QUERIES: Final = 16
+"""Most queries a row may bring to be attended as a decode step is (`decode_attention`): the drawn token
+and the draft tokens checked with it (`sessionrl.policy.lookup`)."""
+
 
 def kept_or_sdpa(
     module: Any,
@@ -56,7 +61,7 @@ def kept_or_sdpa(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
         return out
-    if query.shape[2] > 1 or dropout:
+    if query.shape[2] > FEW_QUERIES or dropout or (query.shape[2] > 1 and attention_mask is None):
         wide = query.dtype
         return kept_or_sdpa(
             module, query, key.to(wide), value.to(wide), attention_mask, scaling, dropout, **kwargs
@@ -72,31 +77,36 @@ def kept_or_sdpa(
 def decode_attention(
     query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor, scaling: float | None = None
 ) -> Tensor:
-    """One query per row (`query` ``[B, H, 1, D]``) against `key` and `value` (``[B, H_kv, C, D]``, in a
-    dtype of their own) where `attention_mask` (``[B, 1, 1, S]``, ``S <= C``; boolean, or additive with 0
-    where allowed) allows; positions from ``S`` on are left out, and must hold finite numbers. The
-    products in the cache's dtype, the softmax in float32, the output ``[B, 1, H, D]`` in `query`'s dtype.
+    """A few queries per row (`query` ``[B, H, T, D]``: the decoded token, and any draft tokens checked
+    with it) against `key` and `value` (``[B, H_kv, C, D]``, in a dtype of their own) where
+    `attention_mask` (``[B, 1, T or 1, S]``, ``S <= C``; boolean, or additive with 0 where allowed)
+    allows; positions from ``S`` on are left out, and must hold finite numbers. The products in the
+    cache's dtype, the softmax in float32, the output ``[B, T, H, D]`` in `query`'s dtype.
 
     Query head h reads key/value head ``h // (H / H_kv)``, so the query is regrouped to
-    ``[B, H_kv, H / H_kv, D]`` and no key is repeated."""
-    rows, heads, _, dim = query.shape
+    ``[B, H_kv, H / H_kv * T, D]`` and no key is repeated."""
+    rows, heads, queries, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
-    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim).to(key.dtype)
+    group = heads // kv_heads
+    grouped = query.reshape(rows, kv_heads, group * queries, dim).to(key.dtype)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float()
     scores *= dim**-0.5 if scaling is None else scaling
     allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     if capacity > allowed.shape[-1]:
         allowed = F.pad(allowed, (0, capacity - allowed.shape[-1]), value=False)
-    scores.masked_fill_(~allowed, float("-inf"))
+    per_query = scores.view(rows, kv_heads, group, queries, capacity)
+    per_query.masked_fill_(~allowed[:, :, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    return torch.matmul(weights, value).reshape(rows, 1, heads, dim).to(query.dtype)
+    out = torch.matmul(weights, value).view(rows, heads, queries, dim)
+    return out.transpose(1, 2).to(query.dtype)
 
 
 def kept_mask(**kwargs: Any) -> Tensor | None:
     """SDPA's mask function (`sdpa_mask`, called with its keywords, as transformers calls it), which
     leaves the mask out where every query sees every position before it (no padding), but for a decode
-    step: there the mask's width tells `decode_attention` how much of a narrow cache's buffer is filled."""
-    if kwargs.get("q_length") == 1:
+    step (up to `FEW_QUERIES` queries a row): there the mask's width tells `decode_attention` how much of
+    a narrow cache's buffer is filled."""
+    if kwargs.get("q_length", FEW_QUERIES + 1) <= FEW_QUERIES:
         kwargs["allow_is_causal_skip"] = False
     mask: Tensor | None = sdpa_mask(**kwargs)
     return mask
@@ -111,4 +121,4 @@ def use_kept_attention(model: Any) -> None:
     model.set_attn_implementation(KEPT)
 
 
-__all__ = ["KEPT", "decode_attention", "kept_mask", "kept_or_sdpa", "use_kept_attention"]
+__all__ = ["FEW_QUERIES", "KEPT", "decode_attention", "kept_mask", "kept_or_sdpa", "use_kept_attention"]

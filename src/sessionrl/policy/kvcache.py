@@ -23,6 +23,8 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from sessionrl.policy.attention import FEW_QUERIES
+
 KV = tuple[tuple[Tensor, Tensor], ...]
 """One key and one value tensor ``[heads, T, head_dim]`` per layer."""
 
@@ -53,12 +55,14 @@ def extend_batch(
 class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """A cache layer whose keys and values live in buffers with room for more tokens, so a decode step
     writes its token in place where `DynamicLayer` copies the whole layer (`torch.cat`) to append it; a
-    full buffer doubles. `keys` and `values` are views of the filled part.
+    full buffer grows by `room` again (draft tokens refused leave holes that take room too), not more: a
+    narrow cache's attention reads the whole buffer. `keys` and `values` are views of the filled part.
 
     With `dtype` narrower than the model computes in (bfloat16 under float32), the buffers hold that
-    dtype, and a decode step's `update` (one new position) hands the attention the whole buffers, room
-    included and zeroed, for `sessionrl.policy.attention.kept_or_sdpa` to read as far as the mask goes:
-    bfloat16 products are fast on contiguous memory only. Otherwise it hands over the filled part."""
+    dtype, and a decode step's `update` (up to `FEW_QUERIES` new positions) hands the attention the whole
+    buffers, room included and zeroed, for `sessionrl.policy.attention.kept_or_sdpa` to read as far as
+    the mask goes: bfloat16 products are fast on contiguous memory only. Otherwise it hands over the
+    filled part."""
 
     def __init__(self, room: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -86,14 +90,14 @@ class RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
             self.lazy_initialization(key_states, value_states)
         keys, values = self.buffers
         if end > keys.shape[-2]:
-            capacity = max(end, 2 * keys.shape[-2])
+            capacity = end + self.room
             keys, values = self._grown(keys, capacity), self._grown(values, capacity)
             self.buffers = (keys, values)
         keys[:, :, self.length : end] = key_states
         values[:, :, self.length : end] = value_states
         self.length = end
         views = self._views()
-        decoding = key_states.shape[-2] == 1
+        decoding = key_states.shape[-2] <= FEW_QUERIES
         return (keys, values) if decoding and keys.dtype != key_states.dtype else views
 
     def _grown(self, buffer: Tensor, capacity: int) -> Tensor:

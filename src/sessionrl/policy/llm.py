@@ -36,6 +36,7 @@ import orjson
 import torch
 
 from sessionrl.orchestrator.policy import PolicyError, PolicyReply
+from sessionrl.policy.attention import FEW_QUERIES
 from sessionrl.policy.engine import Completion, Engine
 from sessionrl.policy.kvstore import KVStore
 from sessionrl.policy.sampling import TorchEngine
@@ -234,10 +235,22 @@ class BatchingConfig:
             "memory, and faster on long episodes where the CPU multiplies bfloat16; docs/engines.md)"
         },
     )
+    draft_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "the torch engine's draft: tokens each decode pass also checks, looked up where the "
+            "reply's last tokens appeared before in its context; kept where the model would draw them, "
+            "so replies are drawn as without (0: one token a pass; docs/engines.md)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.gather_ms < 0:
             raise ValueError("BatchingConfig needs max_batch >= 1 and gather_ms >= 0")
+        if not 0 <= self.draft_tokens < FEW_QUERIES:
+            raise ValueError(
+                f"BatchingConfig.draft_tokens must be from 0 to {FEW_QUERIES - 1}, got {self.draft_tokens}"
+            )
         if self.kv_cache not in KV_CACHES:
             raise ValueError(f"BatchingConfig.kv_cache must be one of {KV_CACHES}, got {self.kv_cache!r}")
 
@@ -319,6 +332,7 @@ class HFPolicy:
             stop_ids=self.stop_ids,
             store=KVStore(dtype=self.batching.kv_dtype),
             version=version,
+            draft=self.batching.draft_tokens,
         )
         """What samples the replies (`sessionrl.policy.engine`): by default our torch sampler over `model`;
         views over the same weights share it."""
