@@ -161,6 +161,14 @@ class _Rows:
     mask: Tensor
     positions: Tensor
 
+    def going(self, tokens: Sequence[Sequence[int]], stop: Tensor, max_new: int) -> tuple[Tensor, Tensor]:
+        """Whether each row goes on (its last token is no stop token and it may draw more), and how many
+        more tokens it may draw."""
+        device = self.mask.device
+        last = torch.tensor([tokens[r][-1] for r in self.active], device=device)
+        budget = torch.tensor([max_new - len(tokens[r]) for r in self.active], device=device)
+        return ~torch.isin(last, stop) & (budget > 0), budget
+
     def leave(self, going: Tensor, tokens: Sequence[Sequence[int]], keep: Keep | None) -> Tensor:
         """The rows not `going` leave the batch (and the cache), each seen by `keep` first; the indices of
         those that stay."""
@@ -206,8 +214,7 @@ def decode(
         chosen, chosen_logp = draw(logits, config, generator, refused)
         for row, tok, lp in zip(rows.active, chosen.tolist(), chosen_logp.tolist(), strict=True):
             _add(row, tok, lp, tokens, logps, lookups)
-        budget = torch.tensor([config.max_new_tokens - len(tokens[r]) for r in rows.active], device=device)
-        going = ~torch.isin(chosen, stop) & (budget > 0)
+        going, budget = rows.going(tokens, stop, config.max_new_tokens)
         if not bool(going.all()):
             kept = rows.leave(going, tokens, keep)
             chosen, budget = chosen[kept], budget[kept]
@@ -246,9 +253,7 @@ def decode(
         index = torch.arange(len(rows.active), device=device)
         logits = out.logits[index, n_kept]
         refused = torch.where(n_kept < lengths, ids[index, (1 + n_kept).clamp_max(width - 1)], -1)
-        last = torch.tensor([tokens[r][-1] for r in rows.active], device=device)
-        left = torch.tensor([config.max_new_tokens - len(tokens[r]) for r in rows.active], device=device)
-        going = ~torch.isin(last, stop) & (left > 0)
+        going, _ = rows.going(tokens, stop, config.max_new_tokens)
         if not bool(going.all()):
             kept = rows.leave(going, tokens, keep)
             logits, refused = logits[kept], refused[kept]
