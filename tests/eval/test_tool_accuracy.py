@@ -3,6 +3,7 @@ reply that does not parse, each scored as worked out by hand; references resolve
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from sessionrl.eval.tool_accuracy import (
     ToolAccuracy,
     TurnScore,
     accuracy_change,
+    asking_rounds,
     score_turn,
     tool_accuracy,
 )
@@ -54,14 +56,14 @@ def scripted(replies: Sequence[str]) -> tuple[list[list[Message]], object]:
 
 
 def test_each_kind_of_reply_is_scored_as_worked_out_by_hand() -> None:
-    replies = [
-        '{"tool":"waybill_generate","params":{"order":"A7"}}',  # right tool, exact arguments
-        '{"tool":"sms_send","params":{"phone":"5550100","text":"W-8"}}',  # right tool, wrong argument
+    replies = [  # asked turn by turn: the first turns of t1 and t2, then t1's second
+        '{"tool":"waybill_generate","params":{"order":"A7"}}',  # right tool, exact arguments (t1)
         '{"tool":"refund","params":{"order":"A7"}}',  # wrong tool (t2)
+        '{"tool":"sms_send","params":{"phone":"5550100","text":"W-8"}}',  # right tool, wrong argument (t1)
     ]
     asked, answer = scripted(replies)
     result = tool_accuracy(GOLD, ToolFormat.ACTION, answer, batch=2)  # type: ignore[arg-type]
-    assert [c[-1].content for c in asked] == [ASK[0].content, LOOKED_UP[-1].content, ASK[0].content]
+    assert [c[-1].content for c in asked] == [ASK[0].content, ASK[0].content, LOOKED_UP[-1].content]
     assert result.turns == (
         TurnScore("t1", parsed=True, tool=True, exact=True),
         TurnScore("t1", parsed=True, tool=True, exact=False),
@@ -85,6 +87,19 @@ def test_a_reference_to_an_earlier_result_counts_as_the_value_it_names() -> None
         by_reference,
     )
     assert score.exact
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_a_tasks_next_turn_is_asked_only_after_its_previous_one(batch: int) -> None:
+    task_ids = [t for t, n in zip("abcdefg", [5, 1, 3, 3, 7, 2, 4], strict=True) for _ in range(n)]
+    batches = asking_rounds(task_ids, batch)
+    assert sorted(i for b in batches for i in b) == list(range(len(task_ids)))  # each turn once
+    assert all(0 < len(b) <= batch for b in batches)
+    assert all(len({task_ids[i] for i in b}) == len(b) for b in batches)  # no task twice in a batch
+    asked_at = {i: n for n, b in enumerate(batches) for i in b}
+    for earlier, later in itertools.pairwise(range(len(task_ids))):
+        if task_ids[earlier] == task_ids[later]:
+            assert asked_at[earlier] < asked_at[later]
 
 
 def test_an_unparseable_reply_and_an_answer_instead_of_a_call_score_nothing() -> None:

@@ -175,8 +175,9 @@ def tool_accuracy(
     missing: int = 0,
 ) -> ToolAccuracy:
     """Score the policy `answer` stands for on every tool-call turn of the gold trajectories `tasks`
-    (task id → its gold replies), asking it `batch` conversations at a time; `missing` counts the
-    held-out tasks that have no gold trajectory (carried into the result)."""
+    (task id → its gold replies), asking it at most `batch` conversations at a time (`asking_rounds`); the
+    turns come back in trajectory order. `missing` counts the held-out tasks that have no gold trajectory
+    (carried into the result)."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     asked: list[tuple[str, Call, Sequence[Message]]] = []
@@ -188,17 +189,38 @@ def tool_accuracy(
                 answers += 1
             else:
                 asked.append((task_id, call, gold.messages))
-    scores: list[TurnScore] = []
-    for start in range(0, len(asked), batch):
-        chunk = asked[start : start + batch]
-        texts = answer([messages for _, _, messages in chunk])
+    scores: dict[int, TurnScore] = {}
+    for chunk in asking_rounds([task_id for task_id, _, _ in asked], batch):
+        texts = answer([asked[i][2] for i in chunk])
         if len(texts) != len(chunk):
             raise ValueError(f"the policy gave {len(texts)} replies to {len(chunk)} conversations")
-        scores += [
-            score_turn(fmt, task_id, call, messages, text)
-            for (task_id, call, messages), text in zip(chunk, texts, strict=True)
-        ]
-    return ToolAccuracy(tuple(scores), answers, missing)
+        for i, text in zip(chunk, texts, strict=True):
+            task_id, call, messages = asked[i]
+            scores[i] = score_turn(fmt, task_id, call, messages, text)
+    return ToolAccuracy(tuple(scores[i] for i in range(len(asked))), answers, missing)
+
+
+def asking_rounds(task_ids: Sequence[str], batch: int) -> list[list[int]]:
+    """The order to ask the turns in, as batches of indices into `task_ids` (the task of each turn, in
+    trajectory order): tasks `batch` at a time and, among those, turn by turn (the first turn of each,
+    then the second...). A task's next turn is then asked after its previous one was answered, so an
+    answerer that keeps each conversation's cache (the torch engine's `KVStore`, an inference server's
+    prefix cache) computes only what the gold reply and the tool's result add. Asked in trajectory
+    order, a batch holding several turns of one task would compute each from the start.
+
+    >>> asking_rounds(["a", "a", "a", "b", "c", "c"], batch=2)
+    [[0, 3], [1], [2], [4], [5]]
+    """
+    turns: dict[str, list[int]] = {}
+    for i, task_id in enumerate(task_ids):
+        turns.setdefault(task_id, []).append(i)
+    order = list(turns.values())
+    batches: list[list[int]] = []
+    for start in range(0, len(order), batch):
+        group = order[start : start + batch]
+        for k in range(max(len(t) for t in group)):
+            batches.append([t[k] for t in group if k < len(t)])
+    return batches
 
 
 def accuracy_change(first: ToolAccuracy, second: ToolAccuracy, *, seed: int = 0) -> Interval:
@@ -280,6 +302,7 @@ __all__ = [
     "ToolAccuracy",
     "TurnScore",
     "accuracy_change",
+    "asking_rounds",
     "describe",
     "gold_call",
     "paired_counts",
