@@ -145,11 +145,19 @@ def test_prompts_that_start_a_longer_one_take_it_from_that_one(model: torch.nn.M
 def test_a_prompt_with_many_new_tokens_is_prefilled_alone_and_not_kept(model: torch.nn.Module) -> None:
     prefix = prompts()[0][:80]
     rows = [[*prefix, 11, 12, 13], [*prefix, *range(100, 140)]]
-    store = KVStore(min_shared=32, min_alone=16, turns=False)
+    store = KVStore(min_shared=32, alone_cost=16, turns=False)
     assert_same(run(model, rows, store), run(model, rows, None))
     assert (store.builds, store.alone) == (1, 1)
     assert [len(k) for k in store.entries] == [80]
     assert store.prefilled_tokens == 80 + 39 + 3 + 1  # the prefix, the long row alone, then the batch
+
+
+def test_prompts_alike_in_new_tokens_are_prefilled_together_however_many(model: torch.nn.Module) -> None:
+    prefix = prompts()[0][:80]
+    rows = [[*prefix, *range(100, 140)], [*prefix, *range(200, 238)]]
+    store = KVStore(min_shared=32, alone_cost=16, turns=False)
+    assert_same(run(model, rows, store), run(model, rows, None))
+    assert store.alone == 0  # padded to 40 tokens, the shorter row wastes 2: less than a pass alone
 
 
 def test_a_finished_row_too_long_for_the_store_is_not_kept(model: torch.nn.Module) -> None:

@@ -8,9 +8,9 @@ prompt, the reply drawn for it, and the new tool result. `KVStore` keeps the key
 - the shared prefix of a batch, computed once at batch size 1 when the batch's prompts share at least
   `min_shared` tokens and nothing kept covers them;
 - the longest prompt of a few that share more than the whole batch does (the turns of one conversation
-  asked at once, as the per-turn tool accuracy asks them; the episodes of one task), computed first at
-  batch size 1 from what it reuses, so the others take their shared start from it (a prompt with many
-  new tokens and no such partner is computed alone too, but not kept: see `KVStore.min_alone`);
+  asked at once; the episodes of one task), computed first at batch size 1 from what it reuses, so the
+  others take their shared start from it (prompts with many more new tokens than the rest and no such
+  partner are computed alone too, but not kept: see `KVStore.alone_cost`);
 - with `turns`, every row's prompt and reply, taken from the batch's cache as the row finishes, so the
   episode's next turn prefills only the tokens that follow what was kept.
 
@@ -80,9 +80,10 @@ class KVStore:
     prefills its whole conversation again (docs/engines.md)."""
     min_shared: int = 64
     """Shortest shared prefix worth computing once for a batch."""
-    min_alone: int = 256
-    """New tokens from which a prompt of a batch is prefilled alone, at batch size 1, before the batch:
-    prefilled together, every row would be padded to its length."""
+    alone_cost: int = 256
+    """What prefilling one prompt alone, at batch size 1, costs beyond its own tokens, in prompt tokens
+    (the pass reads every weight once more). The batch pads every row to its longest remainder, so its
+    longest prompts are prefilled alone first where that costs less than the padding (`alone_rows`)."""
     turns: bool = True
     """Keep each row's prompt and reply for the episode's next turn (else only shared prefixes)."""
     dtype: torch.dtype | None = None
@@ -93,7 +94,7 @@ class KVStore:
     builds: int = 0
     """Shared prefixes computed so far."""
     alone: int = 0
-    """Prompts prefilled alone (`min_alone`) so far, shared prefixes aside."""
+    """Prompts prefilled alone (`alone_cost`) so far, shared prefixes aside."""
     hits: int = 0
     """Prompts that reused a kept entry."""
     reused_tokens: int = 0
@@ -172,17 +173,21 @@ class KVStore:
         - where prompts of the batch share more than the whole batch does (the turns of one conversation,
           of which each prompt starts the next; the episodes of one task), the longest of them, kept: the
           others take from it what they share with it, at least `min_shared` tokens more than they had;
-        - a prompt with `min_alone` new tokens or more, which the batch would pad every row to.
+        - the prompts with so many more new tokens than the rest that the batch would cost more padded
+          to them than they cost alone (`alone_rows`).
 
         Longest first, so one seed serves every prompt that starts it. The batch then prefills short
         remainders only, and its cache is as wide as its longest prompt."""
         taken = list(taken)
+        alone = alone_rows(
+            [len(p) - 1 - r.tokens for p, r in zip(prompts, taken, strict=True)], self.alone_cost
+        )
         for i in sorted(range(len(prompts)), key=lambda i: -len(prompts[i])):
             seed = prompts[i][: len(prompts[i]) - 1]
             shares = {j: min(shared_length(seed, p), len(p) - 1) for j, p in enumerate(prompts) if j != i}
             gains = {j: n for j, n in shares.items() if n - taken[j].tokens >= self.min_shared}
             new = len(seed) - taken[i].tokens
-            if new > 0 and (gains or new >= self.min_alone):
+            if new > 0 and (gains or i in alone):
                 kv = prefill(model, seed, taken[i], self.dtype)
                 # alone, it keeps the key of what it reused: that episode entry is settled as before
                 key = self.put(seed.tolist(), kv, shared=True) if gains else taken[i].key
@@ -200,6 +205,26 @@ class KVStore:
             entry = self.entries.get(key)
             if entry is not None and not entry.shared:
                 del self.entries[key]
+
+
+def alone_rows(new: Sequence[int], cost: int) -> set[int]:
+    """The rows of a batch to prefill alone, given each row's `new` tokens: padded together, every row
+    costs as many as the longest row kept in the batch, and a row alone costs its own plus `cost`. The
+    longest rows go first, as many as make the total least.
+
+    >>> sorted(alone_rows([40, 50, 45, 300], cost=64))
+    [3]
+    >>> sorted(alone_rows([40, 50, 45, 60], cost=64))
+    []
+    """
+    order = sorted((i for i in range(len(new)) if new[i] > 0), key=lambda i: -new[i])
+    best, least, alone = 0, len(new) * (new[order[0]] if order else 0), 0
+    for k, i in enumerate(order, start=1):
+        alone += new[i] + cost
+        total = alone + (len(new) - k) * (new[order[k]] if k < len(order) else 0)
+        if total < least:
+            best, least = k, total
+    return set(order[:best])
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,4 +254,4 @@ def prefill(
     return packed([(layer.keys[0], layer.values[0]) for layer in out.cache.layers])
 
 
-__all__ = ["KVStore", "Kept", "Reuse", "common_prefix", "prefill", "shared_length"]
+__all__ = ["KVStore", "Kept", "Reuse", "alone_rows", "common_prefix", "prefill", "shared_length"]
