@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from sessionrl.policy.attention import FEW_QUERIES, decode_attention, kept_mask, kept_or_sdpa
 from sessionrl.policy.kvstore import KVStore
@@ -83,6 +84,31 @@ def test_keys_in_the_querys_dtype_go_to_sdpa_unchanged() -> None:
     k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=1) for t in (keys, values))
     want = F.scaled_dot_product_attention(query, k, v, is_causal=True).transpose(1, 2)
     torch.testing.assert_close(got, want)
+
+
+def test_a_prefill_against_a_narrow_cache_attends_as_sdpa_over_its_widened_repeated_keys() -> None:
+    g = torch.Generator().manual_seed(4)
+    queries = FEW_QUERIES + 4
+    query = torch.randn(ROWS, HEADS, queries, DIM, generator=g)
+    keys, values = (torch.randn(ROWS, KV_HEADS, FILLED, DIM, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(ROWS, 1, queries, FILLED, dtype=torch.bool).tril(diagonal=FILLED - queries)
+    mask[1, ..., :5] = False  # padding
+    got, _ = kept_or_sdpa(Heads(), query, keys, values, mask)
+    want, _ = sdpa_attention_forward(Heads(), query, keys.float(), values.float(), mask)
+    assert got.shape == (ROWS, queries, HEADS, DIM)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # no cache yet and no padding: no mask, every query sees the positions up to its own
+    first, second = keys[:, :, :queries], values[:, :, :queries]
+    got, _ = kept_or_sdpa(Heads(), query, first, second, None)
+    want, _ = sdpa_attention_forward(Heads(), query, first.float(), second.float(), None)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_a_prefill_without_a_mask_over_more_positions_than_queries_is_refused() -> None:
+    query = torch.randn(ROWS, HEADS, FEW_QUERIES + 1, DIM)
+    keys = torch.randn(ROWS, KV_HEADS, FILLED, DIM).bfloat16()
+    with pytest.raises(ValueError, match="without a mask"):
+        kept_or_sdpa(Heads(), query, keys, keys, None)
 
 
 def test_a_narrow_decode_step_without_its_mask_is_refused() -> None:
