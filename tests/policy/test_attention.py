@@ -104,11 +104,14 @@ def test_a_prefill_against_a_narrow_cache_attends_as_sdpa_over_its_widened_repea
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
-def test_a_prefill_without_a_mask_over_more_positions_than_queries_is_refused() -> None:
+def test_a_prefill_without_a_mask_over_more_positions_than_queries_or_with_dropout_is_refused() -> None:
     query = torch.randn(ROWS, HEADS, FEW_QUERIES + 1, DIM)
     keys = torch.randn(ROWS, KV_HEADS, FILLED, DIM).bfloat16()
     with pytest.raises(ValueError, match="without a mask"):
         kept_or_sdpa(Heads(), query, keys, keys, None)
+    # a narrow cache serves sampling, where nothing drops out
+    with pytest.raises(ValueError, match="dropout"):
+        kept_or_sdpa(Heads(), query, keys, keys, None, dropout=0.1)
 
 
 def test_a_narrow_decode_step_without_its_mask_is_refused() -> None:

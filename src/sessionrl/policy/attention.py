@@ -61,9 +61,11 @@ def kept_or_sdpa(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
         return out
-    if query.shape[2] > FEW_QUERIES or dropout or (query.shape[2] > 1 and attention_mask is None):
+    if dropout:
+        raise ValueError("dropout against a narrow cache: narrow caches serve sampling, in eval mode")
+    if query.shape[2] > FEW_QUERIES or (query.shape[2] > 1 and attention_mask is None):
         causal = getattr(module, "is_causal", True)
-        return widened_attention(query, key, value, attention_mask, scaling, dropout, causal=causal), None
+        return widened_attention(query, key, value, attention_mask, scaling=scaling, causal=causal), None
     if attention_mask is None:
         raise ValueError(
             "a decode step against a narrow cache needs a mask to tell its filled positions: run the model "
@@ -77,9 +79,8 @@ def widened_attention(
     key: Tensor,
     value: Tensor,
     attention_mask: Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
     *,
+    scaling: float | None = None,
     causal: bool = True,
 ) -> Tensor:
     """A prefill against a narrow cache: torch's SDPA on `key` and `value` widened to `query`'s dtype, where
@@ -100,7 +101,6 @@ def widened_attention(
         key.to(wide),
         value.to(wide),
         attn_mask=attention_mask,
-        dropout_p=dropout,
         scale=scaling,
         is_causal=causal,
         enable_gqa=key.shape[1] != query.shape[1],
